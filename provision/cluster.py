@@ -1,0 +1,95 @@
+"""The orchestrator: up (launch, wait, bootstrap), down and status, with rollback.
+
+`up` owns the teardown on failure: any exception, Ctrl-C or SIGTERM between the
+first resource and a running cluster terminates whatever was created, and a
+second Ctrl-C during that cleanup is ignored until it finishes.
+"""
+
+import shutil
+import signal
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from . import providers
+from . import state as st
+from .errors import FtcError, UsageError
+from .spec import ClusterSpec
+from .ui import console
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """Let cleanup finish: Ctrl-C and SIGTERM are noted, not obeyed, until the block ends."""
+    def note(signum, frame):
+        console.print("[yellow]cleanup in progress; it finishes before ftc exits[/]")
+    old_int = signal.signal(signal.SIGINT, note)
+    old_term = signal.signal(signal.SIGTERM, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.ClusterState:
+    if st.exists(spec.name):
+        existing = st.load(spec.name)
+        raise UsageError(f"NAME={spec.name!r} already exists ({existing.provider}, {existing.phase}); "
+                         f"use it, or remove it first with `make destroy NAME={spec.name}`")
+    provider = providers.get(spec.provider)
+    state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
+    with st.locked(spec.name, "up"):
+        if hasattr(provider, "confirm"):
+            provider.confirm(state, yes=yes)
+        st.save(state)
+        try:
+            console.print(f"launching {spec.nodes} {spec.provider} node(s) for cluster [bold]{spec.name}[/]")
+            provider.launch(state)
+            provider.wait(state)
+            state.phase = "running"
+            st.save(state)
+        except BaseException as exc:
+            console.print(f"[red]up failed ({type(exc).__name__}: {exc}); rolling back everything it created[/]")
+            with shielded():
+                _teardown(state, provider)
+            raise
+    if bootstrap:
+        from .bootstrap import bootstrap as run_bootstrap
+        run_bootstrap(spec.name)
+    return st.load(spec.name)
+
+
+def _teardown(state: st.ClusterState, provider) -> None:
+    state.phase = "terminating"
+    st.save(state)
+    provider.terminate(state)
+    shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
+
+
+def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
+    """Works from good state, corrupt state, or none (then by tags: provider and region needed)."""
+    with st.locked(name, "down"):
+        try:
+            state = st.load(name)
+        except (UsageError, st.CorruptState) as exc:
+            if provider_name is None:
+                if isinstance(exc, UsageError) and not st.cluster_dir(name).exists():
+                    raise
+                provider_name = "local"
+            console.print(f"[yellow]{exc}; cleaning up {provider_name} resources tagged {name!r}[/]")
+            spec = ClusterSpec(name=name, provider=provider_name, region=region or ClusterSpec.region)
+            state = st.ClusterState(name=name, provider=provider_name, spec=spec.to_dict())
+        provider = providers.get(state.provider)
+        with shielded():
+            _teardown(state, provider)
+    console.print(f"cluster [bold]{name}[/] is gone: nothing left running")
+
+
+def status(name: str) -> tuple[st.ClusterState, list[providers.NodeStatus]]:
+    state = st.load(name)
+    return state, providers.get(state.provider).query(state)
+
+
+def hours_up(state: st.ClusterState) -> float:
+    return (time.time() - state.created_at) / 3600

@@ -1,0 +1,243 @@
+"""The local provider: N real OpenSSH servers on this machine, one per node.
+
+Node i listens on 127.0.0.(2+i) at a free port, has its own host key and its own
+directory under the cluster's state dir, and is pinned to a disjoint share of this
+machine's CPUs (sched_setaffinity before exec, so every process started through
+that sshd inherits the share). Nothing here touches the user's own ~/.ssh.
+"""
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from . import state as st
+from .errors import FtcError
+from .keys import keygen
+from .providers import NodeStatus
+from .templates import render
+from .ui import console
+
+FIRST_ADDRESS = 2  # 127.0.0.2: leave 127.0.0.1 to whatever already listens there
+
+
+def split_cores(cores: list[int], n: int) -> list[list[int]]:
+    """Disjoint, contiguous, equal-as-possible shares; when n > cores, nodes share round-robin."""
+    cores = sorted(cores)
+    if n > len(cores):
+        return [[cores[i % len(cores)]] for i in range(n)]
+    base, extra = divmod(len(cores), n)
+    shares, start = [], 0
+    for i in range(n):
+        size = base + (1 if i < extra else 0)
+        shares.append(cores[start:start + size])
+        start += size
+    return shares
+
+
+def node_address(index: int) -> str:
+    return f"127.0.0.{FIRST_ADDRESS + index}"
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def _sshd() -> str:
+    path = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if not path:
+        raise FtcError("sshd not found: the local provider runs real OpenSSH servers; "
+                       "install it with `make setup` (or `apt-get install openssh-server`)")
+    return path
+
+
+def _sftp_server() -> str:
+    for candidate in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server"):
+        if Path(candidate).exists():
+            return candidate
+    return "internal-sftp"
+
+
+def ensure_access_key(name: str) -> str:
+    """The controller's key for this cluster; returns the public key line."""
+    key = st.access_key_path(name)
+    if not key.exists():
+        keygen(key, f"ftc-{name}-access")
+    return key.with_suffix(".pub").read_text().strip()
+
+
+def launch(state: st.ClusterState) -> None:
+    spec = state.cluster_spec
+    sshd = _sshd()
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # Debian's sshd wants its privsep dir
+    cores = sorted(os.sched_getaffinity(0))
+    if spec.nodes > len(cores):
+        console.print(f"[yellow]warning:[/] NODES={spec.nodes} is more than this machine's {len(cores)} cores: "
+                      "nodes will share cores, so timings are not those of separate machines")
+    shares = split_cores(cores, spec.nodes)
+    access_pub = ensure_access_key(state.name)
+    user = getpass.getuser()
+    for index in range(spec.nodes):
+        node_dir = st.cluster_dir(state.name) / "nodes" / str(index)
+        node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        host_key = node_dir / "ssh_host_ed25519_key"
+        if not host_key.exists():
+            keygen(host_key, f"{state.name}-{index}")
+        authorized = node_dir / "authorized_keys"
+        authorized.write_text(access_pub + "\n")
+        authorized.chmod(0o600)
+        address = node_address(index)
+        port = _free_port(address)
+        config = node_dir / "sshd_config"
+        config.write_text(render(
+            "sshd_config.j2", node_name=f"{state.name}-{index}", address=address, port=port,
+            host_key=host_key, pid_file=node_dir / "sshd.pid", authorized_keys=authorized,
+            user=user, sftp_server=_sftp_server()))
+        log = open(node_dir / "sshd.log", "ab")
+        share = shares[index]
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            [sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=lambda share=share: os.sched_setaffinity(0, share))
+        log.close()
+        state.nodes.append(st.NodeInfo(
+            index=index, name=f"{state.name}-{index}", id=f"local-{index}", public_ip=address, private_ip=address,
+            ssh_user=user, ssh_port=port, cores=share, workdir=str(node_dir), authorized_keys=str(authorized),
+            pid=proc.pid, host_key=" ".join(host_key.with_suffix(".pub").read_text().split()[:2])))
+        st.save(state)
+
+
+def _is_our_sshd(node: st.NodeInfo) -> bool:
+    """The pid is ours only if it still runs sshd with this node's config (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return str(Path(node.workdir) / "sshd_config").encode() in cmdline
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1) as sock:
+            return sock.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(state.nodes)
+    while pending:
+        pending = [n for n in pending if not _port_open(n.public_ip, n.ssh_port)]
+        for node in pending:
+            if node.pid and not _is_our_sshd(node):
+                log = Path(node.workdir) / "sshd.log"
+                tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+                raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(tail) or 'no log'}); "
+                               f"see {log}, then `ftc down --name {state.name}`")
+        if pending and time.monotonic() > deadline:
+            raise FtcError(f"node {pending[0].name}: sshd not answering on {pending[0].public_ip}:"
+                           f"{pending[0].ssh_port} after {timeout:.0f}s")
+        if pending:
+            time.sleep(0.1)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below pid (sessions, and what they started), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_processes(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what is left after the grace period."""
+    _kill(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill([p for p in pids if _alive(p)], signal.SIGKILL)
+
+
+def terminate(state: st.ClusterState) -> None:
+    """Stop exactly what this cluster started: each node's sshd by its recorded pid, the
+    sessions below it, and the detached jobs recorded in state; then remove the node files."""
+    running_jobs = [job for job in state.jobs if job.state == "running"]
+    roots = [p for job in running_jobs for node_pids in job.pids_by_node.values() for p in node_pids if _alive(p)]
+    roots += [node.pid for node in state.nodes if node.pid and _is_our_sshd(node)]
+    if not state.nodes:  # state lost or corrupt: our sshds are the ones running our configs
+        roots += _sshds_under(st.cluster_dir(state.name) / "nodes")
+    pids = roots + [child for root in roots for child in _descendants(root)]
+    stop_processes(sorted(set(pids)))
+    for node in state.nodes:
+        shutil.rmtree(node.workdir, ignore_errors=True)
+    shutil.rmtree(st.cluster_dir(state.name) / "nodes", ignore_errors=True)
+
+
+def _sshds_under(directory: Path) -> list[int]:
+    marker = str(directory).encode() + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(arg.startswith(marker) and arg.endswith(b"/sshd_config") for arg in cmdline):
+                found.append(int(entry.name))
+    return found
+
+
+def query(state: st.ClusterState) -> list[NodeStatus]:
+    result = []
+    for node in state.nodes:
+        if not _is_our_sshd(node):
+            result.append(NodeStatus(node.id, "dead", f"sshd pid {node.pid} is gone"))
+        elif not _port_open(node.public_ip, node.ssh_port):
+            result.append(NodeStatus(node.id, "pending", "sshd not answering"))
+        else:
+            result.append(NodeStatus(node.id, "running", f"cores {_ranges(node.cores)}"))
+    return result
+
+
+def _ranges(cores: list[int]) -> str:
+    parts, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            parts.append(str(start) if start == core else f"{start}-{core}")
+            start = None
+    return ",".join(parts)

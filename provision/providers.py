@@ -1,0 +1,29 @@
+"""The provider interface, declared once. `aws` and `local` implement it with these signatures.
+
+    launch(state)     create every resource; record each id in `state` and save it
+                      *before* moving on, so an interruption never loses one
+    wait(state)       return once every node accepts SSH (AWS: passed status checks)
+    terminate(state)  delete everything the cluster owns; idempotent; works from tags
+                      (AWS) or pids (local) even when `state` lists nothing
+    query(state)      what really exists, per node: a list of NodeStatus
+
+Only the orchestrator (provision/cluster.py) calls these; it owns rollback.
+"""
+
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass
+class NodeStatus:
+    id: str
+    state: str  # running | pending | dead | terminated | missing
+    detail: str = ""
+
+
+def get(provider: str) -> ModuleType:
+    if provider == "aws":
+        from . import aws
+        return aws
+    from . import local
+    return local

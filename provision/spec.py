@@ -1,0 +1,206 @@
+"""The cluster spec: what the user asked for, validated before anything exists.
+
+One precedence, documented in the README: command-line flags (which the Makefile
+fills from its variables) > environment variables `FTC_<FIELD>` > the config file
+(`--config`, `$FTC_CONFIG`, or `./ftc.toml`) > defaults. Every value from every
+source goes through the same parser, so a bad `NODES=abc` and a bad
+`nodes = "abc"` in the config file get the same one-line refusal.
+"""
+
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .catalog import INSTANCE_TYPES, REGIONS
+from .errors import UsageError
+
+PROVIDERS = ("local", "aws")
+STACKS = ("stock", "intel")
+MAX_NODES = 64
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
+
+
+@dataclass
+class ClusterSpec:
+    name: str = "ftc"
+    provider: str = "local"
+    nodes: int = 2
+    instance_type: str = "c6i.16xlarge"
+    region: str = "us-east-1"
+    zones: list[str] = field(default_factory=list)  # empty: every zone of the region, in order
+    ami: str = ""  # empty: resolved from the public SSM parameter at launch
+    root_volume_gb: int = 100
+    spot: bool = False
+    ssh_cidr: str = ""  # empty: the caller's public address /32
+    allow_open_ssh: bool = False  # the explicit opt-in that 0.0.0.0/0 needs
+    max_hours: float = 4.0  # the node's watchdog powers it off (and so terminates it) after this
+    stack: str = "stock"
+    owner: str = ""  # tag value; empty: the local user name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ClusterSpec":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# ---- parsers: each takes the raw value (str from env/flags, or a TOML value) ----
+
+def _int_in(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def parse(key: str, raw: Any) -> int:
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise UsageError(f"{_label(key)}={raw!r} is not a whole number; allowed: {lo}..{hi}") from None
+        if not lo <= value <= hi:
+            raise UsageError(f"{_label(key)}={raw!r} is out of range; allowed: {lo}..{hi}")
+        return value
+    return parse
+
+
+def _float_in(lo: float, hi: float) -> Callable[[str, Any], float]:
+    def parse(key: str, raw: Any) -> float:
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise UsageError(f"{_label(key)}={raw!r} is not a number; allowed: more than {lo} up to {hi}") from None
+        if not lo < value <= hi:
+            raise UsageError(f"{_label(key)}={raw!r} is out of range; allowed: more than {lo} up to {hi}")
+        return value
+    return parse
+
+
+def parse_bool(key: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise UsageError(f"{_label(key)}={raw!r} is not a boolean; allowed: 1/0, true/false, yes/no")
+
+
+def _one_of(choices: tuple[str, ...] | list[str]) -> Callable[[str, Any], str]:
+    def parse(key: str, raw: Any) -> str:
+        value = str(raw).strip()
+        if value not in choices:
+            shown = ", ".join(choices) if len(choices) <= 20 else f"{', '.join(choices[:12])}, ... ({len(choices)} in all)"
+            raise UsageError(f"{_label(key)}={raw!r} is not known; allowed: {shown}")
+        return value
+    return parse
+
+
+def _name(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if not NAME_RE.match(value):
+        raise UsageError(f"{_label(key)}={raw!r} is not a valid cluster name; allowed: 1-32 characters, "
+                         "lower-case letters, digits and '-', starting with a letter, not ending with '-'")
+    return value
+
+
+def _zones(key: str, raw: Any) -> list[str]:
+    items = raw if isinstance(raw, list) else [z for z in str(raw).replace(" ", "").split(",") if z]
+    for zone in items:
+        if not re.match(r"^[a-z]{2}-[a-z]+-\d[a-z]$", str(zone)):
+            raise UsageError(f"{_label(key)}={raw!r}: {zone!r} is not an availability zone name (e.g. us-east-1a)")
+    return [str(z) for z in items]
+
+
+def _ami(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if value and not re.match(r"^ami-[0-9a-f]{8,17}$", value):
+        raise UsageError(f"{_label(key)}={raw!r} is not an AMI id; allowed: ami- followed by 8-17 hex digits, or empty")
+    return value
+
+
+def _cidr(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if not value:
+        return ""
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise UsageError(f"{_label(key)}={raw!r} is not a CIDR block; allowed: e.g. 203.0.113.7/32") from None
+
+
+def _owner(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if not re.match(r"^[\w.@+=:/ -]{0,128}$", value):
+        raise UsageError(f"{_label(key)}={raw!r} is not a valid tag value; allowed: up to 128 letters, digits, spaces and _.:/=+-@")
+    return value
+
+
+PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "name": _name,
+    "provider": _one_of(PROVIDERS),
+    "nodes": _int_in(1, MAX_NODES),
+    "instance_type": _one_of(sorted(INSTANCE_TYPES)),
+    "region": _one_of(REGIONS),
+    "zones": _zones,
+    "ami": _ami,
+    "root_volume_gb": _int_in(8, 16384),
+    "spot": parse_bool,
+    "ssh_cidr": _cidr,
+    "allow_open_ssh": parse_bool,
+    "max_hours": _float_in(0, 168),
+    "stack": _one_of(STACKS),
+    "owner": _owner,
+}
+
+
+def _label(key: str) -> str:
+    """The name the user typed: the Make variable / env suffix in upper case."""
+    return key.upper()
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: env[f"FTC_{k.upper()}"] for k in PARSERS if f"FTC_{k.upper()}" in env}
+
+
+def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
+    """Read the TOML config file, if one is named or ./ftc.toml exists."""
+    named = path or env.get("FTC_CONFIG")
+    candidate = Path(named) if named else Path("ftc.toml")
+    if not candidate.exists():
+        if named:
+            raise UsageError(f"CONFIG={named!r} does not exist; give the path of a TOML file")
+        return {}
+    try:
+        data = tomllib.loads(candidate.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"CONFIG={str(candidate)!r} is not valid TOML ({exc}); fix the file or pass another") from None
+    section = data.get("cluster", data)
+    unknown = sorted(set(section) - set(PARSERS))
+    if unknown:
+        raise UsageError(f"CONFIG={str(candidate)!r} has unknown key {unknown[0]!r}; allowed: {', '.join(PARSERS)}")
+    return section
+
+
+def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
+                 config: Mapping[str, Any] | None = None) -> ClusterSpec:
+    """Merge flags > env > config > defaults and validate every value. Pure."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    for source in (config or {}, env_overrides(env), {k: v for k, v in flags.items() if v is not None}):
+        merged.update(source)
+    values = {key: PARSERS[key](key, raw) for key, raw in merged.items() if key in PARSERS}
+    spec = ClusterSpec(**values)
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: ClusterSpec) -> None:
+    """Rules that involve more than one field."""
+    if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
+        raise UsageError(f"SSH_CIDR={spec.ssh_cidr!r} opens SSH to the whole internet; "
+                         "give your own address (e.g. 203.0.113.7/32) or set ALLOW_OPEN_SSH=1 to really mean it")
+    for zone in spec.zones:
+        if not zone.startswith(spec.region):
+            raise UsageError(f"ZONES={','.join(spec.zones)!r}: {zone!r} is not in REGION={spec.region!r}")

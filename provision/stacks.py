@@ -1,0 +1,36 @@
+"""The software stacks a node can carry, as exact pins. One place; install.sh.j2 renders them.
+
+`stock` (default): stock CPU PyTorch (gloo for all-reduce) and Intel MPI from PyPI.
+`intel`: the 2021 recipe's stack. Intel Extension for PyTorch is archived upstream and
+oneCCL bindings for PyTorch (oneccl_bind_pt) are deprecated; 2.7.0 is the last release of
+the pair that matches one torch (IPEX 2.8.0 has no oneccl_bind_pt to go with it), and
+oneccl_bind_pt is only on Intel's own wheel index.
+"""
+
+from importlib import metadata
+
+# impi-rt 2021.19.0 needs a libfabric that PyPI lacks; 2021.18.1 bundles its own.
+_COMMON = {"transformers": "5.24.0", "tokenizers": "0.23.3", "datasets": "5.2.0", "numpy": "2.4.6",
+           "impi-rt": "2021.18.1"}
+
+STACKS: dict[str, dict[str, str]] = {
+    "stock": {"torch": "2.13.0", **_COMMON},
+    "intel": {"torch": "2.7.0", "intel-extension-for-pytorch": "2.7.0", "oneccl-bind-pt": "2.7.0", **_COMMON},
+}
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INTEL_INDEX = "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"
+
+
+def missing_from_this_python(stack: str) -> list[str]:
+    """Pins of `stack` that this Python does not carry at exactly that version (local reuse check)."""
+    missing = []
+    for package, version in STACKS[stack].items():
+        try:
+            installed = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{package}=={version}")
+            continue
+        if installed.split("+")[0] != version:
+            missing.append(f"{package}=={version} (have {installed})")
+    return missing

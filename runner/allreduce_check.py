@@ -1,0 +1,41 @@
+"""Bootstrap's verification: a gloo all_reduce of two tensors across every rank.
+
+Rank r contributes [r+1, r+1] and [0, r+1, 2(r+1)]; rank 0 prints one JSON line
+with what every rank saw, and every rank exits non-zero if a sum is wrong.
+"""
+
+import json
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distenv import check_world_size, read_env
+
+
+def main() -> int:
+    env = read_env()
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                            rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=60))
+    check_world_size(dist.get_world_size(), env.expected_world_size, "the process group")
+    a = torch.full((2,), float(env.rank + 1))
+    b = torch.arange(3, dtype=torch.float32) * (env.rank + 1)
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+    n = env.world_size
+    total = n * (n + 1) / 2
+    ok = torch.equal(a, torch.full((2,), total)) and torch.equal(b, torch.arange(3) * total)
+    seen = [None] * n
+    dist.all_gather_object(seen, {"rank": env.rank, "host": socket.gethostname(),
+                                  "cpus": sorted(os.sched_getaffinity(0)), "ok": ok})
+    if env.master:
+        print("ALLREDUCE " + json.dumps({"world_size": n, "sum": a.tolist() + b.tolist(), "ranks": seen}))
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Rank, world size and local rank from whichever launcher started this process.
+
+The one place that reads the launcher's environment (Intel MPI / MPICH, Open MPI,
+torchrun). FTC_WORLD_SIZE, set by ftc's launch script, is how many ranks were
+launched: a rank whose launcher variables are missing would otherwise believe it
+is alone (world size 1) and train by itself without any error.
+"""
+
+import os
+from dataclasses import dataclass
+
+LAUNCHERS = (
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # Intel MPI, MPICH
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # torchrun
+)
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    expected_world_size: int  # what the launch script launched; 0 when run by hand
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+class WorldSizeMismatch(RuntimeError):
+    pass
+
+
+def read_env(env=os.environ) -> DistEnv:
+    expected = int(env.get("FTC_WORLD_SIZE", "0"))
+    for rank_key, size_key, local_key, local_size_key in LAUNCHERS:
+        if rank_key in env and size_key in env:
+            dist = DistEnv(int(env[rank_key]), int(env[size_key]), int(env.get(local_key, 0)),
+                           int(env.get(local_size_key, 1)), expected)
+            break
+    else:
+        dist = DistEnv(0, 1, 0, 1, expected)
+    check_world_size(dist.world_size, expected, "the launcher's environment")
+    return dist
+
+
+def check_world_size(actual: int, expected: int, where: str) -> None:
+    if expected and actual != expected:
+        raise WorldSizeMismatch(
+            f"world size {actual} from {where}, but {expected} ranks were launched: this rank would train "
+            "alone. Check that mpirun is the one the stack installed (PMI_RANK/PMI_SIZE or OMPI_COMM_WORLD_*)")
+
+
+def physical_cpus(allowed: list[int]) -> list[int]:
+    """The first hardware thread of each physical core within `allowed` (HT siblings dropped)."""
+    from facts import cpu_topology
+    return cpu_topology(allowed)["core_cpus"]
+
+
+def pin_self(env: DistEnv) -> list[int]:
+    """Take this rank's share of the node's cores (launchers that do not pin, e.g. Open MPI with
+    --bind-to none): the node's physical cores split into local_world_size contiguous chunks."""
+    cores = physical_cpus(sorted(os.sched_getaffinity(0)))
+    per_rank = max(1, len(cores) // env.local_world_size)
+    share = cores[env.local_rank * per_rank:(env.local_rank + 1) * per_rank] or cores[-per_rank:]
+    os.sched_setaffinity(0, share)
+    return share

@@ -1,0 +1,123 @@
+"""Print this node's facts as JSON: what the runner sizes ranks, threads and precision by.
+
+Runs on a node with the stack's Python: `python facts.py [PRIVATE_IP]`.
+Cores are counted within this process's CPU affinity, which on the local provider is
+the node's share of the machine.
+"""
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "numpy",
+             "intel-extension-for-pytorch", "oneccl-bind-pt")
+ALLOCATORS = ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libjemalloc.so.2")
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_topology(allowed: list[int]) -> dict:
+    """Physical cores (first hardware thread of each core) and sockets within `allowed`."""
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu in allowed:
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = (int((base / "physical_package_id").read_text()), int((base / "core_id").read_text()))
+        except OSError:
+            key = (0, cpu)
+        cores.setdefault(key, []).append(cpu)
+    physical = sorted(min(threads) for threads in cores.values())
+    sockets = sorted({socket_id for socket_id, _ in cores})
+    by_socket = {str(s): sorted(min(t) for (sid, _), t in cores.items() if sid == s) for s in sockets}
+    numa = sorted(p.name for p in Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return {"allowed_cpus": allowed, "physical_cores": len(physical), "core_cpus": physical,
+            "sockets": len(sockets), "cores_by_socket": by_socket, "numa_nodes": max(1, len(numa))}
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    have = set(flags.group(1).split()) if flags else set()
+    return (model.group(1).strip() if model else platform.processor()), [f for f in FLAGS if f in have]
+
+
+def memory_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 2**20, 1)
+    return 0.0
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def mpi_flavour() -> str:
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+    if "Intel(R) MPI" in out:
+        return "impi"
+    if "Open MPI" in out or "OpenRTE" in out:
+        return "openmpi"
+    if "HYDRA" in out or "MPICH" in out:
+        return "mpich"
+    return "unknown"
+
+
+def interface_of(address: str) -> str:
+    """The network interface holding `address`: what gloo must bind to."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[3].split("/")[0] == address:
+            return parts[1]
+    if address.startswith("127."):
+        return "lo"
+    return ""
+
+
+def allocators() -> list[str]:
+    roots = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+    return [str(Path(r) / a) for a in ALLOCATORS for r in roots if (Path(r) / a).exists()]
+
+
+def main() -> None:
+    private_ip = sys.argv[1] if len(sys.argv) > 1 else ""
+    model, flags = cpu_info()
+    facts = {
+        "hostname": socket.gethostname(),
+        "cpu_model": model,
+        "flags": flags,
+        "native_bf16": "amx_bf16" in flags or "avx512_bf16" in flags,
+        **cpu_topology(sorted(os.sched_getaffinity(0))),
+        "memory_gb": memory_gb(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "versions": versions(),
+        "mpi": mpi_flavour(),
+        "private_ip": private_ip,
+        "interface": interface_of(private_ip) if private_ip else "",
+        "allocators": allocators(),
+    }
+    print(json.dumps(facts, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

