@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SHARED_GLUE := $(abspath ../shared/data/glue)
 
 # $(call flag,VAR,option): `--option "value"` when VAR was given, else nothing.
-flag = $(if $(filter undefined,$(origin $(1))),,--$(2) "$($(1))")
+flag = $(if $(filter undefined,$(origin $(1))),,--$(2)="$($(1))")
 SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,NODES,nodes) \
   $(call flag,INSTANCE_TYPE,instance-type) $(call flag,REGION,region) $(call flag,ZONES,zones) \
   $(call flag,AMI,ami) $(call flag,ROOT_VOLUME_GB,root-volume-gb) $(call flag,SPOT,spot) \

@@ -40,8 +40,12 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
     provider = providers.get(spec.provider)
     state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
     with st.locked(spec.name, "up"):
-        if hasattr(provider, "confirm"):
-            provider.confirm(state, yes=yes)
+        try:
+            if hasattr(provider, "confirm"):
+                provider.confirm(state, yes=yes)
+        except BaseException:
+            shutil.rmtree(st.cluster_dir(spec.name), ignore_errors=True)  # refused: leave nothing behind
+            raise
         st.save(state)
         try:
             console.print(f"launching {spec.nodes} {spec.provider} node(s) for cluster [bold]{spec.name}[/]")
@@ -68,22 +72,27 @@ def _teardown(state: st.ClusterState, provider) -> None:
 
 
 def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
-    """Works from good state, corrupt state, or none (then by tags: provider and region needed)."""
+    """Works from good state, corrupt state, or none: then by tags (AWS, when credentials
+    are configured) and by the sshd configs under the cluster's dir (local)."""
     with st.locked(name, "down"):
         try:
-            state = st.load(name)
+            states = [st.load(name)]
         except (UsageError, st.CorruptState) as exc:
-            if provider_name is None:
-                if isinstance(exc, UsageError) and not st.cluster_dir(name).exists():
-                    raise
-                provider_name = "local"
-            console.print(f"[yellow]{exc}; cleaning up {provider_name} resources tagged {name!r}[/]")
-            spec = ClusterSpec(name=name, provider=provider_name, region=region or ClusterSpec.region)
-            state = st.ClusterState(name=name, provider=provider_name, spec=spec.to_dict())
-        provider = providers.get(state.provider)
+            candidates = [provider_name] if provider_name else ["local"] + (["aws"] if _aws_credentials() else [])
+            where = ", ".join(candidates) + (f" ({region or ClusterSpec.region})" if "aws" in candidates else "")
+            reason = "no local state" if isinstance(exc, UsageError) else str(exc)
+            console.print(f"[yellow]{reason} for {name!r}; looking for its resources in {where}[/]")
+            states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(
+                name=name, provider=p, region=region or ClusterSpec.region).to_dict()) for p in candidates]
         with shielded():
-            _teardown(state, provider)
+            for state in states:
+                _teardown(state, providers.get(state.provider))
     console.print(f"cluster [bold]{name}[/] is gone: nothing left running")
+
+
+def _aws_credentials() -> bool:
+    import boto3
+    return boto3.session.Session().get_credentials() is not None
 
 
 def status(name: str) -> tuple[st.ClusterState, list[providers.NodeStatus]]:

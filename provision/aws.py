@@ -1,0 +1,379 @@
+"""The AWS provider (boto3): a key pair, a security group and a cluster placement group,
+then all N instances in one RunInstances call.
+
+Every resource carries the tags `ftc:cluster=<name>` and `ftc:owner=<owner>`; `terminate`
+finds what to delete by those tags as well as by the ids in the state, so it works
+after `rm -rf ~/.ftc`. The number of API calls does not grow with N (waiter polls
+aside): one call creates, describes or deletes all instances at once.
+boto3 honours AWS_ENDPOINT_URL, which is how the tests point it at a moto server.
+"""
+
+import getpass
+import os
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import state as st
+from .catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
+from .errors import FtcError, UsageError
+from .providers import NodeStatus
+from .templates import render
+from .ui import console
+
+TAG_CLUSTER = "ftc:cluster"
+TAG_OWNER = "ftc:owner"
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+API_CALLS: Counter = Counter()  # operation name -> calls made by this process (the scale test reads it)
+POLL_SECONDS = float(os.environ.get("FTC_AWS_POLL_SECONDS", "5"))
+WAIT_MINUTES = float(os.environ.get("FTC_AWS_WAIT_MINUTES", "15"))
+
+
+def _count(event_name: str, **_) -> None:
+    API_CALLS[event_name.rsplit(".", 1)[-1]] += 1
+
+
+def client(service: str, region: str):
+    config = BotoConfig(retries={"mode": "standard", "max_attempts": 8})  # RequestLimitExceeded and kin
+    made = boto3.session.Session(region_name=region).client(service, config=config)
+    made.meta.events.register(f"before-call.{made.meta.service_model.endpoint_prefix}", _count)
+    return made
+
+
+def tags(state: st.ClusterState, resource: str) -> list[dict]:
+    spec = state.cluster_spec
+    return [{"ResourceType": resource, "Tags": [
+        {"Key": TAG_CLUSTER, "Value": state.name}, {"Key": TAG_OWNER, "Value": spec.owner or getpass.getuser()},
+        {"Key": "Name", "Value": f"ftc-{state.name}"}]}]
+
+
+def tag_filter(name: str) -> list[dict]:
+    return [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}]
+
+
+def _explain(exc: Exception, doing: str) -> FtcError:
+    if isinstance(exc, NoCredentialsError):
+        return UsageError("no AWS credentials found; run `aws configure` or set AWS_PROFILE / AWS_ACCESS_KEY_ID")
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return FtcError(f"{doing}: {error.get('Code')}: {error.get('Message')}")
+    return FtcError(f"{doing}: {exc}")
+
+
+# ---- before anything is created --------------------------------------------------------------
+
+def caller_cidr() -> str:
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:  # noqa: S310 - fixed https URL
+            return f"{reply.read().decode().strip()}/32"
+    except OSError:
+        raise UsageError("SSH_CIDR is not set and your public address could not be found (no network?); "
+                         "give SSH_CIDR=<your address>/32") from None
+
+
+def preflight(state: st.ClusterState) -> dict:
+    """Resolve what `up` needs without creating anything: AMI, SSH CIDR, zones, subnets."""
+    spec = state.cluster_spec
+    cidr = spec.ssh_cidr or caller_cidr()
+    try:
+        ec2 = client("ec2", spec.region)
+        ami = spec.ami or client("ssm", spec.region).get_parameter(Name=DEFAULT_AMI_PARAMETER)["Parameter"]["Value"]
+        image = ec2.describe_images(ImageIds=[ami])["Images"]
+        if not image:
+            raise UsageError(f"AMI={ami!r} does not exist in {spec.region}")
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            raise FtcError(f"{spec.region} has no default VPC; create one with `aws ec2 create-default-vpc`")
+        subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]},
+                                                {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    except (ClientError, BotoCoreError) as exc:
+        raise _explain(exc, "checking the account") from None
+    by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
+    zones = spec.zones or sorted(by_zone)
+    unknown = [z for z in zones if z not in by_zone]
+    if unknown:
+        raise UsageError(f"ZONES: {unknown[0]!r} has no default subnet in {spec.region}; allowed: {', '.join(sorted(by_zone))}")
+    return {"ami": ami, "root_device": image[0].get("RootDeviceName", "/dev/xvda"), "ssh_cidr": cidr,
+            "vpc": vpcs[0]["VpcId"], "subnets": {z: by_zone[z] for z in zones}}
+
+
+def plan_text(state: st.ClusterState, facts: dict) -> str:
+    spec = state.cluster_spec
+    kind = INSTANCE_TYPES[spec.instance_type]
+    hourly = kind.usd_per_hour * spec.nodes
+    return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB) "
+            f"{'spot ' if spec.spot else ''}in {spec.region} ({', '.join(facts['subnets'])}), placement group "
+            f"'cluster', AMI {facts['ami']}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts['ssh_cidr']}, "
+            f"powered off after {spec.max_hours:g} h.\n"
+            f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
+            f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime")
+
+
+def confirm(state: st.ClusterState, yes: bool) -> None:
+    facts = preflight(state)
+    state.resources["preflight"] = facts
+    console.print(plan_text(state, facts))
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("YES is not set and there is no terminal to confirm on; add YES=1 (--yes 1) to spend money")
+    if input("create it? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise UsageError("not confirmed; nothing created")
+
+
+def dry_run(spec) -> None:
+    state = st.ClusterState(name=spec.name, provider="aws", spec=spec.to_dict())
+    facts = preflight(state)
+    console.print(plan_text(state, facts))
+    ec2 = client("ec2", spec.region)
+    checks = {
+        "ec2:CreateKeyPair": lambda: ec2.create_key_pair(KeyName=f"ftc-{spec.name}", DryRun=True),
+        "ec2:CreateSecurityGroup": lambda: ec2.create_security_group(
+            GroupName=f"ftc-{spec.name}", Description="ftc", VpcId=facts["vpc"], DryRun=True),
+        "ec2:RunInstances": lambda: ec2.run_instances(
+            ImageId=facts["ami"], InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes, DryRun=True),
+    }
+    missing = []
+    for permission, call in checks.items():
+        try:
+            call()
+        except ClientError as exc:
+            code = exc.response["Error"]["Code"]
+            if code != "DryRunOperation":
+                missing.append(f"{permission} ({code})")
+    vcpus = INSTANCE_TYPES[spec.instance_type].vcpus * spec.nodes
+    try:
+        quota = client("service-quotas", spec.region).get_service_quota(
+            ServiceCode="ec2", QuotaCode="L-1216C47A" if not spec.spot else "L-34B43A08")["Quota"]["Value"]
+        quota_line = f"vCPU quota {quota:.0f}, this cluster needs {vcpus}"
+        if quota < vcpus:
+            missing.append(f"vCPU quota: {quota:.0f} < {vcpus}; ask AWS for more in Service Quotas")
+    except (ClientError, BotoCoreError) as exc:
+        quota_line = f"vCPU quota not readable ({type(exc).__name__}); this cluster needs {vcpus}"
+    console.print(quota_line)
+    if missing:
+        raise FtcError("dry run: missing " + "; ".join(missing))
+    console.print("dry run: credentials and permissions are fine; nothing was created")
+
+
+# ---- launch ------------------------------------------------------------------------------------
+
+def launch(state: st.ClusterState) -> None:
+    spec = state.cluster_spec
+    facts = state.resources.get("preflight") or preflight(state)
+    ec2 = client("ec2", spec.region)
+    name = f"ftc-{state.name}"
+    try:
+        key = ec2.create_key_pair(KeyName=name, KeyType="ed25519", TagSpecifications=tags(state, "key-pair"))
+        state.resources["key_pair"] = name
+        st.save(state)
+        path = st.access_key_path(state.name)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.touch(mode=0o600)
+        path.write_text(key["KeyMaterial"] if key["KeyMaterial"].endswith("\n") else key["KeyMaterial"] + "\n")
+
+        group = ec2.create_security_group(GroupName=name, VpcId=facts["vpc"], TagSpecifications=tags(state, "security-group"),
+                                          Description=f"ftc cluster {state.name}: all traffic inside, SSH from one CIDR")
+        state.resources["security_group"] = group["GroupId"]
+        st.save(state)
+        ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["GroupId"], "Description": "cluster members"}]},
+            {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+             "IpRanges": [{"CidrIp": facts["ssh_cidr"], "Description": "ftc controller"}]}])
+
+        ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=tags(state, "placement-group"))
+        state.resources["placement_group"] = name
+        st.save(state)
+        run_instances(state, ec2, facts)
+    except ClientError as exc:
+        raise _explain(exc, f"creating cluster {state.name}") from None
+
+
+def run_instances(state: st.ClusterState, ec2, facts: dict) -> None:
+    """All N in one call; on InsufficientInstanceCapacity the next zone, saying why."""
+    spec = state.cluster_spec
+    user_data = render("user_data.sh.j2", cluster=state.name, max_minutes=int(spec.max_hours * 60))
+    failures = []
+    for zone, subnet in facts["subnets"].items():
+        token = state.resources.setdefault("client_tokens", {}).setdefault(zone, f"ftc-{state.name}-{uuid.uuid4().hex[:12]}")
+        st.save(state)  # the token first: a retry after a crash finds the same instances, not new ones
+        request = dict(
+            ImageId=facts["ami"], InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes,
+            KeyName=state.resources["key_pair"], SecurityGroupIds=[state.resources["security_group"]],
+            SubnetId=subnet, Placement={"GroupName": state.resources["placement_group"], "AvailabilityZone": zone},
+            ClientToken=token, UserData=user_data, InstanceInitiatedShutdownBehavior="terminate",
+            MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+            BlockDeviceMappings=[{"DeviceName": facts["root_device"], "Ebs": {
+                "VolumeSize": spec.root_volume_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
+            TagSpecifications=tags(state, "instance") + tags(state, "volume"))
+        if spec.spot:
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        try:
+            reply = ec2.run_instances(**request)
+        except ClientError as exc:
+            code = exc.response["Error"]["Code"]
+            if code not in ("InsufficientInstanceCapacity", "InsufficientCapacity"):
+                raise
+            failures.append(zone)
+            console.print(f"[yellow]zone {zone}: {code}: {exc.response['Error'].get('Message', '')}; trying the next zone[/]")
+            continue
+        state.resources["instances"] = [i["InstanceId"] for i in reply["Instances"]]
+        state.resources["zone"] = zone
+        st.save(state)
+        return
+    raise FtcError(f"no capacity for {spec.nodes} x {spec.instance_type} in {', '.join(failures)}; "
+                   "try other ZONES, another REGION or INSTANCE_TYPE, or fewer NODES")
+
+
+def wait(state: st.ClusterState) -> None:
+    """Until every instance runs and passes both status checks; a progress bar meanwhile."""
+    spec = state.cluster_spec
+    ec2 = client("ec2", spec.region)
+    ids = state.resources["instances"]
+    deadline = time.monotonic() + WAIT_MINUTES * 60
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        running = progress.add_task("running", total=len(ids))
+        checked = progress.add_task("status checks ok", total=len(ids))
+        while True:
+            statuses = ec2.describe_instance_status(InstanceIds=ids, IncludeAllInstances=True)["InstanceStatuses"]
+            by_id = {s["InstanceId"]: s for s in statuses}
+            dead = [i for i, s in by_id.items() if s["InstanceState"]["Name"] in ("shutting-down", "terminated")]
+            if dead:
+                raise FtcError(f"instance {dead[0]} was terminated while starting (spot reclaimed, or a failed boot?)")
+            up = [i for i, s in by_id.items() if s["InstanceState"]["Name"] == "running"]
+            ok = [i for i in up if by_id[i].get("InstanceStatus", {}).get("Status") == "ok"
+                  and by_id[i].get("SystemStatus", {}).get("Status") == "ok"]
+            progress.update(running, completed=len(up))
+            progress.update(checked, completed=len(ok))
+            if len(ok) == len(ids):
+                break
+            if time.monotonic() > deadline:
+                raise FtcError(f"{len(ids) - len(ok)} instance(s) not ready after {WAIT_MINUTES:g} min; "
+                               "see the EC2 console's status checks")
+            time.sleep(POLL_SECONDS)
+    reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    instances = {i["InstanceId"]: i for r in reservations for i in r["Instances"]}
+    state.nodes = []
+    for index, instance_id in enumerate(ids):
+        instance = instances[instance_id]
+        state.nodes.append(st.NodeInfo(
+            index=index, name=f"{state.name}-{index}", id=instance_id,
+            public_ip=instance.get("PublicIpAddress", instance["PrivateIpAddress"]),
+            private_ip=instance["PrivateIpAddress"], ssh_user=DEFAULT_SSH_USER, ssh_port=22,
+            workdir=f"/home/{DEFAULT_SSH_USER}/ftc", authorized_keys=f"/home/{DEFAULT_SSH_USER}/.ssh/authorized_keys",
+            zone=instance["Placement"]["AvailabilityZone"]))
+    st.save(state)
+
+
+# ---- terminate and query ---------------------------------------------------------------------
+
+def _live_instances(ec2, state: st.ClusterState) -> list[str]:
+    found = set()
+    paginator = ec2.get_paginator("describe_instances")
+    for page in paginator.paginate(Filters=tag_filter(state.name) + [{"Name": "instance-state-name", "Values": LIVE_STATES}]):
+        found |= {i["InstanceId"] for r in page["Reservations"] for i in r["Instances"]}
+    return sorted(found)
+
+
+def terminate(state: st.ClusterState) -> None:
+    """Instances first (and wait: a security group in use cannot go), then group, placement group, key."""
+    spec = state.cluster_spec
+    ec2 = client("ec2", spec.region)
+    try:
+        ids = sorted(set(_live_instances(ec2, state)) | set(_still_live(ec2, state.resources.get("instances", []))))
+        if ids:
+            console.print(f"terminating {len(ids)} instance(s)")
+            ec2.terminate_instances(InstanceIds=ids)
+            deadline = time.monotonic() + WAIT_MINUTES * 60
+            while _still_live(ec2, ids):
+                if time.monotonic() > deadline:
+                    raise FtcError(f"instances {ids} not terminated after {WAIT_MINUTES:g} min; run `ftc down` again")
+                time.sleep(POLL_SECONDS)
+        groups = {g["GroupId"] for g in ec2.describe_security_groups(Filters=tag_filter(state.name))["SecurityGroups"]}
+        groups |= {state.resources["security_group"]} if state.resources.get("security_group") else set()
+        for group in sorted(groups):
+            _delete_with_retry(lambda group=group: ec2.delete_security_group(GroupId=group),
+                               ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"))
+        placement = {g["GroupName"] for g in ec2.describe_placement_groups(Filters=tag_filter(state.name))["PlacementGroups"]}
+        placement |= {state.resources["placement_group"]} if state.resources.get("placement_group") else set()
+        for group in sorted(placement):
+            _delete_with_retry(lambda group=group: ec2.delete_placement_group(GroupName=group),
+                               ("InvalidPlacementGroup.Unknown",))
+        keys = {k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag_filter(state.name))["KeyPairs"]}
+        keys |= {state.resources["key_pair"]} if state.resources.get("key_pair") else set()
+        for key in sorted(keys):
+            ec2.delete_key_pair(KeyName=key)
+    except ClientError as exc:
+        raise _explain(exc, f"deleting cluster {state.name} (run `ftc down --name {state.name}` again)") from None
+
+
+def _still_live(ec2, ids: list[str]) -> list[str]:
+    if not ids:
+        return []
+    try:
+        reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] == "InvalidInstanceID.NotFound":
+            return []
+        raise
+    return [i["InstanceId"] for r in reservations for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+
+
+def _delete_with_retry(call, gone_codes: tuple[str, ...], attempts: int = 12) -> None:
+    """DependencyViolation lingers for a while after instances terminate: retry that, nothing else."""
+    for attempt in range(attempts):
+        try:
+            call()
+            return
+        except ClientError as exc:
+            code = exc.response["Error"]["Code"]
+            if code in gone_codes:
+                return
+            if code != "DependencyViolation" or attempt == attempts - 1:
+                raise
+            time.sleep(POLL_SECONDS)
+
+
+def query(state: st.ClusterState) -> list[NodeStatus]:
+    ec2 = client("ec2", state.cluster_spec.region)
+    ids = [n.id for n in state.nodes]
+    seen = {}
+    if ids:
+        for page in ec2.get_paginator("describe_instances").paginate(Filters=tag_filter(state.name)):
+            for reservation in page["Reservations"]:
+                for instance in reservation["Instances"]:
+                    seen[instance["InstanceId"]] = instance
+    result = []
+    for node in state.nodes:
+        instance = seen.get(node.id)
+        if instance is None:
+            result.append(NodeStatus(node.id, "missing", "not found in EC2"))
+        else:
+            name = instance["State"]["Name"]
+            since = instance.get("LaunchTime")
+            result.append(NodeStatus(node.id, "running" if name == "running" else name,
+                                     f"{instance['InstanceType']} in {instance['Placement']['AvailabilityZone']}"
+                                     + (f", since {since:%H:%M UTC}" if since else "")))
+    return result
+
+
+def extend(state: st.ClusterState, hours: float) -> None:
+    """Push every node's power-off back to `hours` from now (the user-data watchdog's shutdown)."""
+    from .bootstrap import connect, run
+    minutes = int(hours * 60)
+    for node in state.nodes:
+        conn = connect(state, node, attempts=3)
+        try:
+            run(conn, node, "extend", f"sudo shutdown -h +{minutes} 'ftc max lifetime (extended)'")
+        finally:
+            conn.close()
+    console.print(f"cluster {state.name}: nodes now power off (and terminate) in {hours:g} h")

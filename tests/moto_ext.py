@@ -1,0 +1,128 @@
+"""What moto 5.2 lacks for ftc's tests, added to its EC2 backend: placement groups
+(CreatePlacementGroup / DescribePlacementGroups / DeletePlacementGroup raise
+NotImplementedError there), instances launched into one, and fault injection.
+
+Faults come from the JSON file named by $FTC_MOTO_FAULTS, re-read on every call, so a
+test changes them while the server runs:
+    {"no_capacity": ["us-east-1a"],   RunInstances there fails with InsufficientInstanceCapacity
+     "fail_at_call": 5,               the 5th EC2 call after the file was written fails (InjectedFault)
+     "slow": {"RunInstances": 2}}     that action answers after 2 seconds
+"""
+
+import json
+import os
+import time
+
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.responses import EC2Response
+from moto.core.responses import ActionResult
+
+_calls = {"count": 0, "faults_mtime": 0.0}
+
+
+def _faults() -> dict:
+    path = os.environ.get("FTC_MOTO_FAULTS", "")
+    if not path or not os.path.exists(path):
+        return {}
+    mtime = os.path.getmtime(path)
+    if mtime != _calls["faults_mtime"]:
+        _calls.update(count=0, faults_mtime=mtime)
+    return json.loads(open(path).read() or "{}")
+
+
+def _groups(backend) -> dict:
+    if not hasattr(backend, "ftc_placement_groups"):
+        backend.ftc_placement_groups = {}
+    return backend.ftc_placement_groups
+
+
+def create_placement_group(self) -> ActionResult:
+    name = self._get_param("GroupName")
+    strategy = self._get_param("Strategy", "cluster")
+    tags = self._parse_tag_specification("placement-group").get("placement-group", {})
+    self.error_on_dryrun()
+    groups = _groups(self.ec2_backend)
+    if name in groups:
+        raise EC2ClientError("InvalidPlacementGroup.Duplicate", f"The placement group '{name}' already exists.")
+    group = {"GroupName": name, "Strategy": strategy, "State": "available",
+             "GroupId": f"pg-{abs(hash(name)) % 10**17:017x}",
+             "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+    groups[name] = group
+    return ActionResult({"PlacementGroup": group})
+
+
+def describe_placement_groups(self) -> ActionResult:
+    names = self._get_param("GroupNames", [])
+    filters = self._filters_from_querystring()
+    found = []
+    for group in _groups(self.ec2_backend).values():
+        if names and group["GroupName"] not in names:
+            continue
+        tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+        if all(_matches(group, tags, key, values) for key, values in filters.items()):
+            found.append(group)
+    if names and len(found) < len(names):
+        raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{names[0]}' is unknown.")
+    return ActionResult({"PlacementGroups": found})
+
+
+def _matches(group: dict, tags: dict, key: str, values: list[str]) -> bool:
+    if key.startswith("tag:"):
+        return tags.get(key[4:]) in values
+    field = {"group-name": "GroupName", "strategy": "Strategy", "state": "State"}.get(key)
+    return field is None or group[field] in values
+
+
+def delete_placement_group(self) -> ActionResult:
+    name = self._get_param("GroupName")
+    self.error_on_dryrun()
+    groups = _groups(self.ec2_backend)
+    if name not in groups:
+        raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+    members = [i for i in self.ec2_backend.all_instances()
+               if i.placement.group_name == name and i.state != "terminated"]
+    if members:
+        raise EC2ClientError("InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use.")
+    del groups[name]
+    return ActionResult({})
+
+
+_original_run_instances = EC2Response.run_instances
+
+
+def run_instances(self):
+    group = self._get_param("Placement.GroupName")
+    zone = self._get_param("Placement.AvailabilityZone")
+    if group and group not in _groups(self.ec2_backend):
+        raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{group}' is unknown.")
+    if zone in _faults().get("no_capacity", []):
+        raise EC2ClientError("InsufficientInstanceCapacity",
+                             f"We currently do not have sufficient capacity in the Availability Zone you requested ({zone}).")
+    result = _original_run_instances(self)
+    token = self._get_param("ClientToken")
+    for instance in self.ec2_backend.all_instances():
+        if instance.client_token == token and group:
+            instance.placement.group_name = group
+    return result
+
+
+_original_call_action = EC2Response.call_action
+
+
+def call_action(self):
+    faults = _faults()
+    fail_at = faults.get("fail_at_call")
+    time.sleep(faults.get("slow", {}).get(self._get_action(), 0))
+    _calls["count"] += 1
+    if fail_at and _calls["count"] == fail_at:
+        # a client error (400): botocore does not retry it, so ftc sees the failure
+        return self.serialized(ActionResult(EC2ClientError("InjectedFault", f"injected failure at EC2 call {fail_at}")))
+    return _original_call_action(self)
+
+
+def install() -> None:
+    EC2Response.create_placement_group = create_placement_group
+    EC2Response.describe_placement_groups = describe_placement_groups
+    EC2Response.delete_placement_group = delete_placement_group
+    EC2Response.run_instances = run_instances
+    EC2Response.call_action = call_action
