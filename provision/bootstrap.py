@@ -34,7 +34,8 @@ from .ui import NodeBoard, console
 
 RUNNER_DIR = Path(__file__).resolve().parent.parent / "runner"
 NODE_PROGRAMS = ("facts.py", "distenv.py", "allreduce_check.py", "glue.py", "train.py")
-CONNECT_ATTEMPTS = 30  # about a minute: a fresh EC2 node's sshd comes up well inside that
+# About a minute: a fresh EC2 node's sshd comes up well inside that.
+CONNECT_ATTEMPTS = int(os.environ.get("FTC_CONNECT_ATTEMPTS", "30"))
 
 
 class StepFailed(Exception):

@@ -8,6 +8,7 @@ that sshd inherits the share). Nothing here touches the user's own ~/.ssh.
 
 import getpass
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,12 +115,14 @@ def launch(state: st.ClusterState) -> None:
 
 
 def _is_our_sshd(node: st.NodeInfo) -> bool:
-    """The pid is ours only if it still runs sshd with this node's config (pids get reused)."""
+    """The pid is ours only if it still runs sshd with this node's config (pids get reused).
+    sshd rewrites its process title, so the config path is matched within the whole cmdline."""
     try:
-        cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return str(Path(node.workdir) / "sshd_config").encode() in cmdline
+    config = re.escape(str(Path(node.workdir) / "sshd_config").encode())
+    return b"sshd" in cmdline and re.search(config + rb"(\s|\x00|$)", cmdline) is not None
 
 
 def _port_open(address: str, port: int) -> bool:
@@ -136,7 +139,7 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
     while pending:
         pending = [n for n in pending if not _port_open(n.public_ip, n.ssh_port)]
         for node in pending:
-            if node.pid and not _is_our_sshd(node):
+            if node.pid and not _alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"
                 tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
                 raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(tail) or 'no log'}); "
@@ -212,10 +215,10 @@ def _sshds_under(directory: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if any(arg.startswith(marker) and arg.endswith(b"/sshd_config") for arg in cmdline):
+            if b"sshd" in cmdline and re.search(re.escape(marker) + rb"\d+/sshd_config\b", cmdline):
                 found.append(int(entry.name))
     return found
 

@@ -1,0 +1,32 @@
+"""Post-conditions of a bootstrapped cluster, checked the same way for the Fabric and the
+Ansible bootstrap: real ssh between nodes, a real mpirun, the files the runner reads."""
+
+import json
+from pathlib import Path
+
+from conftest import ftc
+
+FACT_KEYS = {"physical_cores", "sockets", "numa_nodes", "flags", "native_bf16", "memory_gb", "python",
+             "versions", "mpi", "allowed_cpus", "core_cpus", "interface", "cpu_model"}
+
+
+def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
+    state = json.loads((home / "clusters" / name / "state.json").read_text())
+    names = [f"{name}-{i}" for i in range(nodes)]
+    facts = []
+    for node in state["nodes"]:
+        workdir = Path(node["workdir"])
+        assert (workdir / "hostfile").read_text().split() == names
+        node_facts = json.loads((workdir / "facts.json").read_text())
+        assert FACT_KEYS <= set(node_facts), FACT_KEYS - set(node_facts)
+        assert node_facts["mpi"] == "impi" and node_facts["physical_cores"] >= 1
+        facts.append(node_facts)
+    # node 0 reaches node N-1 by name, with the cluster key, no prompt (BatchMode: a prompt would fail)
+    hop = ftc("ssh", "--name", name, "--", f"ssh -F ssh_config {names[-1]} 'echo $SSH_CONNECTION'")
+    assert hop.returncode == 0, hop.stderr
+    last = state["nodes"][-1]
+    assert hop.stdout.split()[2:] == [last["private_ip"], str(last["ssh_port"])]
+    mpi = ftc("ssh", "--name", name, "--", f"mpirun -f hostfile -n {nodes} -ppn 1 hostname")
+    assert mpi.returncode == 0, mpi.stderr
+    assert len(mpi.stdout.strip().splitlines()) == nodes
+    return facts

@@ -1,0 +1,128 @@
+"""The local provider and the Fabric bootstrap, on real OpenSSH servers."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ftc, sshd_pids
+from helpers import assert_bootstrapped
+
+
+def state_of(home: Path, name: str) -> dict:
+    return json.loads((home / "clusters" / name / "state.json").read_text())
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_local_cluster_up_bootstrap_verify_down(ftc_home, nodes):
+    proc = ftc("up", "--name", "loc", "--nodes", str(nodes))
+    assert proc.returncode == 0, proc.stderr
+    assert f"gloo all_reduce over {nodes} rank(s)" in proc.stderr
+    total = nodes * (nodes + 1) / 2
+    assert str([total, total, 0.0, total, 2 * total]) in proc.stderr
+    state = state_of(ftc_home, "loc")
+    assert state["phase"] == "bootstrapped"
+    addresses = {(n["private_ip"], n["ssh_port"]) for n in state["nodes"]}
+    assert len(addresses) == nodes
+    if nodes <= os.cpu_count():
+        shares = [set(n["cores"]) for n in state["nodes"]]
+        assert all(not (a & b) for i, a in enumerate(shares) for b in shares[i + 1:])
+    else:
+        assert "nodes will share cores" in proc.stderr
+    for node in state["nodes"]:
+        assert set(os.sched_getaffinity(node["pid"])) == set(node["cores"])
+    assert_bootstrapped(ftc_home, "loc", nodes)
+    assert len(sshd_pids(ftc_home)) == nodes
+
+    down = ftc("down", "--name", "loc")
+    assert down.returncode == 0, down.stderr
+    assert sshd_pids(ftc_home) == []
+    assert not (ftc_home / "clusters" / "loc").exists()
+
+
+def test_second_bootstrap_skips_finished_steps(ftc_home):
+    assert ftc("up", "--name", "twice", "--nodes", "2").returncode == 0
+    workdirs = [Path(n["workdir"]) for n in state_of(ftc_home, "twice")["nodes"]]
+    written = {p: p.stat().st_mtime_ns for w in workdirs for p in (w / "install.sh", w / "hostfile", w / "facts.json")}
+    markers = sorted(p.name for w in workdirs for p in (w / ".ftc" / "done").iterdir())
+    again = ftc("bootstrap", "--name", "twice")
+    assert again.returncode == 0, again.stderr
+    assert {p: p.stat().st_mtime_ns for p in written} == written
+    assert sorted(p.name for w in workdirs for p in (w / ".ftc" / "done").iterdir()) == markers
+    ftc("down", "--name", "twice", check=True)
+
+
+def test_node_killed_before_bootstrap_is_named_and_reported(ftc_home):
+    assert ftc("up", "--name", "kill", "--nodes", "2", "--no-bootstrap").returncode == 0
+    victim = state_of(ftc_home, "kill")["nodes"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(0.2)
+    status = ftc("status", "--name", "kill")
+    assert "kill-1 is dead" in status.stderr
+    proc = ftc("bootstrap", "--name", "kill", env={"FTC_CONNECT_ATTEMPTS": "3"})
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "node kill-1: step 'connect' failed" in line and "ftc bootstrap --name kill" in line
+    assert state_of(ftc_home, "kill")["phase"] == "running"  # resumable
+    assert ftc("down", "--name", "kill").returncode == 0
+    assert sshd_pids(ftc_home) == []
+
+
+def test_tampered_host_key_is_refused(ftc_home):
+    assert ftc("up", "--name", "mitm", "--nodes", "1", "--no-bootstrap").returncode == 0
+    node = state_of(ftc_home, "mitm")["nodes"][0]
+    key = Path(node["workdir"]) / "ssh_host_ed25519_key"
+    key.unlink()
+    key.with_suffix(".pub").unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    os.kill(node["pid"], signal.SIGHUP)  # sshd re-executes itself and loads the new key
+    time.sleep(1.0)
+    proc = ftc("bootstrap", "--name", "mitm", env={"FTC_CONNECT_ATTEMPTS": "3"})
+    assert proc.returncode == 1
+    assert "node mitm-0: step 'connect' failed: host key mismatch" in proc.stderr
+    assert ftc("down", "--name", "mitm").returncode == 0
+
+
+def test_ssh_runs_a_command_on_the_chosen_node(ftc_home):
+    assert ftc("up", "--name", "sh", "--nodes", "2").returncode == 0
+    proc = ftc("ssh", "--name", "sh", "--node", "1", "--", "echo $FTC_NODE")
+    assert proc.returncode == 0 and proc.stdout.strip() == "sh-1"
+    bad = ftc("ssh", "--name", "sh", "--node", "7", "--", "true")
+    assert bad.returncode == 2 and "NODE='7'" in bad.stderr
+    ftc("down", "--name", "sh", check=True)
+
+
+def test_clusters_side_by_side_do_not_interfere(ftc_home):
+    assert ftc("up", "--name", "left", "--nodes", "1", "--no-bootstrap").returncode == 0
+    assert ftc("up", "--name", "right", "--nodes", "1", "--no-bootstrap").returncode == 0
+    right = state_of(ftc_home, "right")["nodes"][0]
+    assert ftc("down", "--name", "left").returncode == 0
+    assert os.path.exists(f"/proc/{right['pid']}")
+    assert "running" in ftc("status", "--name", "right").stderr
+    ftc("down", "--name", "right", check=True)
+
+
+def test_second_command_on_a_busy_cluster_is_refused_naming_the_holder(ftc_home):
+    from provision import state as st
+    assert ftc("up", "--name", "busy", "--nodes", "1", "--no-bootstrap").returncode == 0
+    with st.locked("busy", "up"):
+        proc = ftc("bootstrap", "--name", "busy")
+    assert proc.returncode == 3
+    assert f"locked by pid {os.getpid()} (`ftc up`)" in proc.stderr
+    ftc("down", "--name", "busy", check=True)
+
+
+@pytest.mark.slow
+def test_stock_stack_installs_into_a_fresh_venv(ftc_home):
+    proc = ftc("up", "--name", "fresh", "--nodes", "1", env={"FTC_LOCAL_REUSE_STACK": "0"}, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    node = state_of(ftc_home, "fresh")["nodes"][0]
+    facts = json.loads((Path(node["workdir"]) / "facts.json").read_text())
+    assert facts["python_executable"] == f"{node['workdir']}/venv/bin/python"
+    assert facts["versions"]["torch"].startswith("2.13.0") and facts["versions"]["impi-rt"] == "2021.18.1"
+    assert facts["versions"]["transformers"] == "5.24.0"
+    ftc("down", "--name", "fresh", check=True)
