@@ -185,6 +185,7 @@ def main(argv=None) -> int:
                                args.seed + epoch)
         ddp.train()
         epoch_start = time.perf_counter()
+        epoch_loss, epoch_steps = 0.0, 0
         for i, indices in enumerate(batches):
             t0 = time.perf_counter()
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
@@ -208,6 +209,8 @@ def main(argv=None) -> int:
                 steady_samples += n_samples
                 steady_tokens += n_tokens
             last_loss = loss.item()
+            epoch_loss += last_loss
+            epoch_steps += 1
             first_loss = last_loss if first_loss is None else first_loss
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
                 rate = samples_seen / train_seconds
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
         log.info(f"epoch {epoch + 1} trained in {time.perf_counter() - epoch_start:.1f}s")
 
         metrics = {} if args.no_eval else evaluate(ddp, dev, args, env, pad_id, precision)
-        history.append({"epoch": epoch + 1, "loss": last_loss, **metrics})
+        history.append({"epoch": epoch + 1, "train_loss": round(epoch_loss / max(1, epoch_steps), 6), **metrics})
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if env.master and not args.no_save:
@@ -248,7 +251,7 @@ def main(argv=None) -> int:
             "finished_at": datetime.now(timezone.utc).isoformat(),
         }
         results.pop("epoch", None)
-        results.pop("loss", None)
+        results.pop("train_loss", None)
         if not args.no_save:
             model.save_pretrained(out_dir / "model")
             tokenizer.save_pretrained(out_dir / "model")

@@ -1,0 +1,88 @@
+"""The launch script: rank plans and rendering, for 1/2/4 nodes, both stacks, each mpirun flavour."""
+
+import subprocess
+
+import pytest
+
+from runner.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+
+
+def facts(sockets=2, cores_per_socket=32, allocators=()):
+    cores = list(range(sockets * cores_per_socket))
+    return {"hostname": "n", "physical_cores": len(cores), "sockets": sockets, "core_cpus": cores,
+            "allocators": list(allocators)}
+
+
+def test_one_rank_per_socket_by_default():
+    plan = plan_ranks([facts(2, 32)] * 4)
+    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (2, 32, "")
+
+
+def test_intel_stack_keeps_one_core_per_rank_for_oneccl():
+    plan = plan_ranks([facts(2, 32)], stack="intel")
+    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (2, 31, "31,63")
+
+
+def test_threads_follow_the_smallest_node_and_explicit_ppn():
+    plan = plan_ranks([facts(1, 16), facts(1, 8)], ppn=4)
+    assert (plan.ppn, plan.threads) == (4, 2)
+
+
+def test_too_many_ranks_for_the_cores_is_refused():
+    with pytest.raises(ValueError, match="only 2 physical cores"):
+        plan_ranks([facts(1, 2)], ppn=4)
+
+
+def test_allocator_prefers_tcmalloc():
+    assert pick_allocator(facts(allocators=["/usr/lib/libjemalloc.so.2", "/usr/lib/libtcmalloc.so.4"])) \
+        == "/usr/lib/libtcmalloc.so.4"
+    assert pick_allocator(facts()) == ""
+
+
+def spec(nodes: int, stack: str, mpi: str, **extra) -> LaunchSpec:
+    return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
+                      plan=plan_ranks([facts(2, 32)] * nodes, stack), python="/w/venv/bin/python",
+                      program="/w/ftc/runner/train.py", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
+                      master_addr="10.0.0.5", gloo_iface="ens5", stack=stack, env_file="/w/env.sh",
+                      ssh_config="/w/ssh_config", **extra)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize("stack", ["stock", "intel"])
+@pytest.mark.parametrize("mpi", ["impi", "mpich", "openmpi"])
+def test_rendered_script_for_every_layout(nodes, stack, mpi):
+    script = render_launch(spec(nodes, stack, mpi, allocator="/usr/lib/libtcmalloc.so.4"))
+    ranks = nodes * 2
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert f"export FTC_WORLD_SIZE={ranks}\n" in script
+    assert "export MASTER_ADDR=10.0.0.5\n" in script and "export GLOO_SOCKET_IFNAME=ens5\n" in script
+    assert "export FI_PROVIDER=tcp\n" in script and "export KMP_BLOCKTIME=1\n" in script
+    assert "export LD_PRELOAD=/usr/lib/libtcmalloc.so.4" in script
+    assert "'a b'" in script  # arguments are shell-quoted
+    threads = 31 if stack == "intel" else 32
+    assert f"export OMP_NUM_THREADS={threads}\n" in script
+    if stack == "intel":
+        assert "export CCL_WORKER_COUNT=1\n" in script and "export CCL_WORKER_AFFINITY=31,63\n" in script
+    else:
+        assert "CCL_" not in script
+    if mpi == "openmpi":
+        assert f"--hostfile /w/hostfile -np {ranks} --map-by ppr:2:node --bind-to none" in script
+        assert "-x OMP_NUM_THREADS" in script and "-x LD_PRELOAD" in script and '--mca plm_rsh_args "-F /w/ssh_config"' in script
+        assert "export FTC_SELF_PIN=1\n" in script and "I_MPI_PIN_DOMAIN" not in script
+    else:
+        assert f"mpirun -f /w/hostfile -n {ranks} -ppn 2 -prepend-rank" in script
+    if mpi == "impi":
+        assert "export I_MPI_PIN_DOMAIN=auto:compact\n" in script and "export FTC_SELF_PIN=0\n" in script
+        assert 'I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS="-F /w/ssh_config"' in script
+    if mpi == "mpich":
+        assert '-launcher-exec "ssh -F /w/ssh_config"' in script
+
+
+def test_unknown_mpirun_flavour_is_refused():
+    with pytest.raises(ValueError, match="not supported"):
+        render_launch(spec(1, "stock", "lam"))
+
+
+def test_open_mpi_as_root_adds_its_opt_in():
+    assert "--allow-run-as-root" in render_launch(spec(1, "stock", "openmpi", as_root=True))
+    assert "--allow-run-as-root" not in render_launch(spec(1, "stock", "openmpi"))

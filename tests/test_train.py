@@ -1,0 +1,158 @@
+"""The runner end to end: real 2-node training on a local cluster through the rendered
+mpirun script, with the packaged MiniLM model and a slice of real MRPC."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FTC, REPO, ftc
+
+RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
+                 "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
+                 "eval_accuracy", "eval_f1", "versions", "started_at", "finished_at"}
+
+
+def job_flags(minilm: str, glue_dir: Path, samples: int = 256, epochs: int = 2) -> list[str]:
+    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", str(samples),
+            "--epochs", str(epochs), "--lr", "5e-5"]
+
+
+@pytest.fixture
+def cluster(ftc_home):
+    proc = ftc("up", "--name", "tr", "--nodes", "2")
+    assert proc.returncode == 0, proc.stderr
+    yield "tr"
+    ftc("down", "--name", "tr")
+
+
+def state_of(home: Path) -> dict:
+    return json.loads((home / "clusters" / "tr" / "state.json").read_text())
+
+
+def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
+    proc = subprocess.run([sys.executable, str(REPO / "runner" / "train.py"), "--task", "mrpc", "--model", minilm,
+                           "--data-dir", str(glue_dir)], capture_output=True, text=True,
+                          env={**os.environ, "FTC_WORLD_SIZE": "2"}, timeout=120)
+    assert proc.returncode != 0
+    assert "world size 1 from the launcher's environment, but 2 ranks were launched" in proc.stderr
+
+
+def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, glue_dir):
+    render = ftc("finetune", "--name", cluster, "--render-only", *job_flags(minilm, glue_dir))
+    assert render.returncode == 0 and "mpirun -f" in render.stdout and "-n 2 -ppn 1" in render.stdout
+
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, epochs=3)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "step" not in seen:  # the job is training: now the follower goes away
+        line = follower.stdout.readline()
+        assert line, follower.stderr.read()
+        seen += line
+    follower.send_signal(signal.SIGINT)
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0 and "detached" in err and "ftc logs --name tr -f" in err
+    assert state_of(ftc_home)["jobs"][-1]["state"] == "running"
+    assert "running" in ftc("status", "--name", cluster).stderr
+
+    again = ftc("logs", "--name", cluster, "-f", timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert "[0]" in again.stdout and "epoch 3 dev eval_accuracy" in again.stdout
+    job = state_of(ftc_home)["jobs"][-1]
+    assert job["state"] == "finished"
+    results_dir = Path(job["results_dir"])
+    results = json.loads((results_dir / "results.json").read_text())
+    assert RESULT_FIELDS <= set(results), RESULT_FIELDS - set(results)
+    assert results["world_size"] == 2 and results["nodes"] == 2 and results["backend"] == "gloo"
+    assert results["train_samples"] == 256 and len(results["epoch_metrics"]) == 3
+    losses = [e["train_loss"] for e in results["epoch_metrics"]]
+    assert losses[-1] < losses[0], losses
+    assert 0 <= results["eval_accuracy"] <= 1 and 0 <= results["eval_f1"] <= 1
+    assert (results_dir / "model" / "config.json").exists() and (results_dir / "model" / "model.safetensors").exists()
+    assert {p.name for p in (results_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
+    assert "finished" in ftc("status", "--name", cluster).stderr
+
+
+def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, cluster, minilm, glue_dir):
+    started = ftc("finetune", "--name", cluster, "--detach", *job_flags(minilm, glue_dir, samples=128, epochs=3))
+    assert started.returncode == 0, started.stderr
+    job = state_of(ftc_home)["jobs"][-1]
+    checkpoint = Path(job["remote_dir"]) / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists():
+        assert time.monotonic() < deadline, "no checkpoint after the first epoch"
+        time.sleep(0.5)
+    assert ftc("cancel", "--name", cluster).returncode == 0
+    assert state_of(ftc_home)["jobs"][-1]["state"] == "cancelled"
+
+    resumed = ftc("finetune", "--name", cluster, "--resume", *job_flags(minilm, glue_dir, samples=128, epochs=3))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    results = json.loads((Path(job["results_dir"]) / "results.json").read_text())
+    assert results["resumed_from_epoch"] >= 1
+    assert [e["epoch"] for e in results["epoch_metrics"]] == [1, 2, 3]
+
+
+def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minilm, glue_dir):
+    from provision.local import _descendants
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=2000)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node1 = state_of(ftc_home)["nodes"][1]
+    victim = None
+    deadline = time.monotonic() + 300
+    while victim is None:
+        assert time.monotonic() < deadline and follower.poll() is None
+        for pid in _descendants(node1["pid"]):
+            try:
+                if b"train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    victim = pid
+            except OSError:
+                pass
+        time.sleep(0.5)
+    log = Path(state_of(ftc_home)["jobs"][-1]["remote_dir"]) / "logs" / "rank1.log"
+    while "step" not in (log.read_text() if log.exists() else "") and "cores" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    os.kill(victim, signal.SIGKILL)
+    out, err = follower.communicate(timeout=180)  # bounded: hydra ends the job when a rank dies
+    assert follower.returncode == 1
+    assert "job failed" in err and "tail of rank" in err
+    assert state_of(ftc_home)["jobs"][-1]["state"] == "failed"
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--task", "squad"], "TASK='squad'"),
+    (["--data-dir", "/no/such/dir"], "DATA_DIR='/no/such/dir'"),
+    (["--epochs", "0"], "EPOCHS='0'"),
+    (["--batch-size", "x"], "BATCH_SIZE='x'"),
+    (["--recipe", "fast"], "RECIPE='fast'"),
+    (["--precision", "fp8"], "PRECISION='fp8'"),
+])
+def test_bad_job_input_is_refused_before_any_rank_starts(ftc_home, flags, named):
+    proc = ftc("finetune", "--name", "nowhere", *flags)
+    assert proc.returncode == 2 and named in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_model_path_without_weights_and_missing_data_file_are_refused(ftc_home, tmp_path, glue_dir):
+    empty = tmp_path / "model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    proc = ftc("finetune", "--name", "nowhere", "--model", str(empty))
+    assert proc.returncode == 2 and "has no weights" in proc.stderr
+    (tmp_path / "glue" / "MRPC").mkdir(parents=True)
+    (tmp_path / "glue" / "MRPC" / "train.tsv").write_text("x")
+    proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(tmp_path / "glue"))
+    assert proc.returncode == 2 and "lacks" in proc.stderr and "dev.tsv" in proc.stderr
+
+
+def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
+    proc = ftc("finetune", "--name", "nowhere")
+    assert proc.returncode == 2 and "no cluster of that name" in proc.stderr
+    assert ftc("up", "--name", "raw", "--nodes", "1", "--no-bootstrap").returncode == 0
+    proc = ftc("finetune", "--name", "raw")
+    assert proc.returncode == 2 and "is not bootstrapped" in proc.stderr
+    ftc("down", "--name", "raw", check=True)
