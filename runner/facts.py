@@ -22,14 +22,16 @@ FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"
 
 
 def cpu_topology(allowed: list[int]) -> dict:
-    """Physical cores (first hardware thread of each core) and sockets within `allowed`."""
-    cores: dict[tuple[int, int], list[int]] = {}
+    """Physical cores (first hardware thread of each core) and sockets within `allowed`.
+
+    Hardware threads of one core are the ones that list each other as siblings."""
+    cores: dict[tuple[int, str], list[int]] = {}
     for cpu in allowed:
         base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            key = (int((base / "physical_package_id").read_text()), int((base / "core_id").read_text()))
-        except OSError:
-            key = (0, cpu)
+            key = (int((base / "physical_package_id").read_text()), (base / "thread_siblings_list").read_text().strip())
+        except (OSError, ValueError):
+            key = (0, str(cpu))
         cores.setdefault(key, []).append(cpu)
     physical = sorted(min(threads) for threads in cores.values())
     sockets = sorted({socket_id for socket_id, _ in cores})
