@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
     p.add_argument("--steps", default=None, help="timed steps per configuration")
     p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
+    p.add_argument("--grad-compress", default=None, choices=("none", "bf16"),
+                   help="override ftc's all-reduce precision in the ftc runs (default: ftc's own choice)")
     p.add_argument("--accuracy", action="store_true",
                    help="instead: dev accuracy of both recipes, same epochs, with the packaged pretrained MiniLM")
     return p.parse_args(argv)
@@ -132,6 +134,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     host = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))
     model_name, cpu_flags = node_facts.cpu_info()
     physical = host["core_cpus"]
+    if args.accuracy:
+        mpi = node_facts.mpi_flavour()
+        return accuracy(out, data_dir, tokenizer_dir(args.tokenizer), physical, mpi, model_name)
     rank_counts = [int(r) for r in (args.ranks or ("1,2" if args.quick else "1,2,4")).split(",")]
     cores_per_rank = int(args.cores_per_rank or max(1, len(physical) // max(rank_counts)))
     if cores_per_rank * max(rank_counts) > len(physical):
@@ -141,8 +146,6 @@ def main(args: argparse.Namespace | None = None) -> int:
     mpi = node_facts.mpi_flavour()
     if mpi not in ("impi", "mpich", "openmpi"):
         raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
-    if args.accuracy:
-        return accuracy(out, data_dir, tokenizer_dir(args.tokenizer), physical, mpi, model_name)
     model = make_distilbert(out / "distilbert-base-uncased-random", tokenizer_dir(args.tokenizer))
     native_bf16 = "amx_bf16" in cpu_flags or "avx512_bf16" in cpu_flags
     print(f"bench on {model_name}: {len(physical)} physical cores, {cores_per_rank} per simulated node, "
@@ -152,8 +155,11 @@ def main(args: argparse.Namespace | None = None) -> int:
               "--no-save", "--warmup-steps-untimed", str(warmup), "--log-every", "1000"]
     runs: dict[str, dict] = {}
 
+    ftc_extra = ["--grad-compress", args.grad_compress] if args.grad_compress else []
+
     def config(name: str, ranks: int, recipe: str, extra: list[str] = ()) -> dict:
         cores = physical[:ranks * cores_per_rank]
+        extra = [*ftc_extra, *extra] if recipe == "ftc" else list(extra)
         total_steps = warmup + steps
         runs[name] = run_config(name, out, ranks, cores, cores_per_rank, mpi,
                                 common + ["--recipe", recipe, "--max-steps", str(total_steps),
@@ -173,9 +179,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     if args.variants:
         top = max(rank_counts)
         for label, extra in (("fp32 all-reduce", ["--grad-compress", "none"]),
-                             ("bf16 all-reduce, 100 MB buckets", ["--bucket-mb", "100"]),
-                             ("bf16 all-reduce, 5 MB buckets", ["--bucket-mb", "5"])):
-            run = config(f"ftc-{top}-{label.split(',')[0].replace(' ', '-')}-{extra[-1]}", top, "ftc", extra)
+                             ("100 MB buckets", ["--bucket-mb", "100"])):
+            run = config(f"ftc-{top}-{extra[0][2:]}-{extra[-1]}", top, "ftc", extra)
             variants.append({"ranks": top, "setting": label, "samples_per_s": run["steady_samples_per_second"],
                              "efficiency": round(run["steady_samples_per_second"] / (top * base), 3) if base else None})
 

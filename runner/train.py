@@ -27,14 +27,18 @@ from datetime import datetime, timedelta, timezone
 from importlib import metadata
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
-
 import glue
 from distenv import check_world_size, pin_self, read_env
 from facts import cpu_info
+
+# ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
+# threads to the cores the process has when it starts (OMP_PROC_BIND/OMP_PLACES) ----
+ENV = read_env()
+CORES = pin_self(ENV) if os.environ.get("FTC_SELF_PIN") == "1" else sorted(os.sched_getaffinity(0))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
 RECIPES = {
@@ -84,9 +88,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     started_at = datetime.now(timezone.utc)
 
-    # ---- distributed setup: who am I, which cores, which backend ------------------------------
-    env = read_env()
-    cores = pin_self(env) if os.environ.get("FTC_SELF_PIN") == "1" else sorted(os.sched_getaffinity(0))
+    # ---- distributed setup: threads, backend, process group --------------------------------------
+    env, cores = ENV, CORES
     threads = int(os.environ.get("OMP_NUM_THREADS") or len(cores))
     torch.set_num_threads(threads)
     out_dir = Path(args.output_dir)
@@ -148,7 +151,8 @@ def main(argv=None) -> int:
         model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=task.num_labels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
                                   fused=args.recipe == "ftc")
-    steps_per_epoch = math.ceil(math.ceil(len(train["labels"]) / env.world_size) / args.batch_size)
+    steps_per_epoch = len(make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank,
+                                       env.world_size, args.group_by_length, args.seed))
     total_steps = args.max_steps or steps_per_epoch * args.epochs
     scheduler = get_linear_schedule_with_warmup(optimizer, int(0.06 * total_steps), total_steps)
     if args.ipex:
@@ -169,8 +173,6 @@ def main(argv=None) -> int:
             ddp.register_comm_hook(None, bf16_allreduce_hook)
 
     # ---- the loop -------------------------------------------------------------------------------
-    sampler = DistributedSampler(range(len(train["labels"])), num_replicas=env.world_size, rank=env.rank,
-                                 shuffle=True, seed=args.seed)
     pad_id = tokenizer.pad_token_id or 0
     label_dtype = torch.float32 if task.labels is None else torch.long
     samples_seen = tokens_seen = 0
@@ -179,9 +181,8 @@ def main(argv=None) -> int:
     first_loss = last_loss = None
     steps_run = 0  # in this process: the first few include one-off kernel setup, left out of the steady rate
     for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        batches = make_batches(list(sampler), train["lengths"], args.batch_size, args.group_by_length,
-                               args.seed + epoch)
+        batches = make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank, env.world_size,
+                               args.group_by_length, args.seed + epoch)
         ddp.train()
         epoch_start = time.perf_counter()
         epoch_loss, epoch_steps = 0.0, 0
@@ -276,18 +277,30 @@ def encode(tokenizer, rows, max_length: int) -> dict:
             "labels": [r[2] for r in rows], "extra": extra}
 
 
-def make_batches(indices: list[int], lengths: list[int], batch_size: int, group: bool, seed: int) -> list[list[int]]:
-    """Length-grouped: sort mega-batches of 50 batches by length so each batch pads little,
-    then shuffle the batch order. Every rank gets the same number of batches."""
+def make_batches(n: int, lengths: list[int], batch_size: int, rank: int, world: int, group: bool,
+                 seed: int) -> list[list[int]]:
+    """This rank's batches for one epoch, from one shuffled order that every rank draws alike.
+
+    The order is padded to a multiple of the world size and split the way DistributedSampler
+    splits it, so every rank gets the same number of batches. Length-grouped (ftc): mega-batches
+    of 50 global batches are sorted by length and cut into global batches of batch_size x world,
+    whose order is shuffled; rank r takes the r-th slice of each. So at every step all ranks
+    hold batches of about the same length, and none waits at the all-reduce for another's longer one.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=generator).tolist()
+    order += order[:(-len(order)) % world]
     if not group:
-        return [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
-    mega = batch_size * 50
-    batches = []
-    for start in range(0, len(indices), mega):
-        chunk = sorted(indices[start:start + mega], key=lengths.__getitem__, reverse=True)
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    random.Random(seed).shuffle(batches)
-    return batches
+        mine = order[rank::world]
+        return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
+    step = batch_size * world
+    global_batches = []
+    for start in range(0, len(order), step * 50):
+        chunk = sorted(order[start:start + step * 50], key=lengths.__getitem__, reverse=True)
+        global_batches += [chunk[i:i + step] for i in range(0, len(chunk), step)]
+    random.Random(seed).shuffle(global_batches)
+    per_rank = [len(b) // world for b in global_batches]
+    return [b[rank * k:(rank + 1) * k] for b, k in zip(global_batches, per_rank)]
 
 
 def collate(data: dict, indices: list[int], pad_id: int, pad_to: int) -> dict[str, torch.Tensor]:
