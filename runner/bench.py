@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
     p.add_argument("--steps", default=None, help="timed steps per configuration")
     p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
+    p.add_argument("--bootstrap", action="store_true",
+                   help="instead: bootstrap time of 1 and 8 local nodes (the steps that wait, verification apart)")
     p.add_argument("--grad-compress", default=None, choices=("none", "bf16"),
                    help="override ftc's all-reduce precision in the ftc runs (default: ftc's own choice)")
     p.add_argument("--accuracy", action="store_true",
@@ -128,6 +130,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.bootstrap:
+        return bootstrap_scaling(out)
     data_dir = (Path(args.data_dir) if args.data_dir else DEFAULT_GLUE).resolve()
     if not (data_dir / "mrpc" / "train.tsv").exists() and not (data_dir / "MRPC" / "train.tsv").exists():
         raise SystemExit(f"bench: {data_dir} has no mrpc/train.tsv; pass --data-dir")
@@ -235,6 +239,36 @@ def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], m
                  for recipe, r in rows.items()}}
     report["accuracy_delta_points"] = round(100 * (rows["ftc"]["eval_accuracy"] - rows["seed"]["eval_accuracy"]), 2)
     (out / "accuracy.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8)) -> int:
+    """Bootstrap of 1 and of 8 local nodes, side by side: the parallel steps (connect, install
+    check, keys and files, facts) and, apart, the verification (Python start-ups that compete
+    for cores on a small machine); then a second bootstrap of the 8 (markers: nothing redone)."""
+    import tempfile
+    ftc = [sys.executable, "-m", "provision.cli"]
+    rows = []
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "FTC_HOME": home}
+        for n in sizes:
+            name = f"bench{n}"
+            subprocess.run([*ftc, "up", "--name", name, "--nodes", str(n), "--no-bootstrap"], env=env, check=True,
+                           capture_output=True)
+            try:
+                subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
+                first = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
+                subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
+                again = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
+            finally:
+                subprocess.run([*ftc, "down", "--name", name], env=env, capture_output=True)
+            rows.append({"nodes": n, "parallel_steps_s": first["parallel_steps_s"], "verify_s": first["verify_s"],
+                         "second_run_s": round(again["parallel_steps_s"] + again["verify_s"], 3)})
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
+              "cores": len(os.sched_getaffinity(0)), "rows": rows,
+              "ratio_parallel_steps": round(rows[-1]["parallel_steps_s"] / rows[0]["parallel_steps_s"], 2)}
+    (out / "bootstrap.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
 
