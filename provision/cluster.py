@@ -13,7 +13,7 @@ from typing import Iterator
 
 from . import providers
 from . import state as st
-from .errors import FtcError, UsageError
+from .errors import UsageError
 from .spec import ClusterSpec
 from .ui import console
 

@@ -133,7 +133,8 @@ def _cidr(key: str, raw: Any) -> str:
 def _owner(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if not re.match(r"^[\w.@+=:/ -]{0,128}$", value):
-        raise UsageError(f"{_label(key)}={raw!r} is not a valid tag value; allowed: up to 128 letters, digits, spaces and _.:/=+-@")
+        raise UsageError(f"{_label(key)}={raw!r} is not a valid tag value; "
+                         "allowed: up to 128 letters, digits, spaces and _.:/=+-@")
     return value
 
 

@@ -9,10 +9,10 @@ import fcntl
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
-from contextlib import contextmanager
 
 from .errors import ClusterBusy, UsageError
 from .spec import ClusterSpec

@@ -12,7 +12,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
 from distenv import check_world_size, read_env
 
 

@@ -18,7 +18,6 @@ per rank, lr 2e-5, 3 epochs), so both can be compared on the same cluster.
 import argparse
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -101,10 +100,10 @@ def main(argv=None) -> int:
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
             backend = "ccl"
-        except ImportError:
+        except ImportError as exc:
             if args.backend == "ccl":
                 raise SystemExit("--backend ccl asked for, but oneccl_bindings_for_pytorch does not import; "
-                                 "use the intel stack or --backend gloo")
+                                 "use the intel stack or --backend gloo") from exc
             backend = "gloo"
     if env.world_size > 1:
         dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
@@ -128,7 +127,12 @@ def main(argv=None) -> int:
 
     # ---- data -----------------------------------------------------------------------------------
     import transformers
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        get_linear_schedule_with_warmup,
+    )
     transformers.utils.logging.disable_progress_bar()
     if not env.master:
         transformers.utils.logging.set_verbosity_error()  # one load report, from rank 0

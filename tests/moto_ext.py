@@ -13,9 +13,9 @@ import json
 import os
 import time
 
+from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
-from moto.core.responses import ActionResult
 
 _calls = {"count": 0, "faults_mtime": 0.0}
 

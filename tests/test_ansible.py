@@ -8,6 +8,7 @@ from pathlib import Path
 
 from conftest import REPO, ftc
 from helpers import assert_bootstrapped
+
 from provision import state as st
 from provision.bootstrap import node_files
 

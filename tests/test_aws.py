@@ -11,8 +11,8 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import FTC, assert_nothing_left, cluster_resources, ftc
+
 from provision import aws as aws_provider
 from provision.cli import main
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ftc, sshd_pids
 from helpers import assert_bootstrapped
 

@@ -1,8 +1,8 @@
 """Cluster spec: precedence of the sources, and bad input refused before anything exists."""
 
 import pytest
-
 from conftest import assert_nothing_left, ftc
+
 from provision.errors import UsageError
 from provision.spec import ClusterSpec, resolve_spec
 
@@ -42,6 +42,7 @@ def test_bad_input_is_refused_with_one_line_and_nothing_created(aws, ftc_home, f
 
 def test_bad_make_variable_reaches_ftc_as_the_same_refusal(ftc_home, tmp_path):
     import subprocess
+
     from conftest import REPO
     proc = subprocess.run(["make", "-s", "-C", str(REPO), "cluster", "NODES=abc", "NAME=bad"],
                           capture_output=True, text=True, env={**__import__("os").environ, "FTC_HOME": str(ftc_home)})
