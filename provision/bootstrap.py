@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -150,6 +151,19 @@ def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:
         raise StepFailed(node.name, step, " | ".join(tail) or f"exit code {exc.result.exited}") from None
 
 
+def tar_bundle(files: dict[str, tuple[str, int]]) -> bytes:
+    """An uncompressed tar of {relative path: (text, mode)}, to unpack on the node."""
+    buffer = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, (text, mode) in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, now
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
     conn.put(io.BytesIO(text.encode()), remote)
     conn.sftp().chmod(remote, mode)
@@ -174,13 +188,32 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
         done = set(run(conn, node, "prepare", f"mkdir -p {wd}/.ftc/done {wd}/.ssh {wd}/ftc/runner {wd}/jobs && "
                        f"chmod 700 {wd}/.ssh && ls {wd}/.ftc/done").split())
 
+        internal_key = st.internal_key_path(state.name)
+        public_key = internal_key.with_suffix(".pub").read_text().strip()
         install = render_install(state, node)
+        files = node_files(state, node)
+        bundle = {"install.sh": (install, 0o755), ".ssh/id_cluster": (internal_key.read_text(), 0o600),
+                  ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
+                  **{name: (text, 0o600 if name == "ssh_config" else 0o644) for name, text in files.items()}}
+        marker = f"files-{digest(*(text for text, _ in bundle.values()))}"
+        if marker in done:
+            board.update(node.name, "keys+files", "already done")
+        else:
+            board.update(node.name, "keys+files")
+            # One upload and one command for every file: round trips, not bytes, are what cost here.
+            conn.put(io.BytesIO(tar_bundle(bundle)), f"{wd}/.ftc/bundle.tar")
+            keys_file = shlex.quote(node.authorized_keys)
+            run(conn, node, "keys+files", f"tar xf {wd}/.ftc/bundle.tar -C {wd} && rm {wd}/.ftc/bundle.tar && "
+                f"touch {keys_file} && chmod 600 {keys_file} && "
+                f"(grep -qxF {shlex.quote(public_key)} {keys_file} || echo {shlex.quote(public_key)} >> {keys_file})"
+                f" && touch {wd}/.ftc/done/{marker}")
+        timed("keys+files")
+
         marker = f"install-{digest(install)}"
         if marker in done:
             board.update(node.name, "install", "already done")
         else:
             board.update(node.name, "install", f"stack {state.cluster_spec.stack}")
-            put_text(conn, install, f"{wd}/install.sh", 0o755)
             try:
                 run(conn, node, "install", f"bash {wd}/install.sh > {wd}/install.log 2>&1")
             except StepFailed:
@@ -188,24 +221,6 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
                 raise StepFailed(node.name, "install", f"{tail} (whole log: {wd}/install.log on the node)") from None
             run(conn, node, "install", f"touch {wd}/.ftc/done/{marker}")
         timed("install")
-
-        internal_key = st.internal_key_path(state.name)
-        public_key = internal_key.with_suffix(".pub").read_text().strip()
-        files = node_files(state, node)
-        marker = f"files-{digest(public_key, *files.values())}"
-        if marker in done:
-            board.update(node.name, "keys+files", "already done")
-        else:
-            board.update(node.name, "keys+files")
-            put_text(conn, internal_key.read_text(), f"{wd}/.ssh/id_cluster", 0o600)
-            put_text(conn, public_key + "\n", f"{wd}/.ssh/id_cluster.pub")
-            for relative, content in files.items():
-                put_text(conn, content, f"{wd}/{relative}", 0o600 if relative == "ssh_config" else 0o644)
-            keys_file = shlex.quote(node.authorized_keys)
-            run(conn, node, "keys", f"touch {keys_file} && chmod 600 {keys_file} && "
-                f"(grep -qxF {shlex.quote(public_key)} {keys_file} || echo {shlex.quote(public_key)} >> {keys_file})"
-                f" && touch {wd}/.ftc/done/{marker}")
-        timed("keys+files")
 
         board.update(node.name, "facts")
         command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip} > {wd}/facts.json"

@@ -75,6 +75,29 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, 
     assert (results_dir / "model" / "config.json").exists() and (results_dir / "model" / "model.safetensors").exists()
     assert {p.name for p in (results_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
     assert "finished" in ftc("status", "--name", cluster).stderr
+    assert_no_secrets(ftc_home, [results_dir, Path(job["remote_dir"])], again.stdout + again.stderr)
+
+
+def assert_no_secrets(home: Path, directories: list[Path], output: str) -> None:
+    """Rendered scripts, logs and results hold no private key (nor a line of one)."""
+    keys = [home / "clusters" / "tr" / "keys" / name for name in ("access", "internal")]
+    secret_lines = [line for key in keys for line in key.read_text().splitlines()[1:-1] if len(line) > 20]
+    assert secret_lines
+    texts = [output] + [p.read_text(errors="replace") for d in directories for p in d.rglob("*")
+                        if p.is_file() and p.suffix not in (".safetensors", ".pt", ".bin")]
+    for text in texts:
+        assert "PRIVATE KEY" not in text
+        assert not any(line in text for line in secret_lines)
+
+
+def test_one_shot_run_tears_down_after_itself(ftc_home, minilm, glue_dir):
+    from conftest import sshd_pids
+    proc = ftc("run", "--name", "once", "--nodes", "2", *job_flags(minilm, glue_dir, samples=64, epochs=1), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval_accuracy" in proc.stderr and "nothing left running" in proc.stderr
+    assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "once").exists()
+    results = list(Path("runs/once").glob("mrpc-*/results.json"))
+    assert len(results) == 1 and json.loads(results[0].read_text())["world_size"] == 2
 
 
 def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, cluster, minilm, glue_dir):
