@@ -45,8 +45,8 @@ lint: setup
 
 # Offline-capable: the packaged MiniLM and ../shared/data/glue when the hub is out of reach.
 demo: setup
-	$(FTC) run --name demo --nodes 2 --task mrpc --model auto --data-dir auto \
-	  --epochs $(or $(EPOCHS),2) --max-train-samples $(or $(MAX_TRAIN_SAMPLES),1000) --yes 1
+	$(FTC) run --name demo --nodes 2 --task mrpc --model auto --data-dir auto --lr $(or $(LR),5e-5) \
+	  --epochs $(or $(EPOCHS),2) --max-train-samples $(or $(MAX_TRAIN_SAMPLES),2000) --yes 1
 
 cluster: setup
 	$(FTC) up $(SPEC_FLAGS) $(call flag,YES,yes) $(call flag,BOOTSTRAP,bootstrap)
