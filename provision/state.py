@@ -17,9 +17,6 @@ from typing import Any, Iterator
 from .errors import ClusterBusy, UsageError
 from .spec import ClusterSpec
 
-# Phases, in order. `down` may start from any of them.
-PHASES = ("launching", "running", "bootstrapped", "terminating", "terminated")
-
 
 @dataclass
 class NodeInfo:
@@ -55,7 +52,7 @@ class ClusterState:
     name: str
     provider: str
     spec: dict[str, Any]
-    phase: str = "launching"
+    phase: str = "launching"  # launching -> running -> bootstrapped; terminating; `down` starts from any
     resources: dict[str, Any] = field(default_factory=dict)  # every id created, by kind
     nodes: list[NodeInfo] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
