@@ -164,6 +164,20 @@ def tar_bundle(files: dict[str, tuple[str, int]]) -> bytes:
     return buffer.getvalue()
 
 
+def run_with_input(conn: Connection, node: st.NodeInfo, step: str, data: bytes, command: str) -> None:
+    """Run `command` with `data` on its stdin, over one session channel (no SFTP subsystem)."""
+    channel = conn.client.get_transport().open_session()
+    try:
+        channel.exec_command(command)
+        channel.sendall(data)
+        channel.shutdown_write()
+        error = channel.makefile_stderr("rb").read().decode(errors="replace")
+        if channel.recv_exit_status() != 0:
+            raise StepFailed(node.name, step, error.strip().splitlines()[-1] if error.strip() else "failed")
+    finally:
+        channel.close()
+
+
 def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
     conn.put(io.BytesIO(text.encode()), remote)
     conn.sftp().chmod(remote, mode)
@@ -200,10 +214,9 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
             board.update(node.name, "keys+files", "already done")
         else:
             board.update(node.name, "keys+files")
-            # One upload and one command for every file: round trips, not bytes, are what cost here.
-            conn.put(io.BytesIO(tar_bundle(bundle)), f"{wd}/.ftc/bundle.tar")
+            # One command for every file, the tar on its stdin: round trips, not bytes, are what cost here.
             keys_file = shlex.quote(node.authorized_keys)
-            run(conn, node, "keys+files", f"tar xf {wd}/.ftc/bundle.tar -C {wd} && rm {wd}/.ftc/bundle.tar && "
+            run_with_input(conn, node, "keys+files", tar_bundle(bundle), f"tar xf - -C {wd} && "
                 f"touch {keys_file} && chmod 600 {keys_file} && "
                 f"(grep -qxF {shlex.quote(public_key)} {keys_file} || echo {shlex.quote(public_key)} >> {keys_file})"
                 f" && touch {wd}/.ftc/done/{marker}")
@@ -215,19 +228,17 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
         else:
             board.update(node.name, "install", f"stack {state.cluster_spec.stack}")
             try:
-                run(conn, node, "install", f"bash {wd}/install.sh > {wd}/install.log 2>&1")
+                run(conn, node, "install", f"bash {wd}/install.sh > {wd}/install.log 2>&1 && touch {wd}/.ftc/done/{marker}")
             except StepFailed:
                 tail = run(conn, node, "install", f"tail -n 5 {wd}/install.log").strip().replace("\n", " | ")
                 raise StepFailed(node.name, "install", f"{tail} (whole log: {wd}/install.log on the node)") from None
-            run(conn, node, "install", f"touch {wd}/.ftc/done/{marker}")
         timed("install")
 
         board.update(node.name, "facts")
         command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip} > {wd}/facts.json"
         marker = f"facts-{digest(files['ftc/runner/facts.py'], files['env.sh'], command)}"
-        if marker not in done:
-            run(conn, node, "facts", f"{command} && touch {wd}/.ftc/done/{marker}")
-        facts = json.loads(run(conn, node, "facts", f"cat {wd}/facts.json"))
+        refresh = f"{command} && touch {wd}/.ftc/done/{marker} && " if marker not in done else ""
+        facts = json.loads(run(conn, node, "facts", f"{refresh}cat {wd}/facts.json"))
         timed("facts")
         board.update(node.name, "ready", f"{facts['physical_cores']} cores, {facts['mpi']}, "
                      f"torch {facts['versions'].get('torch', '-')}")
