@@ -176,11 +176,14 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
 
 # ---- the command ------------------------------------------------------------------------------
 
-def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False) -> int:
+def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
+             resume_from: Path | None = None) -> int:
+    """`resume`: continue the cluster's last job in place. `resume_from`: a checkpoint kept on the
+    controller (a cluster that is gone): a new job on this cluster starts from it."""
     state = st.load(name)
     facts = load_facts(name)
     stack = state.cluster_spec.stack
-    if resume:
+    if resume and not resume_from:
         if not state.jobs:
             raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
         job_id, remote_dir = state.jobs[-1].id, state.jobs[-1].remote_dir
@@ -189,7 +192,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     try:
         spec = launch_spec(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
-                           f"{state.head.workdir}/ftc/runner/train.py", train_args(job, remote_dir, stack, resume),
+                           f"{state.head.workdir}/ftc/runner/train.py",
+                           train_args(job, remote_dir, stack, resume or resume_from is not None),
                            ppn=job.ppn or None)
     except ValueError as exc:
         raise UsageError(f"PPN={job.ppn}: {exc}") from None
@@ -197,7 +201,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if render_only:
         print(script, end="")
         return 0
-    results_dir = job.results or (state.jobs[-1].results_dir if resume else str(Path("runs") / name / job_id))
+    results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
+                                  state.jobs[-1].results_dir if resume else str(Path("runs") / name / job_id))
     with st.locked(name, "finetune"):
         state = st.load(name)
         if any(j.state == "running" for j in state.jobs):
@@ -205,8 +210,10 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                              f"`ftc logs --name {name} -f` follows it, `ftc cancel --name {name}` stops it")
         conn = connect(state, state.head)
         try:
-            run(conn, state.head, "launch", f"mkdir -p {remote_dir}/logs")
+            run(conn, state.head, "launch", f"mkdir -p {remote_dir}/logs {remote_dir}/checkpoints")
             put_text(conn, script, f"{remote_dir}/launch.sh", 0o755)
+            if resume_from:
+                conn.put(str(resume_from), f"{remote_dir}/checkpoints/last.pt")
             pid = int(run(conn, state.head, "launch",
                           f"cd {remote_dir} && rm -f exit_code && (setsid nohup bash launch.sh >> output.log 2>&1 "
                           f"< /dev/null & echo $!)").strip())
@@ -252,9 +259,14 @@ def follow(name: str, from_start: bool = True) -> int:
     state = st.load(name)
     job = state.jobs[-1]
     conn = connect(state, state.head)
+
+    def on_line(line: str) -> None:
+        print(line, flush=True)
+        if "checkpoint saved: epoch" in line:
+            copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} {job.remote_dir}/output.log "
-               "2>/dev/null", print)
+               "2>/dev/null", on_line)
     except KeyboardInterrupt:
         console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
                       f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
@@ -262,6 +274,20 @@ def follow(name: str, from_start: bool = True) -> int:
     finally:
         conn.close()
     return finish(name)
+
+
+def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
+    """The head node's last checkpoint, to <results>/checkpoints/last.pt on the controller (atomically):
+    what `ftc run --resume` starts from when the cluster is gone."""
+    target = Path(job.results_dir) / "checkpoints" / "last.pt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    try:
+        conn.sftp().get(f"{job.remote_dir}/checkpoints/last.pt", str(partial))
+    except OSError:
+        return None
+    partial.replace(target)
+    return target
 
 
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
@@ -281,6 +307,8 @@ def finish(name: str) -> int:
         conn = connect(state, state.head)
         try:
             code = job_exit_code(conn, state, job)
+            if code is not None:
+                copy_checkpoint(conn, job)
         finally:
             conn.close()
         if code is None:
@@ -421,13 +449,25 @@ def describe_jobs(state: st.ClusterState) -> None:
     console.print(line + f"; results: {job.results_dir}")
 
 
+def latest_checkpoint(name: str, job: JobSpec) -> Path:
+    """The newest checkpoint the controller holds for this cluster name and task (or in RESULTS)."""
+    pattern = "checkpoints/last.pt" if job.results else f"{job.task}-*/checkpoints/last.pt"
+    root = Path(job.results) if job.results else Path("runs") / name
+    found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise UsageError(f"--resume: no checkpoint of {job.task} under {root}; run without --resume")
+    console.print(f"resuming from {found[-1]}")
+    return found[-1]
+
+
 def run_one_shot(spec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
     """up, bootstrap, finetune, fetch, down; the teardown happens on failure and Ctrl-C too."""
     from provision import cluster
+    checkpoint = latest_checkpoint(spec.name, job) if resume else None
     cluster.up(spec, bootstrap=True, yes=yes)
     code = 1
     try:
-        code = finetune(spec.name, job, resume=resume)
+        code = finetune(spec.name, job, resume_from=checkpoint)
         if code == 0 and st.load(spec.name).jobs[-1].state == "running":
             code = 1  # Ctrl-C while following: in one shot that means stop
     finally:

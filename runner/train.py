@@ -229,8 +229,16 @@ def main(argv=None) -> int:
         history.append({"epoch": epoch + 1, "train_loss": round(epoch_loss / max(1, epoch_steps), 6), **metrics})
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        if env.master and not args.no_save:
-            save_checkpoint(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history)
+        if not args.no_save:
+            # Every rank's RNG (dropout masks differ by rank): a resumed run then matches an uninterrupted one.
+            rng = [None] * env.world_size
+            if env.world_size > 1:
+                dist.all_gather_object(rng, rng_state())
+            else:
+                rng = [rng_state()]
+            if env.master:
+                save_checkpoint(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, rng)
+                log.info(f"checkpoint saved: epoch {epoch + 1} -> {checkpoint_path}")
         if args.max_steps and step >= args.max_steps:
             break
 
@@ -366,11 +374,15 @@ def bf16_allreduce_hook(process_group, bucket):
     return future.then(decompress)
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list) -> None:
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "epoch": epoch, "step": step, "history": history}, tmp)
+                "epoch": epoch, "step": step, "history": history, "rng": rng}, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
 
 
@@ -385,6 +397,10 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
+    rng = checkpoint.get("rng") or []
+    if len(rng) == env.world_size:  # the same layout as the run that saved it: continue its random streams
+        torch.set_rng_state(rng[env.rank]["torch"])
+        random.setstate(rng[env.rank]["python"])
     log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, step {checkpoint['step']}")
     return checkpoint["epoch"], checkpoint["step"], checkpoint["history"]
 

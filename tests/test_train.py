@@ -178,3 +178,39 @@ def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
     proc = ftc("finetune", "--name", "raw")
     assert proc.returncode == 2 and "is not bootstrapped" in proc.stderr
     ftc("down", "--name", "raw", check=True)
+
+
+def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run(ftc_home, minilm, glue_dir):
+    from provision.local import _descendants
+    flags = job_flags(minilm, glue_dir, samples=320, epochs=2)
+    reference = ftc("run", "--name", "ref", "--nodes", "2", *flags, timeout=900)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    expected = json.loads(next(Path("runs/ref").glob("mrpc-*/results.json")).read_text())
+
+    interrupted = subprocess.Popen([*FTC, "run", "--name", "lost", "--nodes", "2", *flags],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not list(Path("runs/lost").glob("mrpc-*/checkpoints/last.pt")):  # copied home after epoch 1
+        assert time.monotonic() < deadline and interrupted.poll() is None, interrupted.communicate()
+        time.sleep(0.2)
+    node1 = state_of_named(ftc_home, "lost")["nodes"][1]
+    ranks = [p for p in _descendants(node1["pid"]) if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert ranks
+    for pid in ranks:  # node 1 is lost
+        os.kill(pid, signal.SIGKILL)
+    _, err = interrupted.communicate(timeout=180)  # fails, bounded, and tears the cluster down
+    assert interrupted.returncode == 1 and "job failed" in err and "nothing left running" in err
+
+    resumed = ftc("run", "--name", "lost", "--nodes", "2", "--resume", *flags, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stderr
+    result = json.loads(next(Path("runs/lost").glob("mrpc-*/results.json")).read_text())
+    assert result["resumed_from_epoch"] == 1
+    assert [e["epoch"] for e in result["epoch_metrics"]] == [1, 2]
+    for key in ("eval_accuracy", "eval_f1"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-6), (result[key], expected[key])
+    assert result["epoch_metrics"][1]["train_loss"] == pytest.approx(expected["epoch_metrics"][1]["train_loss"], rel=1e-3)
+
+
+def state_of_named(home: Path, name: str) -> dict:
+    return json.loads((home / "clusters" / name / "state.json").read_text())
