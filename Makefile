@@ -58,7 +58,7 @@ finetune: setup
 	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS)
 
 run: setup
-	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep)
+	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(if $(filter 1,$(RESUME)),--resume)
 
 destroy: setup
 	$(FTC) down $(NAME_FLAG) $(call flag,PROVIDER,provider) $(call flag,REGION,region)

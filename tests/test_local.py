@@ -96,13 +96,21 @@ def test_ssh_runs_a_command_on_the_chosen_node(ftc_home):
 
 
 def test_clusters_side_by_side_do_not_interfere(ftc_home):
-    assert ftc("up", "--name", "left", "--nodes", "1", "--no-bootstrap").returncode == 0
-    assert ftc("up", "--name", "right", "--nodes", "1", "--no-bootstrap").returncode == 0
-    right = state_of(ftc_home, "right")["nodes"][0]
-    assert ftc("down", "--name", "left").returncode == 0
-    assert os.path.exists(f"/proc/{right['pid']}")
-    assert "running" in ftc("status", "--name", "right").stderr
-    ftc("down", "--name", "right", check=True)
+    from conftest import FTC
+    names = ["c1", "c2", "c3", "c4"]
+    starts = [subprocess.Popen([*FTC, "up", "--name", n, "--nodes", "1", "--no-bootstrap"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for n in names]  # all four at once
+    for proc in starts:
+        assert proc.wait(120) == 0, proc.stderr.read()
+    nodes = {n: state_of(ftc_home, n)["nodes"][0] for n in names}
+    assert len({(n["private_ip"], n["ssh_port"]) for n in nodes.values()}) == 4
+    assert len({n["pid"] for n in nodes.values()}) == 4
+    assert ftc("down", "--name", "c1").returncode == 0
+    for name in names[1:]:
+        assert os.path.exists(f"/proc/{nodes[name]['pid']}")
+        assert "running" in ftc("status", "--name", name).stderr
+        ftc("down", "--name", name, check=True)
+    assert sshd_pids(ftc_home) == []
 
 
 def test_second_command_on_a_busy_cluster_is_refused_naming_the_holder(ftc_home):
