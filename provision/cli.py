@@ -12,17 +12,9 @@ import sys
 import time
 
 from . import state as st
-from .errors import FtcError, UsageError
+from .errors import FtcError, OneLineParser, UsageError
 from .spec import PARSERS, load_config, parse_bool, resolve_spec
 from .ui import console
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2, like every other bad input."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        sys.exit(2)
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -44,8 +36,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ftc", description="Distributed fine-tuning on Intel Xeon CPU clusters.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="ftc", description="Distributed fine-tuning on Intel Xeon CPU clusters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("up", help="create a cluster (and bootstrap it)")
     _spec_flags(p)

@@ -39,7 +39,7 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
                          f"use it, or remove it first with `make destroy NAME={spec.name}`")
     provider = providers.get(spec.provider)
     state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
-    with st.locked(spec.name, "up"):
+    with st.locked(spec.name, "up", create=True):
         try:
             if hasattr(provider, "confirm"):
                 provider.confirm(state, yes=yes)
@@ -74,7 +74,7 @@ def _teardown(state: st.ClusterState, provider) -> None:
 def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
     """Works from good state, corrupt state, or none: then by tags (AWS, when credentials
     are configured) and by the sshd configs under the cluster's dir (local)."""
-    with st.locked(name, "down"):
+    with st.locked(name, "down", create=True):
         try:
             states = [st.load(name)]
         except (UsageError, st.CorruptState) as exc:

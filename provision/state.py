@@ -142,9 +142,12 @@ def all_names() -> list[str]:
 
 
 @contextmanager
-def locked(name: str, command: str) -> Iterator[None]:
-    """Hold the cluster's lock; refuse at once, naming the holder, if another command has it."""
+def locked(name: str, command: str, create: bool = False) -> Iterator[None]:
+    """Hold the cluster's lock; refuse at once, naming the holder, if another command has it.
+    Only `up` and `down` may create the cluster's directory; others need the cluster to exist."""
     directory = cluster_dir(name)
+    if not create and not directory.exists():
+        load(name)  # raises the one-line "no cluster of that name"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / "lock"
     fh = open(path, "a+")

@@ -31,14 +31,15 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ftc bench", description=__doc__.split("\n\n")[0])
+    from provision.errors import OneLineParser
+    p = OneLineParser(prog="ftc bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--ranks", default=None, help="comma list (default 1,2,4; quick: 1,2)")
-    p.add_argument("--cores-per-rank", default=None, help="physical cores of each simulated node")
+    p.add_argument("--ranks", default=None, type=_rank_list, help="comma list (default 1,2,4; quick: 1,2)")
+    p.add_argument("--cores-per-rank", default=None, type=_positive, help="physical cores of each simulated node")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
-    p.add_argument("--steps", default=None, help="timed steps per configuration")
+    p.add_argument("--steps", default=None, type=_positive, help="timed steps per configuration")
     p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
     p.add_argument("--bootstrap", action="store_true",
                    help="instead: bootstrap time of 1 and 8 local nodes (the steps that wait, verification apart)")
@@ -47,6 +48,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--accuracy", action="store_true",
                    help="instead: dev accuracy of both recipes, same epochs, with the packaged pretrained MiniLM")
     return p.parse_args(argv)
+
+
+def _positive(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least 1")
+    return int(raw)
+
+
+def _rank_list(raw: str) -> list[int]:
+    return [_positive(part) for part in raw.split(",")]
 
 
 def tokenizer_dir(explicit: str | None) -> Path:
@@ -141,11 +152,11 @@ def main(args: argparse.Namespace | None = None) -> int:
     if args.accuracy:
         mpi = node_facts.mpi_flavour()
         return accuracy(out, data_dir, tokenizer_dir(args.tokenizer), physical, mpi, model_name)
-    rank_counts = [int(r) for r in (args.ranks or ("1,2" if args.quick else "1,2,4")).split(",")]
-    cores_per_rank = int(args.cores_per_rank or max(1, len(physical) // max(rank_counts)))
+    rank_counts = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
+    cores_per_rank = args.cores_per_rank or max(1, len(physical) // max(rank_counts))
     if cores_per_rank * max(rank_counts) > len(physical):
         raise SystemExit(f"bench: {max(rank_counts)} ranks x {cores_per_rank} cores > {len(physical)} physical cores")
-    steps = int(args.steps or (4 if args.quick else 40))
+    steps = args.steps or (4 if args.quick else 40)
     warmup = 1 if args.quick else 5
     mpi = node_facts.mpi_flavour()
     if mpi not in ("impi", "mpich", "openmpi"):

@@ -83,3 +83,42 @@ def test_open_ssh_needs_explicit_opt_in():
 def test_zone_outside_region_is_refused():
     with pytest.raises(UsageError, match="not in REGION"):
         resolve_spec({"zones": "eu-west-1a", "region": "us-east-1"}, {}, {})
+
+
+EVERY_COMMAND = [
+    (["down", "--name", "Bad!"], "NAME='Bad!'"),
+    (["down", "--name", "x", "--provider", "gcp"], "PROVIDER='gcp'"),
+    (["down", "--name", "x", "--region", "moon-1"], "REGION='moon-1'"),
+    (["status", "--name", "Bad!"], "NAME='Bad!'"),
+    (["status", "--name", "nosuch"], "NAME='nosuch'"),
+    (["bootstrap", "--name", "nosuch"], "NAME='nosuch'"),
+    (["bootstrap", "--name", "nosuch", "--with", "chef"], "BOOTSTRAPPER='chef'"),
+    (["ssh", "--name", "nosuch"], "NAME='nosuch'"),
+    (["logs", "--name", "nosuch"], "NAME='nosuch'"),
+    (["cancel", "--name", "nosuch"], "NAME='nosuch'"),
+    (["fetch", "--name", "nosuch"], "NAME='nosuch'"),
+    (["extend", "--name", "nosuch", "--hours", "-1"], "HOURS='-1'"),
+    (["extend", "--name", "nosuch", "--hours", "2"], "NAME='nosuch'"),
+    (["inventory", "--name", "nosuch"], "NAME='nosuch'"),
+    (["finetune", "--name", "nosuch", "--ppn", "zero"], "PPN='zero'"),
+    (["finetune", "--name", "nosuch", "--lr", "2"], "LR='2'"),
+    (["finetune", "--name", "nosuch", "--max-train-samples", "-5"], "MAX_TRAIN_SAMPLES='-5'"),
+    (["finetune", "--name", "nosuch", "--model", "/no/such/model"], "MODEL='/no/such/model'"),
+    (["run", "--nodes", "0"], "NODES='0'"),
+    (["run", "--nodes", "2", "--task", "squad"], "TASK='squad'"),
+    (["run", "--keep", "perhaps"], "KEEP='perhaps'"),
+    (["up", "--bootstrap", "sometimes"], "BOOTSTRAP='sometimes'"),
+    (["up", "--yes", "sure"], "YES='sure'"),
+    (["bench", "--ranks", "1,x"], "'x' is not a whole number"),
+    (["bench", "--steps", "0"], "'0' is not a whole number"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("argv,named", EVERY_COMMAND, ids=[" ".join(a) for a, _ in EVERY_COMMAND])
+def test_every_command_refuses_bad_input_with_one_line_and_changes_nothing(ftc_home, argv, named):
+    proc = ftc(*argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
