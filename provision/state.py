@@ -45,6 +45,7 @@ class JobInfo:
     state: str = "running"  # running | finished | failed | cancelled
     started_at: float = 0.0
     pids_by_node: dict[str, list[int]] = field(default_factory=dict)
+    checkpoint_s3: str = ""  # s3://bucket/prefix that each checkpoint is also copied to
 
 
 @dataclass

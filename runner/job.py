@@ -36,6 +36,7 @@ JOB_FLAGS = {
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
     "ppn": "ranks per node (default: one per socket)",
     "results": "controller directory for results (default runs/<cluster>/<task>-<UTC time>)",
+    "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }
 
 
@@ -52,6 +53,7 @@ class JobSpec:
     precision: str = "auto"
     ppn: int = 0  # 0: one per socket
     results: str = ""
+    checkpoint_s3: str = ""
 
 
 def _int(key: str, raw, lo: int, hi: int) -> int:
@@ -107,6 +109,10 @@ def validate_job(values: dict) -> JobSpec:
     job.model = resolve_model(values.get("model"))
     job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
     job.results = values.get("results") or ""
+    if values.get("checkpoint_s3"):
+        if not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$", values["checkpoint_s3"]):
+            raise UsageError(f"CHECKPOINT_S3={values['checkpoint_s3']!r} is not an S3 URI; allowed: s3://bucket/prefix")
+        job.checkpoint_s3 = values["checkpoint_s3"].rstrip("/")
     return job
 
 
@@ -220,7 +226,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         finally:
             conn.close()
         record = st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir, pid=pid,
-                            started_at=time.time(), pids_by_node={state.head.name: [pid]})
+                            started_at=time.time(), pids_by_node={state.head.name: [pid]},
+                            checkpoint_s3=job.checkpoint_s3)
         state.jobs = [j for j in state.jobs if j.id != job_id] + [record]
         st.save(state)
     console.print(f"job {job_id} started on {state.head.name} (pid {pid}); "
@@ -277,8 +284,8 @@ def follow(name: str, from_start: bool = True) -> int:
 
 
 def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
-    """The head node's last checkpoint, to <results>/checkpoints/last.pt on the controller (atomically):
-    what `ftc run --resume` starts from when the cluster is gone."""
+    """The head node's last checkpoint, to <results>/checkpoints/last.pt on the controller (atomically),
+    and to CHECKPOINT_S3 when given: what `ftc run --resume` starts from when the cluster is gone."""
     target = Path(job.results_dir) / "checkpoints" / "last.pt"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
@@ -287,6 +294,11 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     except OSError:
         return None
     partial.replace(target)
+    if job.checkpoint_s3:
+        import boto3
+        bucket, _, prefix = job.checkpoint_s3[len("s3://"):].partition("/")
+        key = f"{prefix}/{job.id}/last.pt" if prefix else f"{job.id}/last.pt"
+        boto3.session.Session().client("s3").upload_file(str(target), bucket, key)
     return target
 
 

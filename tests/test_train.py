@@ -214,3 +214,18 @@ def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupt
 
 def state_of_named(home: Path, name: str) -> dict:
     return json.loads((home / "clusters" / name / "state.json").read_text())
+
+
+def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, minilm, glue_dir):
+    import boto3
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ftc-checkpoints")
+    proc = ftc("finetune", "--name", cluster, "--checkpoint-s3", "s3://ftc-checkpoints/runs",
+               *job_flags(minilm, glue_dir, samples=64, epochs=1))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job = state_of(ftc_home)["jobs"][-1]
+    local = Path(job["results_dir"]) / "checkpoints" / "last.pt"
+    remote = s3.head_object(Bucket="ftc-checkpoints", Key=f"runs/{job['id']}/last.pt")
+    assert remote["ContentLength"] == local.stat().st_size > 0
+    bad = ftc("finetune", "--name", cluster, "--checkpoint-s3", "http://not-s3")
+    assert bad.returncode == 2 and "CHECKPOINT_S3='http://not-s3'" in bad.stderr
