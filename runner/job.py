@@ -6,6 +6,7 @@ The job runs detached on the head node (setsid + nohup), so it outlives the cont
 """
 
 import json
+import os
 import re
 import socket
 import stat
@@ -288,11 +289,20 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     and to CHECKPOINT_S3 when given: what `ftc run --resume` starts from when the cluster is gone."""
     target = Path(job.results_dir) / "checkpoints" / "last.pt"
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
+    remote = f"{job.remote_dir}/checkpoints/last.pt"
+    sftp = conn.sftp()
     try:
-        conn.sftp().get(f"{job.remote_dir}/checkpoints/last.pt", str(partial))
+        info = sftp.stat(remote)
     except OSError:
         return None
+    if target.exists() and (target.stat().st_size, int(target.stat().st_mtime)) == (info.st_size, info.st_mtime):
+        return target  # already home: copied when its epoch ended (the copy carries the node's mtime)
+    partial = target.with_suffix(".partial")
+    try:
+        sftp.get(remote, str(partial))
+    except OSError:
+        return None
+    os.utime(partial, (info.st_atime, info.st_mtime))
     partial.replace(target)
     if job.checkpoint_s3:
         import boto3

@@ -33,11 +33,16 @@ BAD_UP = [
 @pytest.mark.parametrize("flags,named", BAD_UP, ids=[" ".join(f) for f, _ in BAD_UP])
 def test_bad_input_is_refused_with_one_line_and_nothing_created(aws, ftc_home, flags, named):
     proc = ftc("up", "--name", "bad", "--provider", "aws", "--yes", "1", "--ssh-cidr", "203.0.113.7/32", *flags)
+    assert_refused(proc, named, ftc_home)
+    assert_nothing_left(aws.ec2(), "bad")
+
+
+def assert_refused(proc, named: str, home) -> None:
+    """Exit code 2, one line that names the bad value, and no cluster left on disk."""
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], lines
-    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
-    assert_nothing_left(aws.ec2(), "bad")
+    assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
 
 
 def test_bad_make_variable_reaches_ftc_as_the_same_refusal(ftc_home, tmp_path):
@@ -117,8 +122,4 @@ EVERY_COMMAND = [
 
 @pytest.mark.parametrize("argv,named", EVERY_COMMAND, ids=[" ".join(a) for a, _ in EVERY_COMMAND])
 def test_every_command_refuses_bad_input_with_one_line_and_changes_nothing(ftc_home, argv, named):
-    proc = ftc(*argv)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], lines
-    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
+    assert_refused(ftc(*argv), named, ftc_home)
