@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import shlex
 import sys
 import tarfile
 import time
@@ -24,6 +23,7 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import UnexpectedExit
 
+from runner.facts import machine_cpu_seconds
 from runner.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
 
 from . import state as st
@@ -164,20 +164,6 @@ def tar_bundle(files: dict[str, tuple[str, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def run_with_input(conn: Connection, node: st.NodeInfo, step: str, data: bytes, command: str) -> None:
-    """Run `command` with `data` on its stdin, over one session channel (no SFTP subsystem)."""
-    channel = conn.client.get_transport().open_session()
-    try:
-        channel.exec_command(command)
-        channel.sendall(data)
-        channel.shutdown_write()
-        error = channel.makefile_stderr("rb").read().decode(errors="replace")
-        if channel.recv_exit_status() != 0:
-            raise StepFailed(node.name, step, error.strip().splitlines()[-1] if error.strip() else "failed")
-    finally:
-        channel.close()
-
-
 def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
     conn.put(io.BytesIO(text.encode()), remote)
     conn.sftp().chmod(remote, mode)
@@ -186,65 +172,61 @@ def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> Non
 # ---- the per-node steps ---------------------------------------------------------------------
 
 def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, timings: dict) -> dict:
-    wd = node.workdir
+    """Connect, then one session that runs the node's steps (templates/bootstrap_node.sh.j2)
+    with the file bundle on its stdin; its STEP lines drive the board and the timings."""
     clock = time.monotonic()
+    step = "connect"
 
-    def timed(step: str) -> None:
-        nonlocal clock
+    def reached(next_step: str, detail: str = "") -> None:
+        nonlocal clock, step
         now = time.monotonic()
         timings.setdefault(node.name, {})[step] = round(now - clock, 3)
-        clock = now
+        clock, step = now, next_step
+        board.update(node.name, next_step, detail)
 
     board.update(node.name, "connect")
     conn = connect(state, node)
-    timed("connect")
+    reached("keys+files")
+    internal_key = st.internal_key_path(state.name)
+    public_key = internal_key.with_suffix(".pub").read_text().strip()
+    install = render_install(state, node)
+    files = node_files(state, node)
+    bundle = {"install.sh": (install, 0o755), ".ssh/id_cluster": (internal_key.read_text(), 0o600),
+              ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
+              **{name: (text, 0o600 if name == "ssh_config" else 0o644) for name, text in files.items()}}
+    wd = node.workdir
+    facts_command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip}"
+    script = render("bootstrap_node.sh.j2", node=node.name, workdir=wd, authorized_keys=node.authorized_keys,
+                    public_key=public_key, facts_command=facts_command,
+                    files_marker=f"files-{digest(*(text for text, _ in bundle.values()))}",
+                    install_marker=f"install-{digest(install)}",
+                    facts_marker=f"facts-{digest(files['ftc/runner/facts.py'], files['env.sh'], facts_command)}")
+    channel = conn.client.get_transport().open_session()
     try:
-        done = set(run(conn, node, "prepare", f"mkdir -p {wd}/.ftc/done {wd}/.ssh {wd}/ftc/runner {wd}/jobs && "
-                       f"chmod 700 {wd}/.ssh && ls {wd}/.ftc/done").split())
-
-        internal_key = st.internal_key_path(state.name)
-        public_key = internal_key.with_suffix(".pub").read_text().strip()
-        install = render_install(state, node)
-        files = node_files(state, node)
-        bundle = {"install.sh": (install, 0o755), ".ssh/id_cluster": (internal_key.read_text(), 0o600),
-                  ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
-                  **{name: (text, 0o600 if name == "ssh_config" else 0o644) for name, text in files.items()}}
-        marker = f"files-{digest(*(text for text, _ in bundle.values()))}"
-        if marker in done:
-            board.update(node.name, "keys+files", "already done")
-        else:
-            board.update(node.name, "keys+files")
-            # One command for every file, the tar on its stdin: round trips, not bytes, are what cost here.
-            keys_file = shlex.quote(node.authorized_keys)
-            run_with_input(conn, node, "keys+files", tar_bundle(bundle), f"tar xf - -C {wd} && "
-                f"touch {keys_file} && chmod 600 {keys_file} && "
-                f"(grep -qxF {shlex.quote(public_key)} {keys_file} || echo {shlex.quote(public_key)} >> {keys_file})"
-                f" && touch {wd}/.ftc/done/{marker}")
-        timed("keys+files")
-
-        marker = f"install-{digest(install)}"
-        if marker in done:
-            board.update(node.name, "install", "already done")
-        else:
-            board.update(node.name, "install", f"stack {state.cluster_spec.stack}")
-            try:
-                run(conn, node, "install", f"bash {wd}/install.sh > {wd}/install.log 2>&1 && touch {wd}/.ftc/done/{marker}")
-            except StepFailed:
-                tail = run(conn, node, "install", f"tail -n 5 {wd}/install.log").strip().replace("\n", " | ")
-                raise StepFailed(node.name, "install", f"{tail} (whole log: {wd}/install.log on the node)") from None
-        timed("install")
-
-        board.update(node.name, "facts")
-        command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip} > {wd}/facts.json"
-        marker = f"facts-{digest(files['ftc/runner/facts.py'], files['env.sh'], command)}"
-        refresh = f"{command} && touch {wd}/.ftc/done/{marker} && " if marker not in done else ""
-        facts = json.loads(run(conn, node, "facts", f"{refresh}cat {wd}/facts.json"))
-        timed("facts")
-        board.update(node.name, "ready", f"{facts['physical_cores']} cores, {facts['mpi']}, "
-                     f"torch {facts['versions'].get('torch', '-')}")
-        return facts
+        channel.exec_command(script)
+        channel.sendall(tar_bundle(bundle))
+        channel.shutdown_write()
+        lines = channel.makefile("r")
+        for line in lines:
+            if line.startswith("STEP ") and line.split()[1] != step:
+                name = line.split()[1]
+                reached(name, f"stack {state.cluster_spec.stack}" if name == "install" else "")
+            elif line.strip() == "SKIP":
+                board.update(node.name, step, "already done")
+            elif line.strip() == "FACTS":
+                break
+        output = lines.read()
+        error = channel.makefile_stderr("r").read().strip()
+        if channel.recv_exit_status() != 0:
+            raise StepFailed(node.name, step, error.splitlines()[-1] if error else "failed")
     finally:
+        channel.close()
         conn.close()
+    reached("ready")
+    facts = json.loads(output)
+    board.update(node.name, "ready", f"{facts['physical_cores']} cores, {facts['mpi']}, "
+                 f"torch {facts['versions'].get('torch', '-')}")
+    return facts
 
 
 def verify(state: st.ClusterState, facts: list[dict]) -> dict:
@@ -313,7 +295,7 @@ def bootstrap(name: str) -> dict:
         internal = st.internal_key_path(name)
         if not internal.exists():
             keygen(internal, f"ftc-{name}-internal")
-        started = time.monotonic()
+        started, busy = time.monotonic(), machine_cpu_seconds()
         timings: dict[str, dict[str, float]] = {}
         with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes]) as board, \
                 ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
@@ -336,14 +318,14 @@ def bootstrap(name: str) -> dict:
         facts_dir.mkdir(exist_ok=True)
         for node, node_facts in zip(state.nodes, facts):
             (facts_dir / f"{node.index}.json").write_text(json.dumps(node_facts, indent=2))
-        waited = time.monotonic() - started
+        waited, busy = time.monotonic() - started, machine_cpu_seconds() - busy
         verify_started = time.monotonic()
         try:
             checked = verify(state, facts)
         except StepFailed as exc:
             raise FtcError(f"{exc}; see the node with `ftc ssh --name {name}`, then `ftc bootstrap --name {name}`") \
                 from None
-        timing = {"nodes": timings, "parallel_steps_s": round(waited, 3),
+        timing = {"nodes": timings, "parallel_steps_s": round(waited, 3), "parallel_steps_machine_cpu_s": round(busy, 2),
                   "verify_s": round(time.monotonic() - verify_started, 3)}
         (st.cluster_dir(name) / "bootstrap.json").write_text(json.dumps(timing, indent=2))
         state.phase = "bootstrapped"

@@ -100,7 +100,7 @@ def launch(state: st.ClusterState) -> None:
         config.write_text(render(
             "sshd_config.j2", node_name=f"{state.name}-{index}", address=address, port=port,
             host_key=host_key, pid_file=node_dir / "sshd.pid", authorized_keys=authorized,
-            user=user, sftp_server=_sftp_server()))
+            user=user, home=node_dir, sftp_server=_sftp_server()))
         log = open(node_dir / "sshd.log", "ab")
         share = shares[index]
         proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell

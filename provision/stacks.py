@@ -7,6 +7,7 @@ the pair that matches one torch (IPEX 2.8.0 has no oneccl_bind_pt to go with it)
 oneccl_bind_pt is only on Intel's own wheel index.
 """
 
+import functools
 from importlib import metadata
 
 # impi-rt 2021.19.0 needs a libfabric that PyPI lacks; 2021.18.1 bundles its own.
@@ -22,8 +23,10 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INTEL_INDEX = "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"
 
 
-def missing_from_this_python(stack: str) -> list[str]:
-    """Pins of `stack` that this Python does not carry at exactly that version (local reuse check)."""
+@functools.cache
+def missing_from_this_python(stack: str) -> tuple[str, ...]:
+    """Pins of `stack` that this Python does not carry at exactly that version (local reuse check).
+    Cached: this process does not install packages, and every node of a bootstrap asks."""
     missing = []
     for package, version in STACKS[stack].items():
         try:
@@ -33,4 +36,4 @@ def missing_from_this_python(stack: str) -> list[str]:
             continue
         if installed.split("+")[0] != version:
             missing.append(f"{package}=={version} (have {installed})")
-    return missing
+    return tuple(missing)

@@ -12,7 +12,6 @@ import re
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "numpy",
@@ -57,13 +56,23 @@ def memory_gb() -> float:
 
 
 def versions() -> dict[str, str]:
-    found = {}
-    for name in LIBRARIES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+    """Versions of LIBRARIES, from the names of the installed dist-info folders.
+
+    Every bootstrap runs this on every node; importing importlib.metadata alone costs more
+    CPU than the rest of this program, which counts when many local nodes share few cores."""
+    wanted = {_normal(name): name for name in LIBRARIES}
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        for info in Path(entry or ".").glob("*.dist-info") if Path(entry or ".").is_dir() else ():
+            name, _, version = info.name[:-len(".dist-info")].partition("-")
+            if _normal(name) in wanted:
+                found.setdefault(wanted[_normal(name)], version)
     return found
+
+
+def _normal(name: str) -> str:
+    """Distribution names compare case-blind with '-', '_' and '.' alike (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def mpi_flavour() -> str:
@@ -98,6 +107,14 @@ def interface_of(address: str) -> str:
 def allocators() -> list[str]:
     roots = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
     return [str(Path(r) / a) for a in ALLOCATORS for r in roots if (Path(r) / a).exists()]
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time this whole machine has spent busy (all processes, all cores), from /proc/stat:
+    what tells a step that waits from one that competes for the cores."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

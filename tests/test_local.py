@@ -71,6 +71,21 @@ def test_node_killed_before_bootstrap_is_named_and_reported(ftc_home):
     assert sshd_pids(ftc_home) == []
 
 
+def test_failing_install_names_node_and_step_and_stays_resumable(ftc_home):
+    assert ftc("up", "--name", "inst", "--nodes", "1", "--no-bootstrap").returncode == 0
+    node = state_of(ftc_home, "inst")["nodes"][0]
+    (Path(node["workdir"]) / "venv").write_text("a file where the venv must go")  # python -m venv fails
+    proc = ftc("bootstrap", "--name", "inst", env={"FTC_LOCAL_REUSE_STACK": "0"})
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "node inst-0: step 'install' failed" in line and "install.log" in line, line
+    assert "ftc bootstrap --name inst" in line
+    assert state_of(ftc_home, "inst")["phase"] == "running"  # resumable
+    again = ftc("bootstrap", "--name", "inst")  # reusing the controller's stack, as by default
+    assert again.returncode == 0, again.stderr
+    assert ftc("down", "--name", "inst").returncode == 0
+
+
 def test_tampered_host_key_is_refused(ftc_home):
     assert ftc("up", "--name", "mitm", "--nodes", "1", "--no-bootstrap").returncode == 0
     node = state_of(ftc_home, "mitm")["nodes"][0]
