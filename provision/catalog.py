@@ -13,12 +13,23 @@ class InstanceType:
     memory_gib: int
     usd_per_hour: float
     cpu: str  # Intel generation: what the runner's precision choice depends on
+    network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
+
+    @property
+    def physical_cores(self) -> int:
+        return self.vcpus // 2
+
+    @property
+    def native_bf16(self) -> bool:
+        return self.cpu == "Sapphire Rapids"
 
 
 def _family(prefix: str, cpu: str, mem_per_vcpu: int, usd_per_vcpu: float) -> dict[str, InstanceType]:
     sizes = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32,
              "12xlarge": 48, "16xlarge": 64, "24xlarge": 96, "32xlarge": 128}
-    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu)
+    # EC2's published network bandwidth of the 6i/7i families, by vCPUs.
+    gbps = {2: 12.5, 4: 12.5, 8: 12.5, 16: 12.5, 32: 12.5, 48: 18.75, 64: 25.0, 96: 37.5, 128: 50.0}
+    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu, gbps[v])
             for size, v in sizes.items()}
 
 

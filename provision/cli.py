@@ -10,11 +10,14 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from . import state as st
 from .errors import FtcError, OneLineParser, UsageError
 from .spec import PARSERS, load_config, parse_bool, resolve_spec
-from .ui import console
+from .ui import answer, console
+
+DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -90,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inventory", help="write an Ansible inventory for the cluster")
     _name_flag(p)
     p.add_argument("--out", default=None, help="file to write (default: the cluster's state dir)")
+
+    p = sub.add_parser("plan", help="predicted time and cost of a job per cluster size, before launching")
+    p.add_argument("--task", default="mrpc", help="GLUE task (its training set size)")
+    p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
+    p.add_argument("--instance-type", default=None, help="default: the cluster spec's (c6i.16xlarge)")
+    p.add_argument("--epochs", default="3")
+    p.add_argument("--bench", default=str(DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
+    p.add_argument("--samples-per-s", default=None,
+                   help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
+    p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
 
     p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -244,6 +257,69 @@ def cmd_extend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The estimator: a measured per-node rate and the bench's fitted all-reduce overlap,
+    the instance's network and price, the task's size (provision/estimate.py)."""
+    from rich.table import Table
+
+    from . import estimate
+    from .catalog import INSTANCE_TYPES
+    task = args.task.lower().replace("-", "")
+    if task not in estimate.GLUE_TRAIN_SIZES:
+        raise UsageError(f"TASK={args.task!r} is not a GLUE task; allowed: {', '.join(estimate.GLUE_TRAIN_SIZES)}")
+    nodes = [PARSERS["nodes"]("nodes", part) for part in args.nodes.split(",")]
+    kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
+        else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
+    kind = INSTANCE_TYPES[kind_name]
+    epochs = _number("EPOCHS", args.epochs, int, 1, 1000)
+    setup_s = 60 * _number("SETUP_MINUTES", args.setup_minutes, float, 0, 1440)
+    try:
+        bench = json.loads(open(args.bench).read())
+        hidden = bench["planner_check"]["allreduce_hidden_share"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"BENCH={args.bench!r} is not a full bench.json with a planner check ({exc}); "
+                         "run `ftc bench --out DIR` on a multi-core host") from None
+    if args.samples_per_s:
+        rate, source = _number("SAMPLES_PER_S", args.samples_per_s, float, 1e-6, 1e9), "given"
+    else:
+        rate = bench["ftc_samples_per_s"] * kind.physical_cores / bench["cores_per_rank"]
+        source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}) "
+                  f"to {kind.physical_cores} cores")
+        if bench["precision"] == "bf16" and not kind.native_bf16:
+            source += f"; {kind.cpu} has no native bf16, so it will be slower: measure one node"
+    grad_bytes = estimate.DISTILBERT_PARAMS * (2 if kind.native_bf16 else 4)
+    rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32, grad_bytes, kind.network_gbps,
+                         hidden, kind.usd_per_hour, setup_s)
+    table = Table(title=f"{task} x {epochs} epochs, distilbert-base-uncased, {kind_name} "
+                        f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
+    for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row.nodes), f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}",
+                      f"{row.allreduce_s * 1000:.0f} ms", _duration(row.train_s), _duration(row.wall_s),
+                      f"${row.usd:.2f}")
+    answer.print(table)
+    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); {hidden * 100:.0f}% of each all-reduce hidden "
+                  f"behind backward (fitted by the bench); its error on simulated nodes: see docs/bench.md. "
+                  f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.")
+    return 0
+
+
+def _number(name: str, raw: str, kind: type, low: float, high: float):
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
+    if not low <= value <= high:
+        raise UsageError(f"{name}={raw!r} is out of range; allowed {low:g} to {high:g}")
+    return value
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def cmd_inventory(args: argparse.Namespace) -> int:
     from .inventory import write_inventory
     path = write_inventory(st.load(_cluster_name(args)), args.out)
@@ -253,7 +329,7 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
             "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
-            "extend": cmd_extend, "inventory": cmd_inventory}
+            "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan}
 
 
 def _sigterm_as_interrupt(signum, frame):

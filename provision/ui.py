@@ -9,6 +9,8 @@ from rich.live import Live
 from rich.table import Table
 
 console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+# A command's answer (a plan, a table to keep) goes to stdout; progress and messages to stderr.
+answer = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 class NodeBoard:

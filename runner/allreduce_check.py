@@ -2,12 +2,18 @@
 
 Rank r contributes [r+1, r+1] and [0, r+1, 2(r+1)]; rank 0 prints one JSON line
 with what every rank saw, and every rank exits non-zero if a sum is wrong.
+
+`--time-mb M` (the bench): then also the seconds one all_reduce of M MB of bf16 takes,
+the gradient of a model in ftc's all-reduce precision, which the planner's network model
+is checked against.
 """
 
+import argparse
 import json
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -16,6 +22,9 @@ from distenv import check_world_size, read_env
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--time-mb", type=float, default=0.0)
+    args = parser.parse_args()
     env = read_env()
     dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                             rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=60))
@@ -30,8 +39,18 @@ def main() -> int:
     seen = [None] * n
     dist.all_gather_object(seen, {"rank": env.rank, "host": socket.gethostname(),
                                   "cpus": sorted(os.sched_getaffinity(0)), "ok": ok})
+    report = {"world_size": n, "sum": a.tolist() + b.tolist(), "ranks": seen}
+    if args.time_mb:
+        gradient = torch.ones(int(args.time_mb * 1e6 / 2), dtype=torch.bfloat16)
+        seconds = []
+        for _ in range(7):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(gradient)
+            seconds.append(time.perf_counter() - started)
+        report["allreduce_seconds"] = sorted(seconds[2:])[len(seconds[2:]) // 2]  # median after warm-up
     if env.master:
-        print("ALLREDUCE " + json.dumps({"world_size": n, "sum": a.tolist() + b.tolist(), "ranks": seen}))
+        print("ALLREDUCE " + json.dumps(report))
     dist.destroy_process_group()
     return 0 if ok else 1
 

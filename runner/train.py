@@ -16,6 +16,7 @@ per rank, lr 2e-5, 3 epochs), so both can be compared on the same cluster.
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -71,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (bench)")
     p.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
+    p.add_argument("--no-grad-sync", action="store_true",
+                   help="profiling only (bench): skip the gradient all-reduce, so ranks drift apart; "
+                        "what is left of the step time is compute and contention, not communication")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--stack", default=os.environ.get("FTC_STACK", "stock"))
@@ -194,9 +198,10 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
             labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                loss = ddp(**batch, labels=labels).loss
-            loss.backward()
+            with ddp.no_sync() if args.no_grad_sync and ddp is not model else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    loss = ddp(**batch, labels=labels).loss
+                loss.backward()
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -247,7 +252,7 @@ def main(argv=None) -> int:
         results = {
             "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
             "backend": backend if env.world_size > 1 else "none", "precision": precision,
-            "native_bf16": native_bf16, "grad_compress": grad_compress,
+            "native_bf16": native_bf16, "grad_compress": grad_compress, "grad_sync": not args.no_grad_sync,
             "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
             "threads_per_rank": threads, "world_size": env.world_size, "epochs": args.epochs,
             "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,

@@ -116,6 +116,12 @@ EVERY_COMMAND = [
     (["up", "--yes", "sure"], "YES='sure'"),
     (["bench", "--ranks", "1,x"], "'x' is not a whole number"),
     (["bench", "--steps", "0"], "'0' is not a whole number"),
+    (["plan", "--task", "squad"], "TASK='squad'"),
+    (["plan", "--nodes", "1,65"], "NODES='65'"),
+    (["plan", "--instance-type", "p5.48xlarge"], "INSTANCE_TYPE='p5.48xlarge'"),
+    (["plan", "--epochs", "three"], "EPOCHS='three'"),
+    (["plan", "--samples-per-s", "-3"], "SAMPLES_PER_S='-3'"),
+    (["plan", "--bench", "/no/such/bench.json"], "BENCH='/no/such/bench.json'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 
