@@ -20,7 +20,7 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,PRECISION,precision) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
-.PHONY: setup test demo cluster bootstrap finetune run destroy status ssh logs cancel fetch inventory bench lint
+.PHONY: setup test demo cluster bootstrap finetune run sweep plan destroy status ssh logs cancel fetch inventory bench lint
 
 setup: $(STAMP)
 
@@ -59,6 +59,14 @@ finetune: setup
 
 run: setup
 	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(if $(filter 1,$(RESUME)),--resume)
+
+# The 2021 recipe's table, reproduced: NODES is a list here (default 1,2,4).
+sweep: setup
+	$(FTC) sweep $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep)
+
+plan: setup
+	$(FTC) plan $(call flag,TASK,task) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
+	  $(call flag,EPOCHS,epochs)
 
 destroy: setup
 	$(FTC) down $(NAME_FLAG) $(call flag,PROVIDER,provider) $(call flag,REGION,region)

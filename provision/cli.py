@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", default=None)
     p.add_argument("--keep", default=None, help="1: keep the cluster afterwards (KEEP=1)")
 
+    p = sub.add_parser("sweep", help="the same job on clusters of each size: the 2021 recipe's table, ours beside it")
+    _spec_flags(p)
+    _job_flags(p)
+    p.add_argument("--yes", default=None)
+    p.add_argument("--keep", default=None, help="1: keep the last cluster afterwards (KEEP=1)")
+    p.add_argument("--out", default=None, help="where the table and plot go (default runs/<cluster>/sweep-<task>)")
+
     for verb, text in (("logs", "show (and with -f follow) the output of the last job"),
                        ("cancel", "stop the running job on every node"),
                        ("fetch", "copy the last job's results to the controller")):
@@ -232,6 +239,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return job.run_one_shot(spec, job.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from runner import job, sweep
+    node_counts = [PARSERS["nodes"]("nodes", part) for part in (args.nodes or "1,2,4").split(",")]
+    spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
+    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    keep = parse_bool("keep", args.keep if args.keep is not None else "0")
+    job_spec = job.job_from_args(args)
+    if job_spec.results:
+        raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")
+    out = Path(args.out or Path("runs") / spec.name / f"sweep-{job_spec.task}")
+    return sweep.sweep(spec, job_spec, node_counts, out, keep=keep, yes=yes)
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from runner import job
     return job.logs(_cluster_name(args), args.follow)
@@ -329,7 +349,8 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
             "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
-            "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan}
+            "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan,
+            "sweep": cmd_sweep}
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -229,3 +229,24 @@ def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, minilm, glue_
     assert remote["ContentLength"] == local.stat().st_size > 0
     bad = ftc("finetune", "--name", cluster, "--checkpoint-s3", "http://not-s3")
     assert bad.returncode == 2 and "CHECKPOINT_S3='http://not-s3'" in bad.stderr
+
+
+def test_sweep_over_1_and_2_local_nodes_writes_the_2021_table(ftc_home, minilm, glue_dir, tmp_path):
+    from conftest import sshd_pids
+    out = tmp_path / "sweep"
+    proc = ftc("sweep", "--name", "sw", "--nodes", "1,2", "--out", str(out),
+               *job_flags(minilm, glue_dir, samples=64, epochs=1), timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recreating it with 2" in proc.stderr  # the 1-node cluster was not kept for the 2-node run
+    report = json.loads((out / "sweep.json").read_text())
+    rows = report["rows"]
+    assert [row["nodes"] for row in rows] == [1, 2]
+    for row, world in zip(rows, (1, 2)):
+        assert json.loads((out / f"{world}-node" / "results.json").read_text())["world_size"] == world
+        assert row["train_seconds"] > 0 and row["eval"]["eval_accuracy"] > 0
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == round(rows[0]["train_seconds"] / rows[1]["train_seconds"], 3)
+    assert rows[1]["recipe_2021_seconds"] == 279 and rows[1]["recipe_2021_speedup"] == round(466 / 279, 3)
+    table = (out / "sweep.md").read_text()
+    assert "| 2 |" in table and "4m39s" in table and "simulated" in table
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "sw").exists()

@@ -1,0 +1,123 @@
+"""`ftc sweep`: the 2021 recipe's table, reproduced. The same fine-tuning job runs on a
+cluster of each size in turn (any provider); the cluster is reused when it already has
+the size, recreated when not, and torn down at the end. The table and plot put the
+recipe's own figures beside ours.
+"""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from provision import cluster
+from provision import state as st
+from provision.ui import answer, console
+
+from .job import JobSpec, finetune
+
+# The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
+RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
+               "qqp": {1: 11 * 3600 + 22 * 60, 2: 6 * 3600 + 38 * 60, 4: 3 * 3600 + 51 * 60}}
+
+
+def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes: bool) -> int:
+    rows = []
+    try:
+        for nodes in sorted(set(node_counts)):
+            sized = replace(spec, nodes=nodes)
+            ensure_cluster(sized, yes)
+            results_dir = out / f"{nodes}-node"
+            code = finetune(spec.name, replace(job, results=str(results_dir)))
+            if code != 0:
+                console.print(f"[red]sweep: the job on {nodes} node(s) failed (exit {code}); "
+                              f"its logs: {results_dir}[/]")
+                return code
+            results = json.loads((results_dir / "results.json").read_text())
+            rows.append({"nodes": nodes, "train_seconds": results["train_seconds"],
+                         "samples_per_second": results["samples_per_second"],
+                         "eval": {k: v for k, v in results.items() if k.startswith("eval_")}})
+    finally:
+        if not keep and st.exists(spec.name):
+            with cluster.shielded():
+                cluster.down(spec.name)
+    report = table(job.task, rows, spec.provider, spec.instance_type)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(report, indent=2))
+    (out / "sweep.md").write_text(markdown(report))
+    plot(report, out / "sweep.png")
+    answer.print(markdown(report))
+    console.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
+    return 0
+
+
+def ensure_cluster(spec, yes: bool) -> None:
+    """A bootstrapped cluster of spec.nodes nodes under spec.name: reused, or made anew."""
+    if st.exists(spec.name):
+        current = st.load(spec.name)
+        if len(current.nodes) == spec.nodes and current.phase == "bootstrapped":
+            console.print(f"sweep: reusing {spec.name} ({spec.nodes} node(s))")
+            return
+        console.print(f"sweep: {spec.name} has {len(current.nodes)} node(s); recreating it with {spec.nodes}")
+        cluster.down(spec.name)
+    cluster.up(spec, bootstrap=True, yes=yes)
+
+
+def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dict:
+    """Time, speed-up and scaling efficiency per cluster size, ours and the recipe's."""
+    base = next((row["train_seconds"] for row in rows if row["nodes"] == 1), None)
+    recipe = RECIPE_2021.get(task, {})
+    for row in rows:
+        n = row["nodes"]
+        row["speedup"] = round(base / row["train_seconds"], 3) if base else None
+        row["efficiency"] = round(row["speedup"] / n, 3) if base else None
+        row["recipe_2021_seconds"] = recipe.get(n)
+        row["recipe_2021_speedup"] = round(recipe[1] / recipe[n], 3) if n in recipe else None
+    where = "c6i.16xlarge" if provider == "aws" and instance_type == "c6i.16xlarge" else \
+        f"{provider} nodes" + (f" ({instance_type})" if provider == "aws" else " (one machine, simulated)")
+    return {"task": task, "provider": provider, "instance_type": instance_type, "where": where, "rows": rows}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"GLUE {report['task'].upper()} fine-tuning time per cluster size on {report['where']}; "
+             "the 2021 recipe's on c6i.16xlarge beside it.", "",
+             "| nodes | time | speed-up | efficiency | 2021 recipe time | 2021 speed-up |", "|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        recipe = row["recipe_2021_seconds"]
+        lines.append(f"| {row['nodes']} | {_clock(row['train_seconds'])} | "
+                     f"{row['speedup']:.2f}x | {row['efficiency']:.2f} | " if row["speedup"] is not None else
+                     f"| {row['nodes']} | {_clock(row['train_seconds'])} | | | ")
+        lines[-1] += (f"{_clock(recipe)} | {row['recipe_2021_speedup']:.2f}x |" if recipe else " | |")
+    return "\n".join(lines) + "\n"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = report["rows"]
+    nodes = [row["nodes"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(nodes, [row["train_seconds"] for row in rows], "o-", label=f"ftc ({report['where']})")
+    recipe = [(row["nodes"], row["recipe_2021_seconds"]) for row in rows if row["recipe_2021_seconds"]]
+    if recipe:
+        left.plot(*zip(*recipe), "s--", color="grey", label="2021 recipe (c6i.16xlarge)")
+    left.set_xlabel("nodes")
+    left.set_ylabel("training time (s)")
+    left.set_xticks(nodes)
+    left.legend()
+    right.plot(nodes, [row["speedup"] or 0 for row in rows], "o-", label="ftc")
+    if recipe:
+        right.plot([n for n, _ in recipe], [row["recipe_2021_speedup"] for row in rows if row["recipe_2021_seconds"]],
+                   "s--", color="grey", label="2021 recipe")
+    right.plot(nodes, nodes, ":", color="green", label="linear")
+    right.set_xlabel("nodes")
+    right.set_ylabel("speed-up over 1 node")
+    right.set_xticks(nodes)
+    right.legend()
+    fig.suptitle(f"GLUE {report['task'].upper()}: time and speed-up per cluster size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
