@@ -224,9 +224,11 @@ def main(args: argparse.Namespace | None = None) -> int:
         # Where the time of the top rank count goes: without the all-reduce (compute and
         # contention left), and k independent single ranks side by side (contention alone).
         top = max(rank_counts)
-        run = config(f"ftc-{top}-no-grad-sync", top, "ftc", ["--no-grad-sync"])
-        variants.append({"ranks": top, "setting": "no gradient all-reduce (profiling)",
-                         "samples_per_s": run["steady_samples_per_second"]})
+        for name, setting, extra in (("dense-embedding", "all-reduce every embedding row (plain DDP)",
+                                      ["--embedding-sync", "dense"]),
+                                     ("no-grad-sync", "no gradient all-reduce (profiling)", ["--no-grad-sync"])):
+            run = config(f"ftc-{top}-{name}", top, "ftc", extra)
+            variants.append({"ranks": top, "setting": setting, "samples_per_s": run["steady_samples_per_second"]})
         total_steps = warmup + steps
         alone = concurrent_single_ranks(out, top, physical, cores_per_rank, mpi,
                                         common + ["--recipe", "ftc", "--max-steps", str(total_steps),

@@ -43,9 +43,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
-                grad_compress="auto"),
+                grad_compress="auto", embedding_sync="rows"),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
-                 grad_compress="none"),
+                 grad_compress="none", embedding_sync="dense"),
 }
 
 
@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-eval-samples", type=int, default=0)
     p.add_argument("--grad-compress", choices=("auto", "none", "bf16"), default=None)
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size")
+    p.add_argument("--embedding-sync", choices=("rows", "dense"), default=None,
+                   help="all-reduce only the word-embedding rows some rank's batch used (ftc), or all of them")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resume", action="store_true", help="continue from <output-dir>/checkpoints/last.pt")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
@@ -173,8 +175,16 @@ def main(argv=None) -> int:
     if args.resume:
         start_epoch, step, history = resume(checkpoint_path, model, optimizer, scheduler, env, log)
 
-    ddp = model
+    ddp, embedding = model, None
     if env.world_size > 1:
+        if args.embedding_sync == "rows":
+            # The word embeddings hold a third of distilbert's weights, but a global batch uses
+            # about one row in six: their gradient is zero elsewhere. DDP would all-reduce all of
+            # it as the last bucket, after backward, where nothing hides it; ftc moves the used rows.
+            embedding = model.get_input_embeddings().weight
+            DDP._set_params_and_buffers_to_ignore_for_model(
+                model, [next(n for n, p in model.named_parameters() if p is embedding)])
+            dist.broadcast(embedding.data, 0)  # DDP broadcasts every other weight
         # DDP broadcasts rank 0's weights at construction: every rank starts identical.
         ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
         if grad_compress == "bf16":
@@ -202,6 +212,8 @@ def main(argv=None) -> int:
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                     loss = ddp(**batch, labels=labels).loss
                 loss.backward()
+            if embedding is not None and not args.no_grad_sync:
+                allreduce_used_rows(embedding, batch["input_ids"], grad_compress == "bf16")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -253,6 +265,7 @@ def main(argv=None) -> int:
             "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
             "backend": backend if env.world_size > 1 else "none", "precision": precision,
             "native_bf16": native_bf16, "grad_compress": grad_compress, "grad_sync": not args.no_grad_sync,
+            "embedding_sync": args.embedding_sync if env.world_size > 1 else "none",
             "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
             "threads_per_rank": threads, "world_size": env.world_size, "epochs": args.epochs,
             "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,
@@ -377,6 +390,22 @@ def bf16_allreduce_hook(process_group, bucket):
         buffer.copy_(done.value()[0])
         return buffer
     return future.then(decompress)
+
+
+def allreduce_used_rows(weight: torch.Tensor, input_ids: torch.Tensor, compress: bool) -> None:
+    """Average an embedding's gradient across ranks, moving only the rows some rank used.
+
+    Rows no rank used are zero on every rank, so the result equals the dense average. The
+    union of used rows is agreed first with a small all-reduce of a per-row flag."""
+    world = dist.get_world_size()
+    used = torch.zeros(weight.shape[0], dtype=torch.int32)
+    used[input_ids.unique()] = 1
+    dist.all_reduce(used)
+    rows = used.nonzero().squeeze(1)
+    part = weight.grad.index_select(0, rows)
+    part = (part.to(torch.bfloat16) if compress else part).div_(world)  # divided first, as the bucket hook does
+    dist.all_reduce(part)
+    weight.grad.index_copy_(0, rows, part.to(weight.grad.dtype))
 
 
 def rng_state() -> dict:
