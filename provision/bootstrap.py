@@ -34,7 +34,7 @@ from .templates import render
 from .ui import NodeBoard, console
 
 RUNNER_DIR = Path(__file__).resolve().parent.parent / "runner"
-NODE_PROGRAMS = ("facts.py", "distenv.py", "allreduce_check.py", "glue.py", "train.py")
+NODE_PROGRAMS = ("facts.py", "distenv.py", "allreduce_check.py", "glue.py", "spot.py", "train.py")
 # About a minute: a fresh EC2 node's sshd comes up well inside that.
 CONNECT_ATTEMPTS = int(os.environ.get("FTC_CONNECT_ATTEMPTS", "30"))
 

@@ -20,7 +20,7 @@ from provision.bootstrap import connect, launch_spec, load_facts, put_text, run
 from provision.errors import FtcError, UsageError
 from provision.ui import console
 
-from . import glue
+from . import glue, spot
 from .launch import render_launch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def job_from_args(args) -> JobSpec:
     return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS})
 
 
-def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[str]:
+def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:
     args = ["--task", job.task, "--model", job.model, "--output-dir", output_dir, "--recipe", job.recipe,
             "--stack", stack]
     if job.precision != "auto":
@@ -178,7 +178,15 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
         args.append("--ipex")
     if resume:
         args.append("--resume")
+    if spot_watch:
+        args += ["--spot-watch", spot_watch]
     return args
+
+
+def metadata_endpoint() -> str:
+    """Where spot nodes read interruption notices: EC2's metadata service, or FTC_IMDS_ENDPOINT
+    (a local cluster with SPOT=1 watches a simulated one: that is how the tests reclaim a node)."""
+    return os.environ.get("FTC_IMDS_ENDPOINT", spot.IMDS)
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -200,7 +208,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     try:
         spec = launch_spec(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
                            f"{state.head.workdir}/ftc/runner/train.py",
-                           train_args(job, remote_dir, stack, resume or resume_from is not None),
+                           train_args(job, remote_dir, stack, resume or resume_from is not None,
+                                      metadata_endpoint() if state.cluster_spec.spot else ""),
                            ppn=job.ppn or None)
     except ValueError as exc:
         raise UsageError(f"PPN={job.ppn}: {exc}") from None
@@ -313,11 +322,16 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
 
 
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
-    """The launch script's exit code; None while it runs; -1 if it died without writing one."""
+    """The launch script's exit code; None while it runs; -1 if it died without writing one;
+    EXIT_PREEMPTED when the job stopped itself for a spot interruption (mpirun's own code
+    for that varies by MPI, so the program's preempted.json decides)."""
     out = run(conn, state.head, "status", f"cat {job.remote_dir}/exit_code 2>/dev/null; "
+              f"test -e {job.remote_dir}/preempted.json && echo PREEMPTED; "
               f"kill -0 {job.pid} 2>/dev/null && echo RUNNING || true").split()
     if "RUNNING" in out:
         return None
+    if "PREEMPTED" in out:
+        return spot.EXIT_PREEMPTED
     return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
 
 
@@ -336,9 +350,13 @@ def finish(name: str) -> int:
         if code is None:
             raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
         if job.state == "running":
-            job.state = "finished" if code == 0 else "failed"
+            job.state = {0: "finished", spot.EXIT_PREEMPTED: "preempted"}.get(code, "failed")
             st.save(state)
         results = fetch(state, job)
+    if code == spot.EXIT_PREEMPTED:
+        console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
+                      f"({results}/checkpoints/last.pt); `ftc run --resume` continues it on a new cluster[/]")
+        return code
     if code != 0:
         show_failure(results, code)
         return 1
@@ -482,14 +500,29 @@ def latest_checkpoint(name: str, job: JobSpec) -> Path:
     return found[-1]
 
 
+MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives up
+
+
 def run_one_shot(spec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
-    """up, bootstrap, finetune, fetch, down; the teardown happens on failure and Ctrl-C too."""
+    """up, bootstrap, finetune, fetch, down; the teardown happens on failure and Ctrl-C too.
+    A job stopped by a spot interruption is resumed from its checkpoint on a recreated
+    cluster, up to MAX_RECLAIMS times."""
     from provision import cluster
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     cluster.up(spec, bootstrap=True, yes=yes)
     code = 1
     try:
         code = finetune(spec.name, job, resume_from=checkpoint)
+        for reclaim in range(1, MAX_RECLAIMS + 1):
+            if code != spot.EXIT_PREEMPTED:
+                break
+            checkpoint = Path(st.load(spec.name).jobs[-1].results_dir) / "checkpoints" / "last.pt"
+            console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {spec.name} "
+                          f"and resuming from {checkpoint}[/]")
+            with cluster.shielded():
+                cluster.down(spec.name)
+            cluster.up(spec, bootstrap=True, yes=True)  # the same spec the user already accepted
+            code = finetune(spec.name, job, resume_from=checkpoint)
         if code == 0 and st.load(spec.name).jobs[-1].state == "running":
             code = 1  # Ctrl-C while following: in one shot that means stop
     finally:

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 import glue
+import spot
 from distenv import check_world_size, pin_self, read_env
 from facts import cpu_info
 
@@ -71,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="all-reduce only the word-embedding rows some rank's batch used (ftc), or all of them")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resume", action="store_true", help="continue from <output-dir>/checkpoints/last.pt")
+    p.add_argument("--spot-watch", default="", metavar="URL",
+                   help="spot nodes: watch this metadata service for an interruption notice; on one, "
+                        f"checkpoint where the job stands and exit {spot.EXIT_PREEMPTED}")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (bench)")
     p.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
@@ -170,10 +174,11 @@ def main(argv=None) -> int:
         model, optimizer = ipex.optimize(model, optimizer=optimizer,
                                          dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
 
-    start_epoch, history, step = 0, [], 0
+    start_epoch, history, step, position = 0, [], 0, {"batch": 0, "loss": 0.0, "steps": 0}
     checkpoint_path = out_dir / "checkpoints" / "last.pt"
     if args.resume:
-        start_epoch, step, history = resume(checkpoint_path, model, optimizer, scheduler, env, log)
+        start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
+    resumed_at = {"epoch": start_epoch, "batch": position["batch"]}
 
     ddp, embedding = model, None
     if env.world_size > 1:
@@ -190,6 +195,22 @@ def main(argv=None) -> int:
         if grad_compress == "bf16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)
 
+    def checkpoint(epochs_done: int, position: dict, why: str) -> None:
+        """Every rank's RNG (dropout masks differ by rank): a resumed run then matches an
+        uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop)."""
+        rng = [None] * env.world_size
+        if env.world_size > 1:
+            dist.all_gather_object(rng, rng_state())
+        else:
+            rng = [rng_state()]
+        if env.master:
+            save_checkpoint(checkpoint_path, model, optimizer, scheduler, epochs_done, step, history, rng, position)
+            log.info(f"checkpoint saved: epoch {epochs_done}{why} -> {checkpoint_path}")
+
+    watcher = spot.Watcher(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
+    if watcher:
+        watcher.start()
+
     # ---- the loop -------------------------------------------------------------------------------
     pad_id = tokenizer.pad_token_id or 0
     label_dtype = torch.float32 if task.labels is None else torch.long
@@ -203,8 +224,11 @@ def main(argv=None) -> int:
                                args.group_by_length, args.seed + epoch)
         ddp.train()
         epoch_start = time.perf_counter()
-        epoch_loss, epoch_steps = 0.0, 0
+        skip = position["batch"] if epoch == resumed_at["epoch"] else 0  # done before a mid-epoch stop
+        epoch_loss, epoch_steps = (position["loss"], position["steps"]) if skip else (0.0, 0)
         for i, indices in enumerate(batches):
+            if i < skip:
+                continue
             t0 = time.perf_counter()
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
             labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
@@ -238,6 +262,18 @@ def main(argv=None) -> int:
                 left = (total_steps - step) * args.batch_size * env.world_size / rate
                 log.info(f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {last_loss:.4f} "
                          f"{rate:.1f} samples/s eta {fmt_duration(left)}")
+            if args.spot_watch and interruption_seen(watcher, env.world_size):
+                # Every rank stops after the same step: the all-reduce above made them agree.
+                checkpoint(epoch, {"batch": i + 1, "loss": epoch_loss, "steps": epoch_steps},
+                           f" batch {i + 1} (spot interruption notice)")
+                if env.master:
+                    (out_dir / "preempted.json").write_text(json.dumps(
+                        {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": i + 1, "step": step}))
+                if env.world_size > 1:
+                    dist.barrier()
+                    dist.destroy_process_group()
+                log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {i + 1}; resumable")
+                return spot.EXIT_PREEMPTED
             if args.max_steps and step >= args.max_steps:
                 break
         log.info(f"epoch {epoch + 1} trained in {time.perf_counter() - epoch_start:.1f}s")
@@ -247,15 +283,7 @@ def main(argv=None) -> int:
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if not args.no_save:
-            # Every rank's RNG (dropout masks differ by rank): a resumed run then matches an uninterrupted one.
-            rng = [None] * env.world_size
-            if env.world_size > 1:
-                dist.all_gather_object(rng, rng_state())
-            else:
-                rng = [rng_state()]
-            if env.master:
-                save_checkpoint(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, rng)
-                log.info(f"checkpoint saved: epoch {epoch + 1} -> {checkpoint_path}")
+            checkpoint(epoch + 1, {"batch": 0, "loss": 0.0, "steps": 0}, "")
         if args.max_steps and step >= args.max_steps:
             break
 
@@ -276,6 +304,7 @@ def main(argv=None) -> int:
             "steady_tokens_per_second": round(steady_tokens / steady_seconds, 3) if steady_seconds else 0.0,
             "first_loss": first_loss, "final_loss": last_loss, "steps": step,
             "resumed_from_epoch": start_epoch if args.resume else None,
+            "resumed_from_batch": resumed_at["batch"] if args.resume else None,
             "epoch_metrics": history, **(history[-1] if history else {}),
             "versions": versions(), "started_at": started_at.isoformat(),
             "finished_at": datetime.now(timezone.utc).isoformat(),
@@ -412,15 +441,24 @@ def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list) -> None:
+def interruption_seen(watcher, world: int) -> bool:
+    """Has any node's watcher seen a notice? One tiny all-reduce per step, so all ranks agree."""
+    seen = torch.tensor([1 if watcher and watcher.notice else 0])
+    if world > 1:
+        dist.all_reduce(seen)
+    return bool(seen.item())
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list,
+                    position: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "epoch": epoch, "step": step, "history": history, "rng": rng}, tmp)
+                "epoch": epoch, "step": step, "history": history, "rng": rng, "position": position}, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
 
 
-def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int, list]:
+def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int, list, dict]:
     """Rank 0 reads the checkpoint (only its node has it) and sends it to the other ranks."""
     box = [torch.load(path, weights_only=False) if env.master and path.exists() else None]
     if env.world_size > 1:
@@ -435,8 +473,9 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
     if len(rng) == env.world_size:  # the same layout as the run that saved it: continue its random streams
         torch.set_rng_state(rng[env.rank]["torch"])
         random.setstate(rng[env.rank]["python"])
-    log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, step {checkpoint['step']}")
-    return checkpoint["epoch"], checkpoint["step"], checkpoint["history"]
+    position = checkpoint.get("position") or {"batch": 0, "loss": 0.0, "steps": 0}
+    log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, batch {position['batch']}, step {checkpoint['step']}")
+    return checkpoint["epoch"], checkpoint["step"], checkpoint["history"], position
 
 
 def setup_logging(path: Path, master: bool) -> logging.Logger:

@@ -250,3 +250,41 @@ def test_sweep_over_1_and_2_local_nodes_writes_the_2021_table(ftc_home, minilm, 
     assert "| 2 |" in table and "4m39s" in table and "simulated" in table
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "sw").exists()
+
+
+def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes(ftc_home, minilm, glue_dir):
+    from conftest import sshd_pids
+    from fake_imds import FakeIMDS
+    flags = job_flags(minilm, glue_dir, samples=640, epochs=2)
+    reference = ftc("run", "--name", "steady", "--nodes", "2", *flags, timeout=900)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    expected = json.loads(next(Path("runs/steady").glob("mrpc-*/results.json")).read_text())
+
+    imds = FakeIMDS()
+    try:
+        spot_run = subprocess.Popen([*FTC, "run", "--name", "spot", "--nodes", "2", "--spot", "1", *flags],
+                                    env={**os.environ, "FTC_IMDS_ENDPOINT": imds.url},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 600
+        while True:  # the notice comes once training is under way
+            assert time.monotonic() < deadline and spot_run.poll() is None, spot_run.communicate()
+            jobs = state_of_named(ftc_home, "spot").get("jobs") if (ftc_home / "clusters" / "spot").exists() else None
+            log = Path(jobs[-1]["remote_dir"]) / "output.log" if jobs else None
+            if log and log.exists() and "step 1/" in log.read_text():
+                break
+            time.sleep(0.2)
+        imds.armed = True
+        out, err = spot_run.communicate(timeout=900)
+    finally:
+        imds.close()
+    assert spot_run.returncode == 0, err[-3000:]
+    assert imds.served == 1 and imds.unauthorized == 0  # IMDSv2: every read carried a token
+    assert "spot interruption (1/3): recreating cluster spot" in err
+    assert "(spot interruption notice)" in out and "resuming from" not in err.split("recreating")[0]
+    assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "spot").exists()
+    result = json.loads(next(Path("runs/spot").glob("mrpc-*/results.json")).read_text())
+    assert result["resumed_from_batch"] >= 1 and result["steps"] == expected["steps"]
+    for key in ("eval_accuracy", "eval_f1"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-6), (result[key], expected[key])
+    assert result["epoch_metrics"][-1]["train_loss"] == pytest.approx(expected["epoch_metrics"][-1]["train_loss"],
+                                                                      rel=1e-3)

@@ -1,0 +1,61 @@
+"""Spot interruption notices, from the instance metadata service (IMDSv2).
+
+EC2 announces a spot reclaim two minutes ahead at /latest/meta-data/spot/instance-action
+(404 until then). One thread per node (local rank 0) polls it; the training loop asks every
+step whether any node has seen one, checkpoints where it stands and exits with
+EXIT_PREEMPTED, and `ftc run` recreates the cluster and resumes. Standard library only:
+this runs on the nodes.
+"""
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resumable
+IMDS = "http://169.254.169.254"
+POLL_SECONDS = 5.0
+
+
+def interruption_notice(endpoint: str, timeout: float = 2.0) -> dict | None:
+    """The pending instance-action ({"action": "terminate", "time": ...}) or None.
+    IMDSv2: a session token first (the nodes require it), then the read."""
+    if not endpoint.startswith("http://"):
+        raise ValueError(f"the metadata endpoint must be an http:// URL, not {endpoint!r}")
+    # S310: the scheme is checked above; the metadata service speaks plain http.
+    token_request = urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",  # noqa: S310
+                                           headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+    with urllib.request.urlopen(token_request, timeout=timeout) as response:  # noqa: S310
+        token = response.read().decode()
+    request = urllib.request.Request(f"{endpoint}/latest/meta-data/spot/instance-action",  # noqa: S310
+                                     headers={"X-aws-ec2-metadata-token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            return json.loads(response.read().decode() or "{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+class Watcher(threading.Thread):
+    """Polls for a notice in the background; `notice` holds the first one seen.
+    A metadata service that does not answer is retried, never fatal: training goes on."""
+
+    def __init__(self, endpoint: str, interval: float = POLL_SECONDS):
+        super().__init__(name="spot-watch", daemon=True)
+        self.endpoint, self.interval = endpoint.rstrip("/"), interval
+        self.notice: dict | None = None
+        self.errors = 0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set() and self.notice is None:
+            try:
+                self.notice = interruption_notice(self.endpoint)
+            except (OSError, ValueError):
+                self.errors += 1
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
