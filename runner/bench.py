@@ -337,29 +337,35 @@ def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], m
     return 0
 
 
-def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8)) -> int:
+def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8), repeats: int = 3) -> int:
     """Bootstrap of 1 and of 8 local nodes, side by side: the parallel steps (connect, install
     check, keys and files, facts) and, apart, the verification (Python start-ups that compete
-    for cores on a small machine); then a second bootstrap of the 8 (markers: nothing redone)."""
+    for cores on a small machine); then a second bootstrap (markers: nothing redone). Each
+    size `repeats` times on fresh clusters, alternating sizes; the medians are reported, since
+    one node's bootstrap takes a fraction of a second and one sample of it is noisy."""
+    import statistics
     import tempfile
     ftc = [sys.executable, "-m", "provision.cli"]
-    rows = []
+    samples: dict[int, list[dict]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "FTC_HOME": home}
-        for n in sizes:
-            name = f"bench{n}"
-            subprocess.run([*ftc, "up", "--name", name, "--nodes", str(n), "--no-bootstrap"], env=env, check=True,
-                           capture_output=True)
-            try:
-                subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
-                first = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
-                subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
-                again = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
-            finally:
-                subprocess.run([*ftc, "down", "--name", name], env=env, capture_output=True)
-            rows.append({"nodes": n, "parallel_steps_s": first["parallel_steps_s"], "verify_s": first["verify_s"],
-                         "second_run_s": round(again["parallel_steps_s"] + again["verify_s"], 3),
-                         "parallel_steps_machine_cpu_s": first["parallel_steps_machine_cpu_s"]})
+        for repeat in range(repeats):
+            for n in sizes:
+                name = f"bench{n}-{repeat}"
+                subprocess.run([*ftc, "up", "--name", name, "--nodes", str(n), "--no-bootstrap"], env=env,
+                               check=True, capture_output=True)
+                try:
+                    subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
+                    first = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
+                    subprocess.run([*ftc, "bootstrap", "--name", name], env=env, check=True, capture_output=True)
+                    again = json.loads((Path(home) / "clusters" / name / "bootstrap.json").read_text())
+                finally:
+                    subprocess.run([*ftc, "down", "--name", name], env=env, capture_output=True)
+                samples[n].append({"parallel_steps_s": first["parallel_steps_s"], "verify_s": first["verify_s"],
+                                   "second_run_s": round(again["parallel_steps_s"] + again["verify_s"], 3),
+                                   "parallel_steps_machine_cpu_s": first["parallel_steps_machine_cpu_s"]})
+    rows = [{"nodes": n, **{key: statistics.median(s[key] for s in samples[n]) for key in samples[n][0]},
+             "samples": samples[n]} for n in sizes]
     cores = len(os.sched_getaffinity(0))
     # The CPU each extra node costs (ssh handshakes at both ends, the facts program's Python),
     # spread over this machine's cores: below this, no amount of overlapping waits helps.
