@@ -208,8 +208,8 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
         channel.shutdown_write()
         lines = channel.makefile("r")
         for line in lines:
-            if line.startswith("STEP ") and line.split()[1] != step:
-                name = line.split()[1]
+            name = line.split()[1] if line.startswith("STEP ") else step
+            if name != step:
                 reached(name, f"stack {state.cluster_spec.stack}" if name == "install" else "")
             elif line.strip() == "SKIP":
                 board.update(node.name, step, "already done")
@@ -222,10 +222,8 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
     finally:
         channel.close()
         conn.close()
-    reached("ready")
     facts = json.loads(output)
-    board.update(node.name, "ready", f"{facts['physical_cores']} cores, {facts['mpi']}, "
-                 f"torch {facts['versions'].get('torch', '-')}")
+    reached("ready", f"{facts['physical_cores']} cores, {facts['mpi']}, torch {facts['versions'].get('torch', '-')}")
     return facts
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import state as st
 from .errors import FtcError, OneLineParser, UsageError
 from .spec import PARSERS, load_config, parse_bool, resolve_spec
-from .ui import answer, console
+from .ui import answer, console, duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
@@ -282,11 +282,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     the instance's network and price, the task's size (provision/estimate.py)."""
     from rich.table import Table
 
+    from runner import glue
+
     from . import estimate
     from .catalog import INSTANCE_TYPES
-    task = args.task.lower().replace("-", "")
-    if task not in estimate.GLUE_TRAIN_SIZES:
-        raise UsageError(f"TASK={args.task!r} is not a GLUE task; allowed: {', '.join(estimate.GLUE_TRAIN_SIZES)}")
+    try:
+        task = glue.task_name(args.task)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     nodes = [PARSERS["nodes"]("nodes", part) for part in args.nodes.split(",")]
     kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
         else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
@@ -307,8 +310,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"to {kind.physical_cores} cores")
         if bench["precision"] == "bf16" and not kind.native_bf16:
             source += f"; {kind.cpu} has no native bf16, so it will be slower: measure one node"
-    grad_bytes = estimate.DISTILBERT_PARAMS * (2 if kind.native_bf16 else 4)
-    rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32, grad_bytes, kind.network_gbps,
+    rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32,
+                         estimate.gradient_bytes(bf16=kind.native_bf16), kind.network_gbps,
                          hidden, kind.usd_per_hour, setup_s)
     table = Table(title=f"{task} x {epochs} epochs, distilbert-base-uncased, {kind_name} "
                         f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
@@ -316,7 +319,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(str(row.nodes), f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}",
-                      f"{row.allreduce_s * 1000:.0f} ms", _duration(row.train_s), _duration(row.wall_s),
+                      f"{row.allreduce_s * 1000:.0f} ms", duration(row.train_s), duration(row.wall_s),
                       f"${row.usd:.2f}")
     answer.print(table)
     answer.print(f"per-node rate {rate:.1f} samples/s ({source}); {hidden * 100:.0f}% of each all-reduce hidden "
@@ -333,11 +336,6 @@ def _number(name: str, raw: str, kind: type, low: float, high: float):
     if not low <= value <= high:
         raise UsageError(f"{name}={raw!r} is out of range; allowed {low:g} to {high:g}")
     return value
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:

@@ -22,6 +22,11 @@ BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: forward 2, backward 4 per parameter
 EC2_LATENCY_S = 50e-6  # one hop inside a cluster placement group
 
 
+def gradient_bytes(bf16: bool, params: int = DISTILBERT_PARAMS) -> float:
+    """The bytes one all-reduce moves: bf16 gradients where training is bf16, fp32 elsewhere."""
+    return params * (2 if bf16 else 4)
+
+
 def ring_allreduce_seconds(nbytes: float, nodes: int, gbps: float, latency_s: float = EC2_LATENCY_S) -> float:
     """One ring all-reduce of `nbytes` across `nodes`, each with `gbps` of bandwidth."""
     if nodes <= 1:

@@ -201,13 +201,16 @@ def main(args: argparse.Namespace | None = None) -> int:
 
     ftc_extra = ["--grad-compress", args.grad_compress] if args.grad_compress else []
 
-    def config(name: str, ranks: int, recipe: str, extra: list[str] = ()) -> dict:
-        cores = physical[:ranks * cores_per_rank]
-        extra = [*ftc_extra, *extra] if recipe == "ftc" else list(extra)
+    def train_args(ranks: int, recipe: str, extra: list[str] = ()) -> list[str]:
+        """Enough samples for warm-up plus timed steps at 32 per rank, and not more."""
         total_steps = warmup + steps
-        runs[name] = run_config(name, out, ranks, cores, cores_per_rank, mpi,
-                                common + ["--recipe", recipe, "--max-steps", str(total_steps),
-                                          "--max-train-samples", str(total_steps * 32 * ranks), *extra])
+        extra = [*ftc_extra, *extra] if recipe == "ftc" else list(extra)
+        return common + ["--recipe", recipe, "--max-steps", str(total_steps),
+                         "--max-train-samples", str(total_steps * 32 * ranks), *extra]
+
+    def config(name: str, ranks: int, recipe: str, extra: list[str] = ()) -> dict:
+        runs[name] = run_config(name, out, ranks, physical[:ranks * cores_per_rank], cores_per_rank, mpi,
+                                train_args(ranks, recipe, extra))
         return runs[name]
 
     seed = config("seed-1", 1, "seed")
@@ -229,10 +232,7 @@ def main(args: argparse.Namespace | None = None) -> int:
                                      ("no-grad-sync", "no gradient all-reduce (profiling)", ["--no-grad-sync"])):
             run = config(f"ftc-{top}-{name}", top, "ftc", extra)
             variants.append({"ranks": top, "setting": setting, "samples_per_s": run["steady_samples_per_second"]})
-        total_steps = warmup + steps
-        alone = concurrent_single_ranks(out, top, physical, cores_per_rank, mpi,
-                                        common + ["--recipe", "ftc", "--max-steps", str(total_steps),
-                                                  "--max-train-samples", str(total_steps * 32), *ftc_extra])
+        alone = concurrent_single_ranks(out, top, physical, cores_per_rank, mpi, train_args(1, "ftc"))
         variants.append({"ranks": top, "setting": f"{top} independent 1-rank runs at once (no communication)",
                          "samples_per_s": round(sum(r["steady_samples_per_second"] for r in alone), 3)})
         for row in variants:
@@ -291,8 +291,8 @@ def measure_allreduce(out: Path, scaling: list[dict], physical: list[int], cores
 
 
 def gradient_bytes(ftc1: dict) -> float:
-    from provision.estimate import DISTILBERT_PARAMS
-    return DISTILBERT_PARAMS * (2 if ftc1["precision"] == "bf16" else 4)
+    from provision.estimate import gradient_bytes as of_precision
+    return of_precision(bf16=ftc1["precision"] == "bf16")
 
 
 def planner_check(scaling: list[dict], allreduce: dict[int, float], ftc1: dict) -> dict:

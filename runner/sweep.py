@@ -10,7 +10,7 @@ from pathlib import Path
 
 from provision import cluster
 from provision import state as st
-from provision.ui import answer, console
+from provision.ui import answer, console, duration
 
 from .job import JobSpec, finetune
 
@@ -82,16 +82,11 @@ def markdown(report: dict) -> str:
              "| nodes | time | speed-up | efficiency | 2021 recipe time | 2021 speed-up |", "|---|---|---|---|---|---|"]
     for row in report["rows"]:
         recipe = row["recipe_2021_seconds"]
-        lines.append(f"| {row['nodes']} | {_clock(row['train_seconds'])} | "
+        lines.append(f"| {row['nodes']} | {duration(row['train_seconds'])} | "
                      f"{row['speedup']:.2f}x | {row['efficiency']:.2f} | " if row["speedup"] is not None else
-                     f"| {row['nodes']} | {_clock(row['train_seconds'])} | | | ")
-        lines[-1] += (f"{_clock(recipe)} | {row['recipe_2021_speedup']:.2f}x |" if recipe else " | |")
+                     f"| {row['nodes']} | {duration(row['train_seconds'])} | | | ")
+        lines[-1] += (f"{duration(recipe)} | {row['recipe_2021_speedup']:.2f}x |" if recipe else " | |")
     return "\n".join(lines) + "\n"
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def plot(report: dict, path: Path) -> None:

@@ -50,6 +50,10 @@ RECIPES = {
 }
 
 
+# Where an epoch stands: batches done, their summed loss and count. At an epoch's start, none.
+EPOCH_START = {"batch": 0, "loss": 0.0, "steps": 0}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=True)
@@ -174,11 +178,10 @@ def main(argv=None) -> int:
         model, optimizer = ipex.optimize(model, optimizer=optimizer,
                                          dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
 
-    start_epoch, history, step, position = 0, [], 0, {"batch": 0, "loss": 0.0, "steps": 0}
+    start_epoch, history, step, position = 0, [], 0, EPOCH_START
     checkpoint_path = out_dir / "checkpoints" / "last.pt"
     if args.resume:
         start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
-    resumed_at = {"epoch": start_epoch, "batch": position["batch"]}
 
     ddp, embedding = model, None
     if env.world_size > 1:
@@ -224,11 +227,9 @@ def main(argv=None) -> int:
                                args.group_by_length, args.seed + epoch)
         ddp.train()
         epoch_start = time.perf_counter()
-        skip = position["batch"] if epoch == resumed_at["epoch"] else 0  # done before a mid-epoch stop
+        skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
         epoch_loss, epoch_steps = (position["loss"], position["steps"]) if skip else (0.0, 0)
-        for i, indices in enumerate(batches):
-            if i < skip:
-                continue
+        for i, indices in enumerate(batches[skip:], start=skip):
             t0 = time.perf_counter()
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
             labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if not args.no_save:
-            checkpoint(epoch + 1, {"batch": 0, "loss": 0.0, "steps": 0}, "")
+            checkpoint(epoch + 1, EPOCH_START, "")
         if args.max_steps and step >= args.max_steps:
             break
 
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
             "steady_tokens_per_second": round(steady_tokens / steady_seconds, 3) if steady_seconds else 0.0,
             "first_loss": first_loss, "final_loss": last_loss, "steps": step,
             "resumed_from_epoch": start_epoch if args.resume else None,
-            "resumed_from_batch": resumed_at["batch"] if args.resume else None,
+            "resumed_from_batch": position["batch"] if args.resume else None,
             "epoch_metrics": history, **(history[-1] if history else {}),
             "versions": versions(), "started_at": started_at.isoformat(),
             "finished_at": datetime.now(timezone.utc).isoformat(),
@@ -473,7 +474,7 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
     if len(rng) == env.world_size:  # the same layout as the run that saved it: continue its random streams
         torch.set_rng_state(rng[env.rank]["torch"])
         random.setstate(rng[env.rank]["python"])
-    position = checkpoint.get("position") or {"batch": 0, "loss": 0.0, "steps": 0}
+    position = checkpoint.get("position") or EPOCH_START  # checkpoints from before mid-epoch stops
     log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, batch {position['batch']}, step {checkpoint['step']}")
     return checkpoint["epoch"], checkpoint["step"], checkpoint["history"], position
 
