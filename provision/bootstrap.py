@@ -23,18 +23,17 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import UnexpectedExit
 
-from runner.facts import machine_cpu_seconds
-from runner.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+from runner.node.facts import machine_cpu_seconds
 
 from . import state as st
 from .errors import FtcError, UsageError
 from .keys import keygen
+from .launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
 from .templates import render
 from .ui import NodeBoard, console
 
-RUNNER_DIR = Path(__file__).resolve().parent.parent / "runner"
-NODE_PROGRAMS = ("facts.py", "distenv.py", "allreduce_check.py", "glue.py", "spot.py", "train.py")
+REPO = Path(__file__).resolve().parent.parent
 # About a minute: a fresh EC2 node's sshd comes up well inside that.
 CONNECT_ATTEMPTS = int(os.environ.get("FTC_CONNECT_ATTEMPTS", "30"))
 
@@ -80,9 +79,13 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "hostfile": render("hostfile.j2", nodes=state.nodes),
         "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv),
     }
-    for program in NODE_PROGRAMS:
-        files[f"ftc/runner/{program}"] = (RUNNER_DIR / program).read_text()
-    return files
+    return {**files, **node_package()}
+
+
+def node_package() -> dict[str, str]:
+    """The node programs, whole: runner/node/ and the empty package above it, under ftc/."""
+    paths = [REPO / "runner" / "__init__.py", *sorted((REPO / "runner" / "node").glob("*.py"))]
+    return {f"ftc/{p.relative_to(REPO)}": p.read_text() for p in paths}
 
 
 # ---- connections ----------------------------------------------------------------------------
@@ -195,12 +198,12 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
               ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
               **{name: (text, 0o600 if name == "ssh_config" else 0o644) for name, text in files.items()}}
     wd = node.workdir
-    facts_command = f". {wd}/env.sh && python {wd}/ftc/runner/facts.py {node.private_ip}"
+    facts_command = f". {wd}/env.sh && python -m runner.node.facts {node.private_ip}"
     script = render("bootstrap_node.sh.j2", node=node.name, workdir=wd, authorized_keys=node.authorized_keys,
                     public_key=public_key, facts_command=facts_command,
                     files_marker=f"files-{digest(*(text for text, _ in bundle.values()))}",
                     install_marker=f"install-{digest(install)}",
-                    facts_marker=f"facts-{digest(files['ftc/runner/facts.py'], files['env.sh'], facts_command)}")
+                    facts_marker=f"facts-{digest(files['ftc/runner/node/facts.py'], files['env.sh'], facts_command)}")
     channel = conn.client.get_transport().open_session()
     try:
         channel.exec_command(script)
@@ -242,7 +245,7 @@ def verify(state: st.ClusterState, facts: list[dict]) -> dict:
         if len(hostnames) != n:
             raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
         script = render_launch(launch_spec(state, facts, "bootstrap verification: gloo all_reduce",
-                                           f"{wd}/jobs/verify", f"{wd}/ftc/runner/allreduce_check.py", [], ppn=1))
+                                           f"{wd}/jobs/verify", "runner.node.allreduce_check", [], ppn=1))
         put_text(conn, script, f"{wd}/jobs/verify.sh", 0o755)
         out = run(conn, head, "verify all_reduce", f"bash {wd}/jobs/verify.sh")
         line = next((ln for ln in out.splitlines() if "ALLREDUCE " in ln), "")
@@ -259,14 +262,15 @@ def verify(state: st.ClusterState, facts: list[dict]) -> dict:
         conn.close()
 
 
-def launch_spec(state: st.ClusterState, facts: list[dict], description: str, job_dir: str, program: str,
+def launch_spec(state: st.ClusterState, facts: list[dict], description: str, job_dir: str, module: str,
                 args: list[str], ppn: int | None = None) -> LaunchSpec:
     """The launch of a program across this cluster, from its state and node facts (used by finetune too)."""
     head = facts[0]
     stack = state.cluster_spec.stack
     return LaunchSpec(
         description=description, job_dir=job_dir, hostfile=f"{state.head.workdir}/hostfile", nodes=len(state.nodes),
-        plan=plan_ranks(facts, stack, ppn), python=head["python_executable"], program=program, args=args,
+        plan=plan_ranks(facts, stack, ppn), python=head["python_executable"], module=module,
+        pythonpath=f"{state.head.workdir}/ftc", args=args,
         mpi=head["mpi"] if head["mpi"] in ("impi", "mpich", "openmpi") else "impi",
         master_addr=state.head.private_ip, gloo_iface=head.get("interface", ""), stack=stack,
         allocator=pick_allocator(head), env_file=f"{state.head.workdir}/env.sh",

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from . import state as st
-from .bootstrap import NODE_PROGRAMS, fetch_host_key, stack_venv, write_controller_known_hosts
+from .bootstrap import fetch_host_key, node_package, stack_venv, write_controller_known_hosts
 from .errors import FtcError
 from .keys import keygen
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
@@ -49,7 +49,7 @@ def inventory(state: st.ClusterState) -> dict:
         "ansible_ssh_common_args": f"-F /dev/null -o UserKnownHostsFile={st.known_hosts_path(state.name)} "
                                    "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes",
         "ftc_cluster": state.name, "ftc_stack": stack, "ftc_pins": STACKS[stack],
-        "ftc_node_programs": list(NODE_PROGRAMS),
+        "ftc_node_files": sorted(node_package()),
         "ftc_torch_index": TORCH_CPU_INDEX if state.provider == "aws" else "",
         "ftc_extra_index": INTEL_INDEX if stack == "intel" else "",
         "ftc_internal_key": str(internal),

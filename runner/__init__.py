@@ -1,2 +1,3 @@
-"""ftc's job side. train.py, glue.py, facts.py, allreduce_check.py and distenv.py run on
-the nodes (plain scripts, stdlib + the stack); job.py, launch.py and bench.py run on the controller."""
+"""ftc's job side and its command: the `ftc` CLI (cli.py) on top; jobs (launch, follow, fetch,
+one-shot run, sweep, bench) over the cluster side (`provision`). The programs that run on the
+nodes are the `runner.node` package, which imports nothing of either."""

@@ -22,8 +22,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import facts as node_facts
-from .launch import LaunchSpec, RankPlan, render_launch
+from provision.launch import LaunchSpec, RankPlan, render_launch
+
+from .node import facts as node_facts
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -116,7 +117,8 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
     hostfile = job_dir / "hostfile"
     hostfile.write_text("localhost\n" if mpi != "openmpi" else f"localhost slots={ranks}\n")
     spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
-                      plan=RankPlan(ranks, cores_per_rank), python=sys.executable, program=str(REPO / "runner" / program),
+                      plan=RankPlan(ranks, cores_per_rank), python=sys.executable, module=f"runner.node.{program}",
+                      pythonpath=str(REPO),
                       args=args, mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo", as_root=os.geteuid() == 0)
     script = job_dir / "launch.sh"
     script.write_text(render_launch(spec))
@@ -134,7 +136,7 @@ def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_ran
     """One training configuration: runner/train.py, its results.json."""
     started = time.perf_counter()
     job_dir = out / "runs" / name
-    job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train.py",
+    job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train",
                         train_args + ["--output-dir", str(job_dir)])
     results = json.loads((job_dir / "results.json").read_text())
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
@@ -145,7 +147,7 @@ def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_ran
 
 def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, megabytes: float) -> float:
     """Median time of one gloo all_reduce of `megabytes` of bf16 across `ranks` simulated nodes."""
-    _, stdout = launch(f"allreduce-{ranks}", out, ranks, cores, cores_per_rank, mpi, "allreduce_check.py",
+    _, stdout = launch(f"allreduce-{ranks}", out, ranks, cores, cores_per_rank, mpi, "allreduce_check",
                        ["--time-mb", str(megabytes)])
     line = next(ln for ln in stdout.splitlines() if "ALLREDUCE " in ln)
     report, _ = json.JSONDecoder().raw_decode(line.split("ALLREDUCE ", 1)[1])

@@ -18,10 +18,10 @@ from pathlib import Path
 from provision import state as st
 from provision.bootstrap import connect, launch_spec, load_facts, put_text, run
 from provision.errors import FtcError, UsageError
+from provision.launch import render_launch
 from provision.ui import console
 
-from . import glue, spot
-from .launch import render_launch
+from .node import glue, spot
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -207,7 +207,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     try:
         spec = launch_spec(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
-                           f"{state.head.workdir}/ftc/runner/train.py",
+                           "runner.node.train",
                            train_args(job, remote_dir, stack, resume or resume_from is not None,
                                       metadata_endpoint() if state.cluster_spec.spot else ""),
                            ppn=job.ppn or None)

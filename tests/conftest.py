@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 GLUE = REPO.parent / "shared" / "data" / "glue"
-FTC = [sys.executable, "-m", "provision.cli"]
+FTC = [sys.executable, "-m", "runner.cli"]
 
 
 @pytest.fixture

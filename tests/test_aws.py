@@ -14,7 +14,7 @@ import pytest
 from conftest import FTC, assert_nothing_left, cluster_resources, ftc
 
 from provision import aws as aws_provider
-from provision.cli import main
+from runner.cli import main
 
 UP = ["up", "--provider", "aws", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
 

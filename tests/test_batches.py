@@ -1,12 +1,8 @@
 """Batching of the training program: every rank in step, every example used."""
 
 import random
-import sys
 
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "runner"))
-import train  # noqa: E402
+from runner.node import train
 
 
 def test_grouped_batches_keep_ranks_in_step_and_cover_every_example():

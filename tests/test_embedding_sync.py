@@ -2,16 +2,13 @@
 two real gloo ranks, each with its own batch of token ids."""
 
 import socket
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "runner"))
-import train  # noqa: E402
+from runner.node import train
 
 
 def _rank(rank: int, port: int, compress: bool, out: dict) -> None:

@@ -1,12 +1,9 @@
 """The node facts the runner sizes ranks by, read from this machine."""
 
 import os
-import sys
 from importlib import metadata
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runner"))
-import facts  # noqa: E402
+from runner.node import facts
 
 
 def test_versions_from_dist_info_names_match_importlib_metadata():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runner import glue
+from runner.node import glue
 
 
 def test_accuracy_and_f1_by_hand():

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from runner.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+from provision.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
 
 
 def facts(sockets=2, cores_per_socket=32, allocators=()):
@@ -42,7 +42,7 @@ def test_allocator_prefers_tcmalloc():
 def spec(nodes: int, stack: str, mpi: str, **extra) -> LaunchSpec:
     return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
                       plan=plan_ranks([facts(2, 32)] * nodes, stack), python="/w/venv/bin/python",
-                      program="/w/ftc/runner/train.py", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
+                      module="runner.node.train", pythonpath="/w/ftc", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
                       master_addr="10.0.0.5", gloo_iface="ens5", stack=stack, env_file="/w/env.sh",
                       ssh_config="/w/ssh_config", **extra)
 

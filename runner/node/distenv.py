@@ -55,7 +55,7 @@ def check_world_size(actual: int, expected: int, where: str) -> None:
 
 def physical_cpus(allowed: list[int]) -> list[int]:
     """The first hardware thread of each physical core within `allowed` (HT siblings dropped)."""
-    from facts import cpu_topology
+    from .facts import cpu_topology
     return cpu_topology(allowed)["core_cpus"]
 
 

@@ -27,10 +27,9 @@ from datetime import datetime, timedelta, timezone
 from importlib import metadata
 from pathlib import Path
 
-import glue
-import spot
-from distenv import check_world_size, pin_self, read_env
-from facts import cpu_info
+from . import glue, spot
+from .distenv import check_world_size, pin_self, read_env
+from .facts import cpu_info
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
 # threads to the cores the process has when it starts (OMP_PROC_BIND/OMP_PLACES) ----

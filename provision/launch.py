@@ -6,11 +6,11 @@ The same renderer serves `ftc finetune`, the bootstrap's verification and `ftc b
 
 from dataclasses import dataclass, field
 
-from provision.templates import render
+from .templates import render
 
 # Variables an Open MPI launch must forward with -x (Intel MPI and MPICH forward the environment).
 EXPORTED = ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND", "OMP_PLACES", "FTC_SELF_PIN",
-            "MASTER_ADDR", "MASTER_PORT", "FI_PROVIDER", "FTC_WORLD_SIZE", "PYTHONUNBUFFERED", "PATH")
+            "MASTER_ADDR", "MASTER_PORT", "FI_PROVIDER", "FTC_WORLD_SIZE", "PYTHONUNBUFFERED", "PYTHONPATH", "PATH")
 
 
 @dataclass
@@ -49,7 +49,8 @@ class LaunchSpec:
     nodes: int
     plan: RankPlan
     python: str
-    program: str
+    module: str  # a node program, run as `python -m module` (runner.node.train)
+    pythonpath: str  # the directory holding the shipped `runner` package
     args: list[str] = field(default_factory=list)
     mpi: str = "impi"  # impi | mpich | openmpi
     mpirun: str = "mpirun"
@@ -70,7 +71,8 @@ def render_launch(spec: LaunchSpec) -> str:
         (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else [])
     return render("launch.sh.j2", description=spec.description, job_dir=spec.job_dir, hostfile=spec.hostfile,
                   nodes=spec.nodes, ppn=spec.plan.ppn, threads=spec.plan.threads,
-                  ccl_affinity=spec.plan.ccl_affinity, python=spec.python, program=spec.program, args=spec.args,
+                  ccl_affinity=spec.plan.ccl_affinity, python=spec.python, module=spec.module, pythonpath=spec.pythonpath,
+                  args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
                   stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file, ssh_config=spec.ssh_config,
                   as_root=spec.as_root, exported=exported)

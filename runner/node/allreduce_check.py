@@ -18,7 +18,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from distenv import check_world_size, read_env
+
+from .distenv import check_world_size, read_env
 
 
 def main() -> int:

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import state as st
-from .errors import FtcError, OneLineParser, UsageError
-from .spec import PARSERS, load_config, parse_bool, resolve_spec
-from .ui import answer, console, duration
+from provision import state as st
+from provision.errors import FtcError, OneLineParser, UsageError
+from provision.spec import PARSERS, load_config, parse_bool, resolve_spec
+from provision.ui import answer, console, duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
@@ -126,14 +126,14 @@ def _spec_from(args: argparse.Namespace):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from . import cluster
+    from provision import cluster
     spec = _spec_from(args)
     bootstrap = parse_bool("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
     yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
     if args.dry_run:
         if spec.provider != "aws":
             raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
-        from . import aws
+        from provision import aws
         aws.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
@@ -143,7 +143,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from . import cluster
+    from provision import cluster
     provider = PARSERS["provider"]("provider", args.provider) if args.provider else None
     region = PARSERS["region"]("region", args.region) if args.region else None
     cluster.down(_cluster_name(args), provider, region)
@@ -151,7 +151,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import cluster
+    from provision import cluster
     if args.name is None and not os.environ.get("FTC_NAME") and not args.json:
         names = st.all_names()
         if not names:
@@ -173,12 +173,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _print_status(state: st.ClusterState, nodes) -> None:
     from rich.table import Table
 
-    from .cluster import hours_up
+    from provision.cluster import hours_up
     spec = state.cluster_spec
     hours = hours_up(state)
     cost = ""
     if state.provider == "aws":
-        from .catalog import INSTANCE_TYPES
+        from provision.catalog import INSTANCE_TYPES
         cost = f", about ${hours * spec.nodes * INSTANCE_TYPES[spec.instance_type].usd_per_hour:.2f} so far"
     table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
                   title_justify="left")
@@ -202,15 +202,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         raise UsageError(f"BOOTSTRAPPER={args.bootstrapper!r} is not known; allowed: fabric, ansible")
     st.load(name)
     if args.bootstrapper == "ansible":
-        from .inventory import run_playbook
+        from provision.inventory import run_playbook
         return run_playbook(name)
-    from .bootstrap import bootstrap
+    from provision.bootstrap import bootstrap
     bootstrap(name)
     return 0
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
-    from .bootstrap import ssh_command
+    from provision.bootstrap import ssh_command
     state = st.load(_cluster_name(args))
     try:
         index = int(args.node)
@@ -268,7 +268,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_extend(args: argparse.Namespace) -> int:
-    from . import aws
+    from provision import aws
     hours = PARSERS["max_hours"]("hours", args.hours)
     state = st.load(_cluster_name(args))
     if state.provider != "aws":
@@ -282,10 +282,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     the instance's network and price, the task's size (provision/estimate.py)."""
     from rich.table import Table
 
-    from runner import glue
-
-    from . import estimate
-    from .catalog import INSTANCE_TYPES
+    from provision import estimate
+    from provision.catalog import INSTANCE_TYPES
+    from runner.node import glue
     try:
         task = glue.task_name(args.task)
     except ValueError as exc:
@@ -339,7 +338,7 @@ def _number(name: str, raw: str, kind: type, low: float, high: float):
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
-    from .inventory import write_inventory
+    from provision.inventory import write_inventory
     path = write_inventory(st.load(_cluster_name(args)), args.out)
     print(path)
     return 0
