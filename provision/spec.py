@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from .catalog import INSTANCE_TYPES, REGIONS
 from .errors import UsageError
+from .values import boolean, label, number, one_of, whole
 
 PROVIDERS = ("local", "aws")
 STACKS = ("stock", "intel")
@@ -50,57 +51,12 @@ class ClusterSpec:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-# ---- parsers: each takes the raw value (str from env/flags, or a TOML value) ----
-
-def _int_in(lo: int, hi: int) -> Callable[[str, Any], int]:
-    def parse(key: str, raw: Any) -> int:
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise UsageError(f"{_label(key)}={raw!r} is not a whole number; allowed: {lo}..{hi}") from None
-        if not lo <= value <= hi:
-            raise UsageError(f"{_label(key)}={raw!r} is out of range; allowed: {lo}..{hi}")
-        return value
-    return parse
-
-
-def _float_in(lo: float, hi: float) -> Callable[[str, Any], float]:
-    def parse(key: str, raw: Any) -> float:
-        try:
-            value = float(str(raw).strip())
-        except ValueError:
-            raise UsageError(f"{_label(key)}={raw!r} is not a number; allowed: more than {lo} up to {hi}") from None
-        if not lo < value <= hi:
-            raise UsageError(f"{_label(key)}={raw!r} is out of range; allowed: more than {lo} up to {hi}")
-        return value
-    return parse
-
-
-def parse_bool(key: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise UsageError(f"{_label(key)}={raw!r} is not a boolean; allowed: 1/0, true/false, yes/no")
-
-
-def _one_of(choices: tuple[str, ...] | list[str]) -> Callable[[str, Any], str]:
-    def parse(key: str, raw: Any) -> str:
-        value = str(raw).strip()
-        if value not in choices:
-            shown = ", ".join(choices) if len(choices) <= 20 else f"{', '.join(choices[:12])}, ... ({len(choices)} in all)"
-            raise UsageError(f"{_label(key)}={raw!r} is not known; allowed: {shown}")
-        return value
-    return parse
-
+# ---- parsers of the spec's own kinds; the shared ones are in values.py ----
 
 def _name(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if not NAME_RE.match(value):
-        raise UsageError(f"{_label(key)}={raw!r} is not a valid cluster name; allowed: 1-32 characters, "
+        raise UsageError(f"{label(key)}={raw!r} is not a valid cluster name; allowed: 1-32 characters, "
                          "lower-case letters, digits and '-', starting with a letter, not ending with '-'")
     return value
 
@@ -109,14 +65,14 @@ def _zones(key: str, raw: Any) -> list[str]:
     items = raw if isinstance(raw, list) else [z for z in str(raw).replace(" ", "").split(",") if z]
     for zone in items:
         if not re.match(r"^[a-z]{2}-[a-z]+-\d[a-z]$", str(zone)):
-            raise UsageError(f"{_label(key)}={raw!r}: {zone!r} is not an availability zone name (e.g. us-east-1a)")
+            raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not an availability zone name (e.g. us-east-1a)")
     return [str(z) for z in items]
 
 
 def _ami(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if value and not re.match(r"^ami-[0-9a-f]{8,17}$", value):
-        raise UsageError(f"{_label(key)}={raw!r} is not an AMI id; allowed: ami- followed by 8-17 hex digits, or empty")
+        raise UsageError(f"{label(key)}={raw!r} is not an AMI id; allowed: ami- followed by 8-17 hex digits, or empty")
     return value
 
 
@@ -127,38 +83,33 @@ def _cidr(key: str, raw: Any) -> str:
     try:
         return str(ipaddress.ip_network(value, strict=False))
     except ValueError:
-        raise UsageError(f"{_label(key)}={raw!r} is not a CIDR block; allowed: e.g. 203.0.113.7/32") from None
+        raise UsageError(f"{label(key)}={raw!r} is not a CIDR block; allowed: e.g. 203.0.113.7/32") from None
 
 
 def _owner(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if not re.match(r"^[\w.@+=:/ -]{0,128}$", value):
-        raise UsageError(f"{_label(key)}={raw!r} is not a valid tag value; "
+        raise UsageError(f"{label(key)}={raw!r} is not a valid tag value; "
                          "allowed: up to 128 letters, digits, spaces and _.:/=+-@")
     return value
 
 
 PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
-    "provider": _one_of(PROVIDERS),
-    "nodes": _int_in(1, MAX_NODES),
-    "instance_type": _one_of(sorted(INSTANCE_TYPES)),
-    "region": _one_of(REGIONS),
+    "provider": one_of(PROVIDERS),
+    "nodes": whole(1, MAX_NODES),
+    "instance_type": one_of(sorted(INSTANCE_TYPES)),
+    "region": one_of(REGIONS),
     "zones": _zones,
     "ami": _ami,
-    "root_volume_gb": _int_in(8, 16384),
-    "spot": parse_bool,
+    "root_volume_gb": whole(8, 16384),
+    "spot": boolean,
     "ssh_cidr": _cidr,
-    "allow_open_ssh": parse_bool,
-    "max_hours": _float_in(0, 168),
-    "stack": _one_of(STACKS),
+    "allow_open_ssh": boolean,
+    "max_hours": number(0, 168),
+    "stack": one_of(STACKS),
     "owner": _owner,
 }
-
-
-def _label(key: str) -> str:
-    """The name the user typed: the Make variable / env suffix in upper case."""
-    return key.upper()
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, str]:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
-from provision.spec import PARSERS, load_config, parse_bool, resolve_spec
+from provision.spec import PARSERS, load_config, resolve_spec
 from provision.ui import answer, console, duration
+from provision.values import boolean
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
@@ -128,8 +129,8 @@ def _spec_from(args: argparse.Namespace):
 def cmd_up(args: argparse.Namespace) -> int:
     from provision import cluster
     spec = _spec_from(args)
-    bootstrap = parse_bool("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
-    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    bootstrap = boolean("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
+    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
     if args.dry_run:
         if spec.provider != "aws":
             raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
@@ -234,8 +235,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import job
     spec = _spec_from(args)
-    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
-    keep = parse_bool("keep", args.keep if args.keep is not None else "0")
+    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    keep = boolean("keep", args.keep if args.keep is not None else "0")
     return job.run_one_shot(spec, job.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
 
 
@@ -243,8 +244,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runner import job, sweep
     node_counts = [PARSERS["nodes"]("nodes", part) for part in (args.nodes or "1,2,4").split(",")]
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
-    yes = parse_bool("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
-    keep = parse_bool("keep", args.keep if args.keep is not None else "0")
+    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    keep = boolean("keep", args.keep if args.keep is not None else "0")
     job_spec = job.job_from_args(args)
     if job_spec.results:
         raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")

@@ -12,12 +12,49 @@ import re
 import socket
 import subprocess
 import sys
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "numpy",
              "intel-extension-for-pytorch", "oneccl-bind-pt")
 ALLOCATORS = ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libjemalloc.so.2")
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def native_bf16(flags) -> bool:
+    """The one rule: bf16 is native (fast) with AMX or AVX-512 BF16; elsewhere it is emulated."""
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+@dataclass
+class NodeFacts:
+    """What one node is, as this program prints it (JSON) and the controller reads it back."""
+    hostname: str
+    cpu_model: str
+    flags: list[str]  # the CPU flags of FLAGS this CPU has
+    native_bf16: bool  # native_bf16(flags)
+    allowed_cpus: list[int]  # the CPUs this process may run on (a local node's share)
+    physical_cores: int  # within allowed_cpus, hyper-threads counted once
+    core_cpus: list[int]  # the first hardware thread of each physical core
+    sockets: int
+    cores_by_socket: dict[str, list[int]]
+    numa_nodes: int
+    memory_gb: float
+    python: str  # version
+    python_executable: str  # the stack's interpreter: what launch scripts run
+    versions: dict[str, str]  # LIBRARIES found, by name
+    mpi: str  # impi | openmpi | mpich | unknown | none
+    private_ip: str
+    interface: str  # the network interface holding private_ip: what gloo binds to
+    allocators: list[str] = field(default_factory=list)  # tcmalloc/jemalloc libraries present
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NodeFacts":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def cpu_topology(allowed: list[int]) -> dict:
@@ -117,25 +154,17 @@ def machine_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def main() -> None:
-    private_ip = sys.argv[1] if len(sys.argv) > 1 else ""
+def gather(private_ip: str) -> NodeFacts:
     model, flags = cpu_info()
-    facts = {
-        "hostname": socket.gethostname(),
-        "cpu_model": model,
-        "flags": flags,
-        "native_bf16": "amx_bf16" in flags or "avx512_bf16" in flags,
-        **cpu_topology(sorted(os.sched_getaffinity(0))),
-        "memory_gb": memory_gb(),
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-        "versions": versions(),
-        "mpi": mpi_flavour(),
-        "private_ip": private_ip,
-        "interface": interface_of(private_ip) if private_ip else "",
-        "allocators": allocators(),
-    }
-    print(json.dumps(facts, indent=2, sort_keys=True))
+    return NodeFacts(hostname=socket.gethostname(), cpu_model=model, flags=flags, native_bf16=native_bf16(flags),
+                     **cpu_topology(sorted(os.sched_getaffinity(0))), memory_gb=memory_gb(),
+                     python=platform.python_version(), python_executable=sys.executable, versions=versions(),
+                     mpi=mpi_flavour(), private_ip=private_ip,
+                     interface=interface_of(private_ip) if private_ip else "", allocators=allocators())
+
+
+def main() -> None:
+    print(json.dumps(gather(sys.argv[1] if len(sys.argv) > 1 else "").to_dict(), indent=2, sort_keys=True))
 
 
 if __name__ == "__main__":
