@@ -368,7 +368,7 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
 
 def extend(state: st.ClusterState, hours: float) -> None:
     """Push every node's power-off back to `hours` from now (the user-data watchdog's shutdown)."""
-    from .bootstrap import connect, run
+    from .ssh import connect, run
     minutes = int(hours * 60)
     for node in state.nodes:
         conn = connect(state, node, attempts=3)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
+from runner.node.facts import NodeFacts
+
 from . import state as st
-from .bootstrap import fetch_host_key, node_package, stack_venv, write_controller_known_hosts
+from .bootstrap import ensure_internal_key, facts_paths, mark_bootstrapped, node_package, pin_host_keys, stack_venv
 from .errors import FtcError
-from .keys import keygen
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
 from .ui import console
 
@@ -55,7 +56,8 @@ def inventory(state: st.ClusterState) -> dict:
         "ftc_internal_key": str(internal),
         "ftc_internal_pub": internal.with_suffix(".pub").read_text().strip() if internal.exists() else "",
         "ftc_nodes": [node_vars(n) for n in state.nodes],
-        "ftc_facts_dir": str(st.cluster_dir(state.name) / "facts")}}}}}
+        "ftc_facts_dir": str(st.cluster_dir(state.name) / "facts"),
+        "ftc_controller_python": sys.executable}}}}}
 
 
 def write_inventory(state: st.ClusterState, out: str | None = None) -> Path:
@@ -74,14 +76,8 @@ def run_playbook(name: str) -> int:
         raise FtcError("ansible-playbook not found; `make setup` installs ansible-core")
     with st.locked(name, "bootstrap --with ansible"):
         state = st.load(name)
-        internal = st.internal_key_path(name)
-        if not internal.exists():
-            keygen(internal, f"ftc-{name}-internal")
-        for node in state.nodes:
-            if not node.host_key:
-                node.host_key = fetch_host_key(node)  # first contact: pinned from here on
-        st.save(state)
-        write_controller_known_hosts(state)
+        ensure_internal_key(name)
+        pin_host_keys(state)
         path = write_inventory(state)
         (st.cluster_dir(name) / "facts").mkdir(exist_ok=True)
         started = time.monotonic()
@@ -93,10 +89,6 @@ def run_playbook(name: str) -> int:
         if proc.returncode != 0:
             raise FtcError(f"ansible-playbook failed (exit {proc.returncode}); the failed task is shown above; "
                            f"fix it and run `ftc bootstrap --name {name} --with ansible` again")
-        facts = [json.loads((st.cluster_dir(name) / "facts" / f"{n.index}.json").read_text()) for n in state.nodes]
-        state.phase = "bootstrapped"
-        state.bootstrapped_at = time.time()
-        state.stack_python = facts[0]["python_executable"]
-        st.save(state)
+        mark_bootstrapped(state, [NodeFacts.from_dict(json.loads(p.read_text())) for p in facts_paths(state)])
     console.print(f"cluster {name} bootstrapped with Ansible in {time.monotonic() - started:.1f}s")
     return 0

@@ -1,12 +1,17 @@
 """Decide the rank layout and render the mpirun launch script. Pure functions, no I/O.
 
-The same renderer serves `ftc finetune`, the bootstrap's verification and `ftc bench`
-(simulated nodes): one launch path, whatever runs through it.
+The one launch builder: `ftc finetune`, the bootstrap's verification (Fabric and Ansible) and
+`ftc bench` (simulated nodes) all go through `cluster_launch`/`render_launch`.
 """
 
 from dataclasses import dataclass, field
 
+from runner.node.facts import NodeFacts
+
+from . import state as st
 from .templates import render
+
+MPI_FLAVOURS = ("impi", "mpich", "openmpi")
 
 # Variables an Open MPI launch must forward with -x (Intel MPI and MPICH forward the environment).
 EXPORTED = ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND", "OMP_PLACES", "FTC_SELF_PIN",
@@ -20,23 +25,23 @@ class RankPlan:
     ccl_affinity: str = ""  # intel stack: the core of each local rank's oneCCL worker
 
 
-def plan_ranks(facts: list[dict], stack: str = "stock", ppn: int | None = None) -> RankPlan:
+def plan_ranks(facts: list[NodeFacts], stack: str = "stock", ppn: int | None = None) -> RankPlan:
     """One rank per socket by default; threads from the smallest node's physical cores.
 
     On the intel stack one core per rank is given to the oneCCL worker and kept out of
     the compute threads.
     """
-    smallest = min(facts, key=lambda f: f["physical_cores"])
-    ranks = ppn or max(1, min(f["sockets"] for f in facts))
-    per_rank = smallest["physical_cores"] // ranks
+    smallest = min(facts, key=lambda f: f.physical_cores)
+    ranks = ppn or max(1, min(f.sockets for f in facts))
+    per_rank = smallest.physical_cores // ranks
     if per_rank < 1:
-        raise ValueError(f"{ranks} ranks per node but node {smallest.get('hostname', '?')} has only "
-                         f"{smallest['physical_cores']} physical cores")
+        raise ValueError(f"{ranks} ranks per node but node {smallest.hostname} has only "
+                         f"{smallest.physical_cores} physical cores")
     if stack != "intel":
         return RankPlan(ranks, per_rank)
     if per_rank < 2:
         raise ValueError(f"the intel stack keeps one core per rank for oneCCL; {per_rank} core(s) per rank is too few")
-    cores = smallest["core_cpus"]
+    cores = smallest.core_cpus
     workers = [cores[(r + 1) * per_rank - 1] for r in range(ranks)]
     return RankPlan(ranks, per_rank - 1, ",".join(map(str, workers)))
 
@@ -64,8 +69,8 @@ class LaunchSpec:
 
 
 def render_launch(spec: LaunchSpec) -> str:
-    if spec.mpi not in ("impi", "mpich", "openmpi"):
-        raise ValueError(f"mpirun flavour {spec.mpi!r} is not supported; allowed: impi, mpich, openmpi")
+    if spec.mpi not in MPI_FLAVOURS:
+        raise ValueError(f"mpirun flavour {spec.mpi!r} is not supported; allowed: {', '.join(MPI_FLAVOURS)}")
     exported = list(EXPORTED) + (["LD_PRELOAD"] if spec.allocator else []) + \
         (["GLOO_SOCKET_IFNAME"] if spec.gloo_iface else []) + \
         (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else [])
@@ -78,10 +83,23 @@ def render_launch(spec: LaunchSpec) -> str:
                   as_root=spec.as_root, exported=exported)
 
 
-def pick_allocator(facts: dict) -> str:
+def pick_allocator(facts: NodeFacts) -> str:
     """tcmalloc, else jemalloc, when the node has one: fewer page faults for the many short tensors."""
     for name in ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libjemalloc.so.2"):
-        for path in facts.get("allocators", []):
+        for path in facts.allocators:
             if path.endswith(name):
                 return path
     return ""
+
+
+def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
+                   args: list[str], ppn: int | None = None) -> LaunchSpec:
+    """The launch of a node program across this cluster, from its state and node facts."""
+    head, wd = facts[0], state.head.workdir
+    stack = state.cluster_spec.stack
+    return LaunchSpec(
+        description=description, job_dir=job_dir, hostfile=f"{wd}/hostfile", nodes=len(state.nodes),
+        plan=plan_ranks(facts, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
+        args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
+        gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
+        ssh_config=f"{wd}/ssh_config", as_root=state.head.ssh_user == "root")

@@ -211,7 +211,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
-    from provision.bootstrap import ssh_command
+    from provision.ssh import ssh_command
     state = st.load(_cluster_name(args))
     try:
         index = int(args.node)

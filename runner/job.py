@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision import state as st
-from provision.bootstrap import connect, launch_spec, load_facts, put_text, run
+from provision.bootstrap import load_facts
 from provision.errors import FtcError, UsageError
-from provision.launch import render_launch
+from provision.launch import cluster_launch, render_launch
+from provision.ssh import connect, put_text, run, stream
 from provision.ui import console
 
 from .node import glue, spot
@@ -206,7 +207,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         job_id = f"{job.task}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     try:
-        spec = launch_spec(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
+        spec = cluster_launch(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
                            "runner.node.train",
                            train_args(job, remote_dir, stack, resume or resume_from is not None,
                                       metadata_endpoint() if state.cluster_spec.spot else ""),
@@ -246,29 +247,6 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
     return follow(name)
-
-
-def stream(conn, command: str, on_line) -> None:
-    """Run `command` on the node and hand each output line to `on_line` as it comes.
-
-    A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded."""
-    channel = conn.client.get_transport().open_session()
-    channel.set_combine_stderr(True)
-    channel.exec_command(command)
-    buffer = b""
-    while True:
-        if channel.recv_ready():
-            buffer += channel.recv(65536)
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                on_line(line.decode(errors="replace"))
-        elif channel.exit_status_ready():
-            break
-        else:
-            time.sleep(0.1)
-    if buffer:
-        on_line(buffer.decode(errors="replace"))
-    channel.close()
 
 
 def follow(name: str, from_start: bool = True) -> int:

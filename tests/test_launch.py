@@ -5,12 +5,15 @@ import subprocess
 import pytest
 
 from provision.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+from runner.node.facts import NodeFacts
 
 
 def facts(sockets=2, cores_per_socket=32, allocators=()):
     cores = list(range(sockets * cores_per_socket))
-    return {"hostname": "n", "physical_cores": len(cores), "sockets": sockets, "core_cpus": cores,
-            "allocators": list(allocators)}
+    return NodeFacts(hostname="n", cpu_model="x", flags=[], native_bf16=False, allowed_cpus=cores,
+                     physical_cores=len(cores), core_cpus=cores, sockets=sockets, cores_by_socket={}, numa_nodes=1,
+                     memory_gb=1.0, python="3.11", python_executable="python3", versions={}, mpi="impi",
+                     private_ip="10.0.0.1", interface="eth0", allocators=list(allocators))
 
 
 def test_one_rank_per_socket_by_default():

@@ -56,6 +56,10 @@ class NodeFacts:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_json(self) -> str:
+        """The one file format of facts, on the node and on the controller."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
 
 def cpu_topology(allowed: list[int]) -> dict:
     """Physical cores (first hardware thread of each core) and sockets within `allowed`.
@@ -164,7 +168,7 @@ def gather(private_ip: str) -> NodeFacts:
 
 
 def main() -> None:
-    print(json.dumps(gather(sys.argv[1] if len(sys.argv) > 1 else "").to_dict(), indent=2, sort_keys=True))
+    print(gather(sys.argv[1] if len(sys.argv) > 1 else "").to_json(), end="")
 
 
 if __name__ == "__main__":
