@@ -7,8 +7,17 @@ FTC := $(VENV)/bin/ftc
 STAMP := $(VENV)/.installed
 SHARED_GLUE := $(abspath ../shared/data/glue)
 
-# $(call flag,VAR,option): `--option "value"` when VAR was given, else nothing.
-flag = $(if $(filter undefined,$(origin $(1))),,--$(2)="$($(1))")
+# Variables given on the command line are data, whatever they hold: Make would expand a
+# `$(shell ...)` inside one, so each is frozen to its literal text first.
+$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
+
+# $(call flag,VAR,option): `--option='value'` when VAR was given, else nothing. The value reaches
+# ftc as data: $(value) keeps Make from expanding it and the single quotes (each ' inside
+# written '\'') keep the shell from reading it.
+quote = '$(subst ','\'',$(1))'
+flag = $(if $(filter undefined,$(origin $(1))),,--$(2)=$(call quote,$(value $(1))))
+# $(call given_or,VAR,default): VAR's value (as data) when given, else the default.
+given_or = $(call quote,$(if $(filter undefined,$(origin $(1))),$(2),$(value $(1))))
 SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,NODES,nodes) \
   $(call flag,INSTANCE_TYPE,instance-type) $(call flag,REGION,region) $(call flag,ZONES,zones) \
   $(call flag,AMI,ami) $(call flag,ROOT_VOLUME_GB,root-volume-gb) $(call flag,SPOT,spot) \
@@ -45,20 +54,20 @@ lint: setup
 
 # Offline-capable: the packaged MiniLM and ../shared/data/glue when the hub is out of reach.
 demo: setup
-	$(FTC) run --name demo --nodes 2 --task mrpc --model auto --data-dir auto --lr $(or $(LR),5e-5) \
-	  --epochs $(or $(EPOCHS),2) --max-train-samples $(or $(MAX_TRAIN_SAMPLES),2000) --yes 1
+	$(FTC) run --name demo --nodes 2 --task mrpc --model auto --data-dir auto --lr=$(call given_or,LR,5e-5) \
+	  --epochs=$(call given_or,EPOCHS,2) --max-train-samples=$(call given_or,MAX_TRAIN_SAMPLES,2000) --yes 1
 
 cluster: setup
 	$(FTC) up $(SPEC_FLAGS) $(call flag,YES,yes) $(call flag,BOOTSTRAP,bootstrap)
 
 bootstrap: setup
-	$(FTC) bootstrap $(NAME_FLAG) --with $(or $(BOOTSTRAPPER),fabric)
+	$(FTC) bootstrap $(NAME_FLAG) --with=$(call given_or,BOOTSTRAPPER,fabric)
 
 finetune: setup
 	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS)
 
 run: setup
-	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(if $(filter 1,$(RESUME)),--resume)
+	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(if $(filter 1,$(value RESUME)),--resume)
 
 # The 2021 recipe's table, reproduced: NODES is a list here (default 1,2,4).
 sweep: setup
@@ -90,4 +99,4 @@ inventory: setup
 	$(FTC) inventory $(NAME_FLAG)
 
 bench: setup
-	$(FTC) bench $(if $(QUICK),--quick) $(call flag,OUT,out)
+	$(FTC) bench $(if $(value QUICK),--quick) $(call flag,OUT,out)

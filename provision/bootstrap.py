@@ -11,6 +11,7 @@ first contact, or by the local provider that generated it) and refuses any other
 import hashlib
 import json
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from .templates import render
 from .ui import NodeBoard, console
 
 REPO = Path(__file__).resolve().parent.parent
+FILE_MODES = {"ssh_config": 0o600, "bin/ssh": 0o755}  # the rest of a node's files: 0644
 
 
 def digest(*parts: str) -> str:
@@ -64,6 +66,7 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "known_hosts": render("known_hosts.j2", nodes=state.nodes),
         "hostfile": render("hostfile.j2", nodes=state.nodes),
         "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv),
+        "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name),
     }
     return {**files, **node_package()}
 
@@ -98,9 +101,9 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
     files = node_files(state, node)
     bundle = {"install.sh": (install, 0o755), ".ssh/id_cluster": (internal_key.read_text(), 0o600),
               ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
-              **{name: (text, 0o600 if name == "ssh_config" else 0o644) for name, text in files.items()}}
+              **{name: (text, FILE_MODES.get(name, 0o644)) for name, text in files.items()}}
     wd = node.workdir
-    facts_command = f". {wd}/env.sh && python -m runner.node.facts {node.private_ip}"
+    facts_command = f"cd {shlex.quote(wd)} && . ./env.sh && python -m runner.node.facts {shlex.quote(node.private_ip)}"
     script = render("bootstrap_node.sh.j2", node=node.name, workdir=wd, authorized_keys=node.authorized_keys,
                     public_key=public_key, facts_command=facts_command,
                     files_marker=f"files-{digest(*(text for text, _ in bundle.values()))}",
@@ -159,16 +162,17 @@ def verify(state: st.ClusterState, facts: list[NodeFacts]) -> dict:
         wd = head.workdir
         checked_what = digest(json.dumps([f.to_dict() for f in facts], sort_keys=True), *node_files(state, head).values())
         marker = f"{wd}/.ftc/done/verify-{checked_what}"
-        previous = run(conn, head, "verify", f"cat {marker} 2>/dev/null || true").strip()
+        in_wd = f"cd {shlex.quote(wd)} && "
+        previous = run(conn, head, "verify", f"{in_wd}cat .ftc/done/verify-{checked_what} 2>/dev/null || true").strip()
         if previous:
             return json.loads(previous)
         hostnames = run(conn, head, "verify mpirun",
-                        f". {wd}/env.sh && mpirun -f {wd}/hostfile -n {n} -ppn 1 hostname").split()
+                        f"{in_wd}. ./env.sh && mpirun -f hostfile -n {n} -ppn 1 hostname").split()
         if len(hostnames) != n:
             raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
         put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
         try:
-            result = allreduce_result(run(conn, head, "verify all_reduce", f"bash {wd}/jobs/verify.sh"), n)
+            result = allreduce_result(run(conn, head, "verify all_reduce", f"{in_wd}bash jobs/verify.sh"), n)
         except ValueError as exc:
             raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
         checked = {"hostnames": hostnames, "allreduce": result}

@@ -1,4 +1,6 @@
-"""The orchestrator: up (launch, wait, bootstrap), down and status, with rollback.
+"""The orchestrator: up (launch, wait, bootstrap), down and status, with rollback; and the
+lifecycle that `ftc run` and `ftc sweep` share: ensure a cluster of a size, recreate it (after
+a spot reclaim, or at another size), release it at the end.
 
 `up` owns the teardown on failure: any exception, Ctrl-C or SIGTERM between the
 first resource and a running cluster terminates whatever was created, and a
@@ -88,6 +90,43 @@ def down(name: str, provider_name: str | None = None, region: str | None = None)
             for state in states:
                 _teardown(state, providers.get(state.provider))
     console.print(f"cluster [bold]{name}[/] is gone: nothing left running")
+
+
+def ensure(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
+    """A bootstrapped cluster of spec.nodes nodes under spec.name: reused when it has that size and is
+    bootstrapped, else made anew."""
+    if not st.exists(spec.name):
+        return up(spec, bootstrap=True, yes=yes)
+    current = st.load(spec.name)
+    if len(current.nodes) == spec.nodes and current.phase == "bootstrapped":
+        console.print(f"reusing cluster {spec.name} ({spec.nodes} node(s))")
+        return current
+    if len(current.nodes) == spec.nodes:
+        console.print(f"{spec.name} is {current.phase}, not bootstrapped; recreating it")
+    else:
+        console.print(f"{spec.name} has {len(current.nodes)} node(s); recreating it with {spec.nodes}")
+    return recreate(spec, yes)
+
+
+def recreate(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
+    """Tear down whatever is under spec.name (shielded: a Ctrl-C cannot stop it half-way), then
+    bring up and bootstrap spec."""
+    with shielded():
+        down(spec.name)
+    return up(spec, bootstrap=True, yes=yes)
+
+
+def release(name: str, keep: bool) -> None:
+    """The end of a one-shot run or a sweep, success or not: the cluster stays when asked to,
+    else it is torn down, shielded. A cluster that is not there (its `up` rolled back, or was
+    refused) is left alone, so a refusal stays one line."""
+    if not st.exists(name):
+        return
+    if keep:
+        console.print(f"KEEP=1: cluster {name} stays; `make destroy NAME={name}` when done")
+        return
+    with shielded():
+        down(name)
 
 
 def _aws_credentials() -> bool:

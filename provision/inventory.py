@@ -18,7 +18,7 @@ from runner.node.facts import NodeFacts
 
 from . import state as st
 from .bootstrap import ensure_internal_key, facts_paths, mark_bootstrapped, node_package, pin_host_keys, stack_venv
-from .errors import FtcError
+from .errors import FtcError, UsageError
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
 from .ui import console
 
@@ -62,10 +62,14 @@ def inventory(state: st.ClusterState) -> dict:
 
 def write_inventory(state: st.ClusterState, out: str | None = None) -> Path:
     path = Path(out) if out else st.cluster_dir(state.name) / "ansible" / "inventory.yml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# Written by `ftc inventory` from the cluster state.\n"
-                    + yaml.safe_dump(inventory(state), sort_keys=False))
-    path.chmod(0o600)
+    text = "# Written by `ftc inventory` from the cluster state.\n" + yaml.safe_dump(inventory(state), sort_keys=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o600)
+    except OSError as exc:
+        raise UsageError(f"OUT={out!r} cannot be written ({exc.strerror}); give a path in a writable directory") \
+            from None
     return path
 
 

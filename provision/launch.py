@@ -64,7 +64,6 @@ class LaunchSpec:
     stack: str = "stock"
     allocator: str = ""
     env_file: str = ""
-    ssh_config: str = ""
     as_root: bool = False
 
 
@@ -79,7 +78,7 @@ def render_launch(spec: LaunchSpec) -> str:
                   ccl_affinity=spec.plan.ccl_affinity, python=spec.python, module=spec.module, pythonpath=spec.pythonpath,
                   args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
-                  stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file, ssh_config=spec.ssh_config,
+                  stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
                   as_root=spec.as_root, exported=exported)
 
 
@@ -102,4 +101,4 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
         plan=plan_ranks(facts, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
         gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
-        ssh_config=f"{wd}/ssh_config", as_root=state.head.ssh_user == "root")
+        as_root=state.head.ssh_user == "root")

@@ -200,8 +200,9 @@ def terminate(state: st.ClusterState) -> None:
     running_jobs = [job for job in state.jobs if job.state == "running"]
     roots = [p for job in running_jobs for node_pids in job.pids_by_node.values() for p in node_pids if _alive(p)]
     roots += [node.pid for node in state.nodes if node.pid and _is_our_sshd(node)]
-    if not state.nodes:  # state lost or corrupt: our sshds are the ones running our configs
-        roots += _sshds_under(st.cluster_dir(state.name) / "nodes")
+    # Also every sshd running a config of ours that the state does not list: the state was
+    # lost or corrupt, or an earlier cluster of this name lost its state and ran on.
+    roots += _sshds_under(st.cluster_dir(state.name) / "nodes")
     pids = roots + [child for root in roots for child in _descendants(root)]
     stop_processes(sorted(set(pids)))
     for node in state.nodes:

@@ -129,6 +129,9 @@ def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"CONFIG={str(candidate)!r} is not valid TOML ({exc}); fix the file or pass another") from None
     section = data.get("cluster", data)
+    if not isinstance(section, dict):
+        raise UsageError(f"CONFIG={str(candidate)!r}: 'cluster' must be a table ([cluster] with keys), "
+                         f"not {type(section).__name__}")
     unknown = sorted(set(section) - set(PARSERS))
     if unknown:
         raise UsageError(f"CONFIG={str(candidate)!r} has unknown key {unknown[0]!r}; allowed: {', '.join(PARSERS)}")

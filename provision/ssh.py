@@ -8,6 +8,7 @@ contact, or by the local provider that generated it) and refuses any other after
 import base64
 import io
 import os
+import shlex
 import tarfile
 import time
 from pathlib import Path
@@ -137,9 +138,11 @@ def ssh_command(state: st.ClusterState, node: st.NodeInfo, cmd: list[str]) -> li
     """The ssh argv for `ftc ssh`: the cluster's access key, its pinned host keys, nothing of ~/.ssh."""
     known = write_controller_known_hosts(state)
     base = ["ssh", "-i", str(st.access_key_path(state.name)), "-p", str(node.ssh_port),
-            "-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "IdentitiesOnly=yes", "-o", f'UserKnownHostsFile="{known}"', "-o", "StrictHostKeyChecking=yes",
             "-o", "LogLevel=ERROR", "-F", "/dev/null", f"{node.ssh_user}@{node.public_ip}"]
-    wd = node.workdir
+    wd = shlex.quote(node.workdir)
+    # env.sh exists once the node is bootstrapped; before that, a plain shell in the workdir.
     if cmd:
-        return base + [f"cd {wd} && . ./env.sh && {' '.join(cmd)}"]
-    return base[:1] + ["-t"] + base[1:] + [f"cd {wd} && exec bash --rcfile {wd}/env.sh -i"]
+        return base + [f"cd {wd} && {{ [ ! -f env.sh ] || . ./env.sh; }} && {' '.join(cmd)}"]
+    return base[:1] + ["-t"] + base[1:] + [f"cd {wd} && if [ -f env.sh ]; then exec bash --rcfile env.sh -i; "
+                                             "else exec bash -i; fi"]

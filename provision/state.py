@@ -74,7 +74,17 @@ class ClusterState:
 
     @classmethod
     def from_json(cls, text: str) -> "ClusterState":
+        """Raises ValueError for anything but the shape `to_json` writes (any JSON may be on disk)."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
+        for key, kind in (("name", str), ("provider", str), ("spec", dict), ("resources", dict), ("nodes", list),
+                          ("jobs", list)):
+            if key in data and not isinstance(data[key], kind):
+                raise ValueError(f"{key!r} should be a {kind.__name__}, not {type(data[key]).__name__}")
+        for key in ("nodes", "jobs"):
+            if not all(isinstance(item, dict) for item in data.get(key, [])):
+                raise ValueError(f"every item of {key!r} should be an object")
         data["nodes"] = [NodeInfo(**n) for n in data.get("nodes", [])]
         data["jobs"] = [JobInfo(**j) for j in data.get("jobs", [])]
         return cls(**data)
@@ -129,7 +139,7 @@ def load(name: str) -> ClusterState:
                          f"start one with `make cluster NAME={name}` or list them with `ftc status`")
     try:
         return ClusterState.from_json(path.read_text())
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
         raise CorruptState(f"{path} is not valid cluster state ({exc})") from exc
 
 

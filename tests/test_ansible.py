@@ -43,7 +43,7 @@ def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, minilm, gl
     os.environ["FTC_HOME"] = str(ftc_home)
     for node in state.nodes:  # the very files the Fabric bootstrap writes
         expected = node_files(state, node)
-        for name in ("hostfile", "ssh_config", "known_hosts", "env.sh"):
+        for name in ("hostfile", "ssh_config", "known_hosts", "env.sh", "bin/ssh"):
             assert (Path(node.workdir) / name).read_text() == expected[name], name
     again = ftc("bootstrap", "--name", "ans", "--with", "ansible", timeout=900)
     assert again.returncode == 0, again.stdout[-3000:]
