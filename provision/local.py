@@ -10,12 +10,12 @@ import getpass
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from . import procs
 from . import state as st
 from .errors import FtcError
 from .keys import keygen
@@ -139,7 +139,7 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
     while pending:
         pending = [n for n in pending if not _port_open(n.public_ip, n.ssh_port)]
         for node in pending:
-            if node.pid and not _alive(node.pid):
+            if node.pid and not procs.alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"
                 tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
                 raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(tail) or 'no log'}); "
@@ -151,60 +151,18 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below pid (sessions, and what they started), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def stop_processes(pids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL what is left after the grace period."""
-    _kill(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _kill([p for p in pids if _alive(p)], signal.SIGKILL)
-
-
 def terminate(state: st.ClusterState) -> None:
     """Stop exactly what this cluster started: each node's sshd by its recorded pid, the
     sessions below it, and the detached jobs recorded in state; then remove the node files."""
     running_jobs = [job for job in state.jobs if job.state == "running"]
-    roots = [p for job in running_jobs for node_pids in job.pids_by_node.values() for p in node_pids if _alive(p)]
+    roots = [p for job in running_jobs for node_pids in job.pids_by_node.values() for p in node_pids
+             if procs.is_same(p, job.pid_start)]
     roots += [node.pid for node in state.nodes if node.pid and _is_our_sshd(node)]
     # Also every sshd running a config of ours that the state does not list: the state was
     # lost or corrupt, or an earlier cluster of this name lost its state and ran on.
     roots += _sshds_under(st.cluster_dir(state.name) / "nodes")
-    pids = roots + [child for root in roots for child in _descendants(root)]
-    stop_processes(sorted(set(pids)))
+    pids = roots + [child for root in roots for child in procs.descendants(root)]
+    procs.stop(sorted(set(pids)))
     for node in state.nodes:
         shutil.rmtree(node.workdir, ignore_errors=True)
     shutil.rmtree(st.cluster_dir(state.name) / "nodes", ignore_errors=True)

@@ -42,6 +42,7 @@ class JobInfo:
     remote_dir: str  # on the head node
     results_dir: str  # on the controller
     pid: int = 0  # of the detached launch script on the head node
+    pid_start: int = 0  # its start time (clock ticks since boot): only that process is ever signalled
     state: str = "running"  # running | finished | failed | cancelled
     started_at: float = 0.0
     pids_by_node: dict[str, list[int]] = field(default_factory=dict)

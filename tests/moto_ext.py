@@ -6,7 +6,10 @@ Faults come from the JSON file named by $FTC_MOTO_FAULTS, re-read on every call,
 test changes them while the server runs:
     {"no_capacity": ["us-east-1a"],   RunInstances there fails with InsufficientInstanceCapacity
      "fail_at_call": 5,               the 5th EC2 call after the file was written fails (InjectedFault)
-     "slow": {"RunInstances": 2}}     that action answers after 2 seconds
+     "slow": {"RunInstances": 2},     that action answers after 2 seconds
+     "hold": {"DescribeInstanceStatus": "/tmp/x"}}  that action, the first time, creates /tmp/x.reached
+                                      and answers only once /tmp/x exists: a test acts at exactly that
+                                      point (no race against the clock), then releases it
 """
 
 import json
@@ -113,6 +116,11 @@ def call_action(self):
     faults = _faults()
     fail_at = faults.get("fail_at_call")
     time.sleep(faults.get("slow", {}).get(self._get_action(), 0))
+    hold = faults.get("hold", {}).get(self._get_action())
+    if hold and not os.path.exists(f"{hold}.reached"):
+        open(f"{hold}.reached", "w").close()
+        while not os.path.exists(hold):
+            time.sleep(0.05)
     _calls["count"] += 1
     if fail_at and _calls["count"] == fail_at:
         # a client error (400): botocore does not retry it, so ftc sees the failure

@@ -105,15 +105,19 @@ def test_failure_at_any_ec2_call_of_up_leaves_nothing(aws, ftc_home, call):
 
 
 def test_ctrl_c_mid_up_rolls_back_everything(aws, ftc_home):
-    aws.faults(slow={"DescribeInstanceStatus": 3})
+    # Held where `up` waits for the instances it launched: every resource exists by then.
+    release = ftc_home.parent / "release-describe"
+    aws.faults(hold={"DescribeInstanceStatus": str(release)})
     proc = subprocess.Popen([*FTC, *UP, "--name", "intr", "--nodes", "4"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     ec2 = aws.ec2()
-    deadline = time.monotonic() + 60
-    while not cluster_resources(ec2, "intr")["instances"]:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    reached = release.with_name(release.name + ".reached")
+    while not reached.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    assert len(cluster_resources(ec2, "intr")["instances"]) == 4
     proc.send_signal(signal.SIGINT)
+    release.touch()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "rolling back" in err

@@ -101,3 +101,23 @@ def test_inventory_to_an_unwritable_path_is_refused(ftc_home):
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "OUT=" in proc.stderr
     finally:
         ftc("down", "--name", "inv", check=True)
+
+
+@pytest.mark.parametrize("same_process", [False, True])
+def test_destroy_signals_a_recorded_job_only_while_its_pid_is_still_that_process(ftc_home, same_process):
+    from provision import procs
+    assert ftc("up", "--name", "reuse", "--nodes", "1", "--no-bootstrap").returncode == 0
+    # A process that holds the pid a finished job had (or, for the control, the job itself).
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        path = ftc_home / "clusters" / "reuse" / "state.json"
+        state = json.loads(path.read_text())
+        started = procs.start_ticks(other.pid) + (0 if same_process else 1)
+        state["jobs"] = [{"id": "mrpc-1", "task": "mrpc", "remote_dir": "/x", "results_dir": "/y", "pid": other.pid,
+                          "pid_start": started, "state": "running", "pids_by_node": {"reuse-0": [other.pid]}}]
+        path.write_text(json.dumps(state))
+        assert ftc("down", "--name", "reuse").returncode == 0
+        assert (other.wait(timeout=30) is not None) if same_process else other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

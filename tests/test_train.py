@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FTC, REPO, ftc
+from conftest import FTC, ftc
 
 RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
                  "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
@@ -35,7 +35,7 @@ def state_of(home: Path) -> dict:
 
 
 def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
-    proc = subprocess.run([sys.executable, str(REPO / "runner" / "train.py"), "--task", "mrpc", "--model", minilm,
+    proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", minilm,
                            "--data-dir", str(glue_dir)], capture_output=True, text=True,
                           env={**os.environ, "FTC_WORLD_SIZE": "2"}, timeout=120)
     assert proc.returncode != 0
@@ -121,7 +121,7 @@ def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, clust
 
 
 def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minilm, glue_dir):
-    from provision.local import _descendants
+    from provision.procs import descendants
     follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=2000)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     node1 = state_of(ftc_home)["nodes"][1]
@@ -129,9 +129,9 @@ def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minil
     deadline = time.monotonic() + 300
     while victim is None:
         assert time.monotonic() < deadline and follower.poll() is None
-        for pid in _descendants(node1["pid"]):
+        for pid in descendants(node1["pid"]):
             try:
-                if b"train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"runner.node.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     victim = pid
             except OSError:
                 pass
@@ -181,7 +181,7 @@ def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
 
 
 def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run(ftc_home, minilm, glue_dir):
-    from provision.local import _descendants
+    from provision.procs import descendants
     flags = job_flags(minilm, glue_dir, samples=320, epochs=2)
     reference = ftc("run", "--name", "ref", "--nodes", "2", *flags, timeout=900)
     assert reference.returncode == 0, reference.stderr[-2000:]
@@ -194,7 +194,7 @@ def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupt
         assert time.monotonic() < deadline and interrupted.poll() is None, interrupted.communicate()
         time.sleep(0.2)
     node1 = state_of_named(ftc_home, "lost")["nodes"][1]
-    ranks = [p for p in _descendants(node1["pid"]) if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert ranks
     for pid in ranks:  # node 1 is lost
         os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,82 @@
+"""Processes on this machine (local nodes) and on a node (shell snippets): found from /proc,
+and signalled only when proven to be the one ftc started.
+
+A pid alone proves nothing: a job that ended without `ftc fetch` stays "running" in the state,
+and its pid may later belong to another program. What ftc records at launch is the pid and
+the process's start time (clock ticks since boot, /proc/<pid>/stat field 22), which no later
+process with the same pid shares.
+"""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+# The shell of a node prints a process's start time: what follows the command name's ")"
+# is field 3 on, so field 22 is the 20th there (the name itself may hold spaces).
+START_OF = "sed 's/.*) //' /proc/{pid}/stat | cut -d' ' -f20"
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat from field 3 (state) on; [] when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def start_ticks(pid: int) -> int:
+    """When the process started (clock ticks since boot), 0 when there is none."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else 0
+
+
+def alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def is_same(pid: int, started: int) -> bool:
+    """The process ftc recorded (pid and start time) is still this one."""
+    return bool(pid and started) and alive(pid) and start_ticks(pid) == started
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid (sessions, and what they started), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if len(fields) > 1 and fields[1].isdigit():
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what is left after the grace period."""
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal([p for p in pids if alive(p)], signal.SIGKILL)
+
+
+def stop_group_command(pid: int, started: int) -> str:
+    """Shell, run on the node: stop the process group `pid` leads (a job started under setsid:
+    its mpirun and ranks go with it), only if that process started at `started`."""
+    same = f'[ "$({START_OF.format(pid=pid)} 2>/dev/null)" = "{started}" ]'
+    return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; sleep 2; kill -KILL -- -{pid} 2>/dev/null; "
+            f"else echo 'pid {pid} is no longer the job: left alone' >&2; fi; true")
