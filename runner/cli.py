@@ -16,7 +16,7 @@ from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import PARSERS, load_config, resolve_spec
 from provision.ui import answer, console, duration
-from provision.values import boolean
+from provision.values import boolean, number, whole
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
@@ -32,7 +32,7 @@ def _name_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _job_flags(p: argparse.ArgumentParser) -> None:
-    from runner.job import JOB_FLAGS
+    from runner.jobspec import JOB_FLAGS
     for flag, help_text in JOB_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the last job")
@@ -227,29 +227,29 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from runner import job
-    return job.finetune(_cluster_name(args), job.job_from_args(args), render_only=args.render_only,
+    from runner import job, jobspec
+    return job.finetune(_cluster_name(args), jobspec.job_from_args(args), render_only=args.render_only,
                         resume=args.resume, detach=args.detach)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner import job
+    from runner import jobspec, oneshot
     spec = _spec_from(args)
     yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
     keep = boolean("keep", args.keep if args.keep is not None else "0")
-    return job.run_one_shot(spec, job.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
+    return oneshot.run_one_shot(spec, jobspec.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from runner import job, sweep
+    from runner import jobspec, sweep
     node_counts = [PARSERS["nodes"]("nodes", part) for part in (args.nodes or "1,2,4").split(",")]
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
     yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
     keep = boolean("keep", args.keep if args.keep is not None else "0")
-    job_spec = job.job_from_args(args)
+    job_spec = jobspec.job_from_args(args)
     if job_spec.results:
         raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")
-    out = Path(args.out or Path("runs") / spec.name / f"sweep-{job_spec.task}")
+    out = Path(jobspec.writable_dir("out", args.out or str(Path("runs") / spec.name / f"sweep-{job_spec.task}")))
     return sweep.sweep(spec, job_spec, node_counts, out, keep=keep, yes=yes)
 
 
@@ -294,8 +294,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
         else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
     kind = INSTANCE_TYPES[kind_name]
-    epochs = _number("EPOCHS", args.epochs, int, 1, 1000)
-    setup_s = 60 * _number("SETUP_MINUTES", args.setup_minutes, float, 0, 1440)
+    epochs = whole(1, 1000)("epochs", args.epochs)
+    setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     try:
         bench = json.loads(open(args.bench).read())
         hidden = bench["planner_check"]["allreduce_hidden_share"]
@@ -303,7 +303,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"BENCH={args.bench!r} is not a full bench.json with a planner check ({exc}); "
                          "run `ftc bench --out DIR` on a multi-core host") from None
     if args.samples_per_s:
-        rate, source = _number("SAMPLES_PER_S", args.samples_per_s, float, 1e-6, 1e9), "given"
+        rate, source = number(0, 1e9)("samples_per_s", args.samples_per_s), "given"
     else:
         rate = bench["ftc_samples_per_s"] * kind.physical_cores / bench["cores_per_rank"]
         source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}) "
@@ -326,16 +326,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"behind backward (fitted by the bench); its error on simulated nodes: see docs/bench.md. "
                   f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.")
     return 0
-
-
-def _number(name: str, raw: str, kind: type, low: float, high: float):
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
-    if not low <= value <= high:
-        raise UsageError(f"{name}={raw!r} is out of range; allowed {low:g} to {high:g}")
-    return value
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:

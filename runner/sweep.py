@@ -1,6 +1,6 @@
 """`ftc sweep`: the 2021 recipe's table, reproduced. The same fine-tuning job runs on a
 cluster of each size in turn (any provider); the cluster is reused when it already has
-the size, recreated when not, and torn down at the end. The table and plot put the
+the size, recreated when not, and torn down at the end (kept with KEEP=1). The table and plot put the
 recipe's own figures beside ours.
 """
 
@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from provision import cluster
-from provision import state as st
 from provision.ui import answer, console, duration
 
-from .job import JobSpec, finetune
+from .job import finetune
+from .jobspec import JobSpec
 
 # The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
 RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
@@ -24,7 +24,7 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
     try:
         for nodes in sorted(set(node_counts)):
             sized = replace(spec, nodes=nodes)
-            ensure_cluster(sized, yes)
+            cluster.ensure(sized, yes)
             results_dir = out / f"{nodes}-node"
             code = finetune(spec.name, replace(job, results=str(results_dir)))
             if code != 0:
@@ -36,9 +36,7 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
                          "samples_per_second": results["samples_per_second"],
                          "eval": {k: v for k, v in results.items() if k.startswith("eval_")}})
     finally:
-        if not keep and st.exists(spec.name):
-            with cluster.shielded():
-                cluster.down(spec.name)
+        cluster.release(spec.name, keep)
     report = table(job.task, rows, spec.provider, spec.instance_type)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(report, indent=2))
@@ -47,18 +45,6 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
     answer.print(markdown(report))
     console.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
     return 0
-
-
-def ensure_cluster(spec, yes: bool) -> None:
-    """A bootstrapped cluster of spec.nodes nodes under spec.name: reused, or made anew."""
-    if st.exists(spec.name):
-        current = st.load(spec.name)
-        if len(current.nodes) == spec.nodes and current.phase == "bootstrapped":
-            console.print(f"sweep: reusing {spec.name} ({spec.nodes} node(s))")
-            return
-        console.print(f"sweep: {spec.name} has {len(current.nodes)} node(s); recreating it with {spec.nodes}")
-        cluster.down(spec.name)
-    cluster.up(spec, bootstrap=True, yes=yes)
 
 
 def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dict:

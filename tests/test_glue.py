@@ -71,3 +71,25 @@ def test_small_tasks_in_glue_layout(tmp_path):
         "0\tmain\tx\t2012\t1\tnone\tnone\tA man.\tA person.\t3.800\n")
     rows, _ = glue.read_tsv(glue.split_file(tmp_path, "stsb", "dev"), "stsb")
     assert rows == [("A man.", "A person.", 3.8)]
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("", "empty"),
+    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n", "no rows after the header"),
+    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\tshort\n", "none of its 1 rows has the 5"),
+    ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\nyes\t1\t2\tA.\tB.\n", "line 2: label 'yes' is not one of the task's"),
+])
+def test_reader_refuses_a_file_with_nothing_to_train_on(tmp_path, text, problem):
+    """The nodes' reader and the controller's check before launch are this one function."""
+    (tmp_path / "MRPC").mkdir()
+    (tmp_path / "MRPC" / "train.tsv").write_text(text)
+    with pytest.raises(ValueError, match=f"train.tsv: {problem}"):
+        glue.read_tsv(glue.split_file(tmp_path, "mrpc", "train"), "mrpc")
+
+
+def test_reader_counts_rows_of_the_wrong_width(tmp_path):
+    (tmp_path / "MRPC").mkdir()
+    (tmp_path / "MRPC" / "train.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+                                                 "1\t1\t2\tA.\tB.\n\n0\tshort\n")
+    rows, skipped = glue.read_tsv(glue.split_file(tmp_path, "mrpc", "train"), "mrpc")
+    assert rows == [("A.", "B.", 1.0)] and skipped == 2

@@ -8,6 +8,7 @@ Metrics are plain Python, so they are checked against hand-computed values.
 """
 
 import csv
+import io
 import math
 import sys
 from dataclasses import dataclass
@@ -77,12 +78,17 @@ def split_file(data_dir: str | Path, name: str, split: str) -> Path:
 
 
 def read_tsv(path: Path, name: str) -> tuple[list[Example], int]:
-    """Rows of a GLUE TSV file; returns (examples, rows skipped for a wrong field count)."""
+    """Rows of a GLUE TSV file; returns (examples, rows skipped for a wrong field count).
+
+    The one reader of task files, on the nodes and in the controller's check before launch: a
+    file with nothing to train on raises ValueError with one line naming it and what is wrong
+    (not UTF-8 text, empty, a header and no rows, no row of the header's width, a label the task
+    does not have), rather than training zero steps."""
     task = TASKS[name]
-    csv.field_size_limit(sys.maxsize)
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        rows = list(csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    rows = _rows(path)
     if task.header:
+        if not rows:
+            raise ValueError(f"{path}: empty; a GLUE {name.upper()} file starts with its header line")
         header, rows = rows[0], rows[1:]
         index = {column: i for i, column in enumerate(header)}
         missing = [c for c in (task.text_a, task.text_b, task.label) if c and c not in index]
@@ -93,18 +99,41 @@ def read_tsv(path: Path, name: str) -> tuple[list[Example], int]:
         width = len(header)
     else:
         a, b, y, width = int(task.text_a), None, int(task.label), 4
+    if not rows:
+        raise ValueError(f"{path}: no rows after the header" if task.header else f"{path}: empty")
     examples, skipped = [], 0
-    for row in rows:
+    for line, row in enumerate(rows, start=2 if task.header else 1):
         if len(row) != width:
             skipped += 1
             continue
-        examples.append((row[a], row[b] if b is not None else None, label_value(task, row[y])))
+        try:
+            examples.append((row[a], row[b] if b is not None else None, label_value(task, row[y])))
+        except ValueError as exc:
+            raise ValueError(f"{path}: line {line}: {exc}") from None
+    if not examples:
+        raise ValueError(f"{path}: none of its {skipped} rows has the {width} tab-separated fields "
+                         f"GLUE's {name.upper()} rows have")
     return examples, skipped
+
+
+def _rows(path: Path) -> list[list[str]]:
+    """The file's tab-separated fields, quoting disabled; decoded whole, so a bad byte is named."""
+    csv.field_size_limit(sys.maxsize)
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+    return list(csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
 def label_value(task: Task, raw: str) -> float:
     if task.labels is None:
-        return float(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"label {raw!r} is not a number") from None
+    if raw.strip() not in task.labels:
+        raise ValueError(f"label {raw!r} is not one of the task's ({', '.join(task.labels)})")
     return float(task.labels.index(raw.strip()))
 
 

