@@ -157,9 +157,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         names = st.all_names()
         if not names:
             console.print("no clusters; start one with `make cluster`")
-        for name in names:
-            _print_status(*cluster.status(name))
-        return 0
+        corrupt = 0
+        for name in names:  # one bad cluster must not hide the others
+            try:
+                _print_status(*cluster.status(name))
+            except st.CorruptState as exc:
+                corrupt += 1
+                print(f"error: {exc}; `ftc down --name {name}` still cleans up", file=sys.stderr)
+        return 1 if corrupt else 0
     state, nodes = cluster.status(_cluster_name(args))
     if args.json:
         data = json.loads(state.to_json())

@@ -116,7 +116,7 @@ def resolve_model(raw: str | None) -> str:
         except ValueError as exc:
             raise UsageError(f"MODEL={raw!r} {exc}") from None
         return str(path.resolve())
-    if not re.match(r"^[\w.-]+(/[\w.-]+)?$", raw):
+    if not re.match(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", raw):
         raise UsageError(f"MODEL={raw!r} is neither a local directory nor a hub id like org/name")
     return raw
 

@@ -48,6 +48,18 @@ def test_down_removes_the_nodes_whatever_state_json_holds(ftc_home, content):
     assert not (ftc_home / "clusters" / "corrupt").exists()
 
 
+def test_status_of_every_cluster_goes_on_past_a_corrupt_one(ftc_home):
+    for name in ("good", "bad"):
+        assert ftc("up", "--name", name, "--nodes", "1", "--no-bootstrap").returncode == 0
+    (ftc_home / "clusters" / "bad" / "state.json").write_text('{"spec": "x"}')
+    proc = ftc("status")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "good" in proc.stdout + proc.stderr and "bad/state.json is not valid cluster state" in proc.stderr
+    for name in ("good", "bad"):
+        assert ftc("down", "--name", name).returncode == 0
+    assert sshd_pids(ftc_home) == []
+
+
 def test_a_name_reused_after_its_state_was_lost_leaves_no_orphans(ftc_home):
     assert ftc("up", "--name", "st", "--nodes", "2", "--no-bootstrap").returncode == 0
     (ftc_home / "clusters" / "st" / "state.json").unlink()

@@ -153,6 +153,8 @@ def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minil
     (["--batch-size", "x"], "BATCH_SIZE='x'"),
     (["--recipe", "fast"], "RECIPE='fast'"),
     (["--precision", "fp8"], "PRECISION='fp8'"),
+    (["--model=--help"], "MODEL='--help'"),
+    (["--model=-x/y"], "MODEL='-x/y'"),
 ])
 def test_bad_job_input_is_refused_before_any_rank_starts(ftc_home, flags, named):
     proc = ftc("finetune", "--name", "nowhere", *flags)
