@@ -15,7 +15,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from runner.node.facts import NodeFacts, machine_cpu_seconds
 
@@ -39,10 +39,19 @@ def digest(*parts: str) -> str:
 # ---- pure: what each node should hold ---------------------------------------------------
 
 def stack_venv(state: st.ClusterState, node: st.NodeInfo) -> tuple[str, bool]:
-    """Where the stack lives, and whether the local provider reuses the controller's Python."""
+    """Where the stack lives, and whether the local provider reuses the controller's Python (or,
+    on your own servers, STACK_PYTHON is yours: its environment is the one two levels up)."""
+    given = given_python(state)
+    if given:
+        return str(PurePosixPath(given).parent.parent), True
     reuse = state.provider == "local" and not missing_from_this_python(state.cluster_spec.stack) \
         and _reuse_allowed()
     return (sys.prefix, True) if reuse else (f"{node.workdir}/venv", False)
+
+
+def given_python(state: st.ClusterState) -> str:
+    """STACK_PYTHON on your own servers: a Python that has the stack, used as it is."""
+    return state.cluster_spec.stack_python if state.provider == "ssh" else ""
 
 
 def _reuse_allowed() -> bool:
@@ -53,9 +62,11 @@ def render_install(state: st.ClusterState, node: st.NodeInfo) -> str:
     stack = state.cluster_spec.stack
     venv, reuse = stack_venv(state, node)
     on_aws = state.provider == "aws"
+    own = {"given_python": given_python(state), "min_minor": 11, "no_system_packages": True} \
+        if state.provider == "ssh" else {}
     return render("install.sh.j2", stack=stack, venv=venv, pins=STACKS[stack], reuse_only=reuse,
-                  torch_index=TORCH_CPU_INDEX if on_aws else "",
-                  extra_index=INTEL_INDEX if stack == "intel" else "")
+                  torch_index=TORCH_CPU_INDEX if on_aws or own else "",
+                  extra_index=INTEL_INDEX if stack == "intel" else "", **own)
 
 
 def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
@@ -65,7 +76,7 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "ssh_config": render("ssh_config.j2", me=node, nodes=state.nodes, cluster=state.name),
         "known_hosts": render("known_hosts.j2", nodes=state.nodes),
         "hostfile": render("hostfile.j2", nodes=state.nodes),
-        "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv),
+        "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=state.provider == "ssh"),
         "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name),
     }
     return {**files, **node_package()}
@@ -103,8 +114,10 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
               ".ssh/id_cluster.pub": (public_key + "\n", 0o644),
               **{name: (text, FILE_MODES.get(name, 0o644)) for name, text in files.items()}}
     wd = node.workdir
-    facts_command = f"cd {shlex.quote(wd)} && . ./env.sh && python -m runner.node.facts {shlex.quote(node.private_ip)}"
+    python = shlex.quote(given_python(state) or "python")
+    facts_command = f"cd {shlex.quote(wd)} && . ./env.sh && {python} -m runner.node.facts {shlex.quote(node.private_ip)}"
     script = render("bootstrap_node.sh.j2", node=node.name, workdir=wd, authorized_keys=node.authorized_keys,
+                    own_host=state.provider == "ssh",
                     public_key=public_key, facts_command=facts_command,
                     files_marker=f"files-{digest(*(text for text, _ in bundle.values()))}",
                     install_marker=f"install-{digest(install)}",
@@ -154,8 +167,9 @@ def allreduce_result(output: str, nodes: int) -> dict:
     return result
 
 
-def verify(state: st.ClusterState, facts: list[NodeFacts]) -> dict:
-    """From node 0: mpirun runs hostname once per node; a gloo all_reduce across all nodes sums right."""
+def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step, detail="": None) -> dict:
+    """From node 0: mpirun runs hostname once per node; a gloo all_reduce across all nodes sums right.
+    `progress(step, detail)` hears each step (the board's verification row)."""
     head, n = state.head, len(state.nodes)
     conn = connect(state, head)
     try:
@@ -165,18 +179,22 @@ def verify(state: st.ClusterState, facts: list[NodeFacts]) -> dict:
         in_wd = f"cd {shlex.quote(wd)} && "
         previous = run(conn, head, "verify", f"{in_wd}cat .ftc/done/verify-{checked_what} 2>/dev/null || true").strip()
         if previous:
+            progress("ok", "already done")
             return json.loads(previous)
+        progress("mpirun", f"hostname on {n} node(s)")
         hostnames = run(conn, head, "verify mpirun",
                         f"{in_wd}. ./env.sh && mpirun -f hostfile -n {n} -ppn 1 hostname").split()
         if len(hostnames) != n:
             raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
         put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
+        progress("all_reduce", f"gloo over {n} rank(s)")
         try:
             result = allreduce_result(run(conn, head, "verify all_reduce", f"{in_wd}bash jobs/verify.sh"), n)
         except ValueError as exc:
             raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
         checked = {"hostnames": hostnames, "allreduce": result}
         put_text(conn, json.dumps(checked), marker)
+        progress("ok", f"{n} hostname(s), all_reduce sums right")
         return checked
     finally:
         conn.close()
@@ -235,30 +253,32 @@ def bootstrap(name: str) -> dict:
         ensure_internal_key(name)
         started, busy = time.monotonic(), machine_cpu_seconds()
         timings: dict[str, dict[str, float]] = {}
-        with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes]) as board, \
-                ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
-            futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings) for node in state.nodes}
-            results, failures = {}, []
-            for node_name, future in futures.items():
-                try:
-                    results[node_name] = future.result()
-                except StepFailed as exc:
-                    board.update(node_name, f"FAILED: {exc.step}", str(exc).split(": ", 2)[-1][:120])
-                    failures.append(exc)
-        st.save(state)  # host keys pinned at first contact, even when a node failed
-        write_controller_known_hosts(state)
-        if failures:
-            more = f" (and {len(failures) - 1} more node(s))" if len(failures) > 1 else ""
-            raise FtcError(f"{failures[0]}{more}; fix it, then `ftc bootstrap --name {name}` resumes "
-                           "where it stopped")
-        facts = [results[n.name] for n in state.nodes]
-        waited, busy = time.monotonic() - started, machine_cpu_seconds() - busy
-        verify_started = time.monotonic()
-        try:
-            checked = verify(state, facts)
-        except StepFailed as exc:
-            raise FtcError(f"{exc}; see the node with `ftc ssh --name {name}`, then `ftc bootstrap --name {name}`") \
-                from None
+        with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes] + ["verification"]) as board:
+            with ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
+                futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings) for node in state.nodes}
+                results, failures = {}, []
+                for node_name, future in futures.items():
+                    try:
+                        results[node_name] = future.result()
+                    except StepFailed as exc:
+                        board.update(node_name, f"FAILED: {exc.step}", str(exc).split(": ", 2)[-1][:120])
+                        failures.append(exc)
+            st.save(state)  # host keys pinned at first contact, even when a node failed
+            write_controller_known_hosts(state)
+            if failures:
+                board.update("verification", "skipped", "a node failed")
+                more = f" (and {len(failures) - 1} more node(s))" if len(failures) > 1 else ""
+                raise FtcError(f"{failures[0]}{more}; fix it, then `ftc bootstrap --name {name}` resumes "
+                               "where it stopped")
+            facts = [results[n.name] for n in state.nodes]
+            waited, busy = time.monotonic() - started, machine_cpu_seconds() - busy
+            verify_started = time.monotonic()
+            try:
+                checked = verify(state, facts, lambda step, detail="": board.update("verification", step, detail))
+            except StepFailed as exc:
+                board.update("verification", f"FAILED: {exc.step}", str(exc).split(": ", 2)[-1][:120])
+                raise FtcError(f"{exc}; see the node with `ftc ssh --name {name}`, "
+                               f"then `ftc bootstrap --name {name}`") from None
         timing = {"nodes": timings, "parallel_steps_s": round(waited, 3), "parallel_steps_machine_cpu_s": round(busy, 2),
                   "verify_s": round(time.monotonic() - verify_started, 3)}
         (st.cluster_dir(name) / "bootstrap.json").write_text(json.dumps(timing, indent=2))

@@ -19,7 +19,7 @@ from .catalog import INSTANCE_TYPES, REGIONS
 from .errors import UsageError
 from .values import boolean, label, number, one_of, whole
 
-PROVIDERS = ("local", "aws")
+PROVIDERS = ("local", "aws", "ssh")
 STACKS = ("stock", "intel")
 MAX_NODES = 64
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
@@ -41,6 +41,9 @@ class ClusterSpec:
     max_hours: float = 4.0  # the node's watchdog powers it off (and so terminates it) after this
     stack: str = "stock"
     owner: str = ""  # tag value; empty: the local user name
+    hosts: list[str] = field(default_factory=list)  # ssh: "[user@]host:port" of your own servers, node 0 first
+    ssh_key: str = ""  # ssh: the private key that logs in to them; empty: your ssh agent and ~/.ssh keys
+    stack_python: str = ""  # ssh: a Python on every host that has the stack already; empty: ftc installs one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +97,52 @@ def _owner(key: str, raw: Any) -> str:
     return value
 
 
+# user@host:port, [user@][v6]:port; a host never starts with '-' (ssh would read it as an option).
+HOST_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})@)?"
+                     r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$")
+
+
+def parse_host(text: str) -> tuple[str, str, int]:
+    """'[user@]host[:port]' -> (user, host, port); user '' means yours. Raises ValueError. Pure."""
+    match = HOST_RE.match(text.strip())
+    if not match or not 1 <= int(match["port"] or 22) <= 65535:
+        raise ValueError(f"{text!r} is not user@host[:port]")
+    return match["user"] or "", match["host"].strip("[]"), int(match["port"] or 22)
+
+
+def host_label(user: str, host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"{user + '@' if user else ''}{shown}:{port}"
+
+
+def _hosts(key: str, raw: Any) -> list[str]:
+    items = raw if isinstance(raw, list) else [h for h in str(raw).replace(" ", "").split(",") if h]
+    seen: list[str] = []
+    for item in items:
+        try:
+            user, host, port = parse_host(str(item))
+        except ValueError:
+            raise UsageError(f"{label(key)}={raw!r}: {str(item)!r} is not a host; allowed: a comma list of "
+                             "user@host[:port] (user and port optional: yours and 22)") from None
+        if any(parse_host(s)[1:] == (host, port) for s in seen):
+            raise UsageError(f"{label(key)}={raw!r} names {host}:{port} twice; give each server once")
+        seen.append(host_label(user, host, port))
+    return seen
+
+
+def _local_path(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    return str(Path(value).expanduser().absolute()) if value else ""
+
+
+def _remote_python(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if value and not re.match(r"^/[\w./+-]+$", value):
+        raise UsageError(f"{label(key)}={raw!r} is not an absolute path on the hosts (e.g. /opt/conda/bin/python); "
+                         "allowed: letters, digits and _./+-")
+    return value
+
+
 PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
     "provider": one_of(PROVIDERS),
@@ -109,6 +158,9 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_hours": number(0, 168),
     "stack": one_of(STACKS),
     "owner": _owner,
+    "hosts": _hosts,
+    "ssh_key": _local_path,
+    "stack_python": _remote_python,
 }
 
 
@@ -146,6 +198,12 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     for source in (config or {}, env_overrides(env), {k: v for k, v in flags.items() if v is not None}):
         merged.update(source)
     values = {key: PARSERS[key](key, raw) for key, raw in merged.items() if key in PARSERS}
+    if values.get("provider") == "ssh":  # your servers are the nodes: NODES follows HOSTS
+        hosts = values.get("hosts", [])
+        if "nodes" in values and values["nodes"] != len(hosts):
+            raise UsageError(f"NODES={values['nodes']} but HOSTS names {len(hosts)} server(s); with PROVIDER=ssh "
+                             "leave NODES out: every host in HOSTS is a node")
+        values["nodes"] = max(1, len(hosts))
     spec = ClusterSpec(**values)
     check_spec(spec)
     return spec
@@ -156,6 +214,14 @@ def check_spec(spec: ClusterSpec) -> None:
     if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
         raise UsageError(f"SSH_CIDR={spec.ssh_cidr!r} opens SSH to the whole internet; "
                          "give your own address (e.g. 203.0.113.7/32) or set ALLOW_OPEN_SSH=1 to really mean it")
+    if spec.provider == "ssh" and not spec.hosts:
+        raise UsageError("PROVIDER='ssh' needs HOSTS: your servers as a comma list of user@host[:port]")
+    if spec.provider == "ssh" and len(spec.hosts) > MAX_NODES:
+        raise UsageError(f"HOSTS names {len(spec.hosts)} servers; allowed: 1..{MAX_NODES}")
+    for key in ("hosts", "ssh_key", "stack_python"):
+        if getattr(spec, key) and spec.provider != "ssh":
+            raise UsageError(f"{label(key)} is for your own servers (PROVIDER=ssh), not PROVIDER={spec.provider!r}; "
+                             f"add PROVIDER=ssh or leave {label(key)} out")
     for zone in spec.zones:
         if not zone.startswith(spec.region):
             raise UsageError(f"ZONES={','.join(spec.zones)!r}: {zone!r} is not in REGION={spec.region!r}")

@@ -1,11 +1,14 @@
 """SSH to the nodes, in one place: connect with the pinned host key and bounded retries, run a
-command, stream its output, put files, and the `ftc ssh` argv. Nothing here reads ~/.ssh.
+command, stream its output, put files, and the `ftc ssh` argv. Nothing here reads ~/.ssh, except
+for your own servers (PROVIDER=ssh): there you log in as yourself, with SSH_KEY or else your ssh
+agent and ~/.ssh keys; the other providers use the cluster's own access key.
 
 Host keys are pinned: the controller trusts a node's key once (recorded in the state at first
 contact, or by the local provider that generated it) and refuses any other after.
 """
 
 import base64
+import hashlib
 import io
 import os
 import shlex
@@ -51,17 +54,51 @@ def fetch_host_key(node: st.NodeInfo, timeout: float = 10) -> str:
         transport.close()
 
 
+def login_key(state: st.ClusterState) -> str:
+    """The private key ftc logs in with: the cluster's access key, or on your own servers SSH_KEY
+    ('' there: your ssh agent and ~/.ssh keys, as your own ssh would)."""
+    if state.provider == "ssh":
+        return state.cluster_spec.ssh_key
+    return str(st.access_key_path(state.name))
+
+
+def _auth(state: st.ClusterState) -> dict:
+    key = login_key(state)
+    if key:
+        return {"key_filename": key, "look_for_keys": False, "allow_agent": False}
+    return {"look_for_keys": True, "allow_agent": True}
+
+
+def fingerprint(host_key: str) -> str:
+    """'<type> <base64>' -> 'SHA256:...', as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(base64.b64decode(host_key.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> str:
+    presented = f"the node presents {key.get_name()} {key.get_base64()[:16]}..., not the key pinned at first contact"
+    if state.provider == "ssh":  # node.id is the host as you gave it
+        now = fingerprint(f"{key.get_name()} {key.get_base64()}")
+        return (f"host key mismatch: {node.id} presents {key.get_name()} {now}, not the key pinned at first contact "
+                f"({fingerprint(node.host_key)}); "
+                "someone may be in the middle, or the server was reinstalled: check its key with its admin. ftc "
+                f"never logs in to it again under this cluster: `make destroy NAME={state.name}` says what to remove "
+                "there by hand, then `make cluster` pins the new key after you confirm it")
+    return (f"host key mismatch: {presented}; someone may be in the middle, or the node was replaced: "
+            f"`make destroy NAME={state.name}` and start anew")
+
+
 def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int = CONNECT_ATTEMPTS) -> Connection:
     """An open Fabric connection that accepts only the pinned host key; bounded retries."""
     last = ""
     for attempt in range(attempts):
         try:
+            if not node.host_key and state.provider == "ssh":  # your servers: pinned only after you confirmed
+                raise StepFailed(node.name, "connect", f"no pinned host key for {host_key_entry(node)}")
             if not node.host_key:
                 node.host_key = fetch_host_key(node)
             conn = Connection(host=node.public_ip, port=node.ssh_port, user=node.ssh_user, connect_timeout=10,
-                              config=Config(overrides={"load_ssh_configs": False}),
-                              connect_kwargs={"key_filename": str(st.access_key_path(state.name)),
-                                              "look_for_keys": False, "allow_agent": False})
+                              config=Config(overrides={"load_ssh_configs": False}), connect_kwargs=_auth(state))
             # Fabric auto-adds unknown keys by default; a cluster node must present its pinned key.
             conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
             key_type, key_b64 = node.host_key.split()[:2]
@@ -70,10 +107,12 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int = CONNECT_A
             conn.open()
             return conn
         except paramiko.BadHostKeyException as exc:
-            raise StepFailed(node.name, "connect", f"host key mismatch: the node presents {exc.key.get_name()} "
-                             f"{exc.key.get_base64()[:16]}..., not the key pinned at first contact; "
-                             "someone may be in the middle, or the node was replaced: "
-                             f"`make destroy NAME={state.name}` and start anew") from None
+            raise StepFailed(node.name, "connect", _mismatch(state, node, exc.key)) from None
+        except paramiko.AuthenticationException as exc:
+            if state.provider == "ssh":  # a server that exists refuses the key: waiting will not change that
+                raise StepFailed(node.name, "connect", f"{node.ssh_user}@{host_key_entry(node)} refused the login "
+                                 f"({exc}); check SSH_KEY, or that your ssh agent holds a key it accepts") from None
+            last = str(exc)
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
                 raise StepFailed(node.name, "connect", f"host key not pinned ({exc})") from None
@@ -135,10 +174,13 @@ def stream(conn: Connection, command: str, on_line) -> None:
 
 
 def ssh_command(state: st.ClusterState, node: st.NodeInfo, cmd: list[str]) -> list[str]:
-    """The ssh argv for `ftc ssh`: the cluster's access key, its pinned host keys, nothing of ~/.ssh."""
+    """The ssh argv for `ftc ssh`: the login key (the cluster's access key; on your own servers SSH_KEY,
+    or your agent and default keys), the pinned host keys, no ssh config file."""
     known = write_controller_known_hosts(state)
-    base = ["ssh", "-i", str(st.access_key_path(state.name)), "-p", str(node.ssh_port),
-            "-o", "IdentitiesOnly=yes", "-o", f'UserKnownHostsFile="{known}"', "-o", "StrictHostKeyChecking=yes",
+    key = login_key(state)
+    identity = ["-i", key, "-o", "IdentitiesOnly=yes"] if key else []
+    base = ["ssh", *identity, "-p", str(node.ssh_port),
+            "-o", f'UserKnownHostsFile="{known}"', "-o", "StrictHostKeyChecking=yes",
             "-o", "LogLevel=ERROR", "-F", "/dev/null", f"{node.ssh_user}@{node.public_ip}"]
     wd = shlex.quote(node.workdir)
     # env.sh exists once the node is bootstrapped; before that, a plain shell in the workdir.

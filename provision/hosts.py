@@ -1,0 +1,308 @@
+"""The ssh provider: servers you already have, `PROVIDER=ssh HOSTS=user@host[:port],...`.
+
+ftc creates no machine here; the provider contract still holds (providers.py):
+
+    confirm    before anything exists: read each host's key and show its fingerprint; you
+               trust them (a question on a terminal, or YES=1, said on stderr); then log in
+               and check each host (Linux x86-64, a Python >= 3.11 to use or build a venv
+               from, free disk, no other ftc cluster). Any problem: one line per problem,
+               exit 2, nothing changed anywhere.
+    launch     claim one directory per cluster on each host, $HOME/.ftc-node/<cluster>/,
+               holding a token only this cluster's state knows
+    wait       nothing to wait for: the servers run, and the claim logged in to each
+    terminate  on each host: stop the processes ftc can prove are its own, take out the one
+               authorized_keys line it added, remove the directory; the servers stay
+    query      each host: is ftc's directory there
+
+Everything ftc puts on a host (venv, keys, hostfile, facts, jobs, caches) lies in that
+directory. The one change outside it: the cluster-internal public key appended to the
+account's ~/.ssh/authorized_keys (and the file or ~/.ssh created only when missing), so the
+nodes reach each other for mpirun; what was created or added is noted there and removed
+exactly. The decisions (hosts, fingerprints, the checks' verdicts, the scripts) are pure
+functions; ssh happens at the edges below.
+"""
+
+import getpass
+import secrets
+import shlex
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import procs
+from . import state as st
+from .errors import FtcError, UsageError
+from .providers import NodeStatus
+from .spec import ClusterSpec, host_label, parse_host
+from .ssh import StepFailed, connect, fetch_host_key, fingerprint, run
+from .templates import render
+from .ui import console
+
+ROOT = ".ftc-node"  # under $HOME; not ~/.ftc, which is the controller's own state when a host is this machine
+MIN_PYTHON = "3.11"
+STACK_MODULES = ("torch", "transformers", "tokenizers")  # what STACK_PYTHON must import
+FREE_GB_WITH_STACK_PYTHON = 2  # jobs, logs, checkpoints
+FREE_GB_TO_INSTALL = 10  # plus the stack's venv (CPU torch and friends: about 5 GB)
+CHECK_ATTEMPTS = 1  # the servers exist: no boot to wait for
+
+
+# ---- pure: what the hosts are, and what their answers mean ----------------------------------
+
+@dataclass(frozen=True)
+class Host:
+    user: str
+    address: str  # as you gave it: a name or an address
+    port: int
+
+    @property
+    def label(self) -> str:
+        return host_label(self.user, self.address, self.port)
+
+
+def hosts_of(spec: ClusterSpec, local_user: str) -> list[Host]:
+    """HOSTS, in order (node 0 first); a host without user@ is logged in to as you, as ssh does."""
+    parsed = [parse_host(text) for text in spec.hosts]
+    return [Host(user or local_user, address, port) for user, address, port in parsed]
+
+
+def workdir_of(home: str, cluster: str) -> str:
+    return f"{home.rstrip('/')}/{ROOT}/{cluster}"
+
+
+def probe_script(label: str, stack_python: str) -> str:
+    return render("host_probe.sh.j2", label=label, root=ROOT, stack_python=stack_python, min_python=MIN_PYTHON,
+                  modules=STACK_MODULES)
+
+
+def parse_probe(output: str) -> dict[str, list[str]]:
+    """The probe's key=value lines; a key may repeat (one `cluster=` per cluster found)."""
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found.setdefault(key.strip(), []).append(value.strip())
+    return found
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return ()
+
+
+def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list[str]:
+    """Every problem that keeps ftc off this host, one line each; [] when it may go ahead."""
+    one = {key: values[-1] for key, values in probe.items()}
+    problems = []
+    system = f"{one.get('os', '?')} {one.get('arch', '?')}"
+    if (one.get("os"), one.get("arch")) != ("Linux", "x86_64"):
+        problems.append(f"host {label}: {system}, not Linux x86-64; ftc's stacks are built for x86-64 Linux")
+    problems += _python_verdicts(label, one, stack_python)
+    need_gb = FREE_GB_WITH_STACK_PYTHON if stack_python else FREE_GB_TO_INSTALL
+    free_gb = int(one.get("free_kb") or 0) / 2**20
+    if free_gb < need_gb:
+        problems.append(f"host {label}: {free_gb:.1f} GB free in {one.get('home', '$HOME')}, ftc needs {need_gb} GB"
+                        f"{'' if stack_python else ' to install the stack (or give STACK_PYTHON)'}")
+    for cluster in probe.get("cluster", []):
+        where = workdir_of(one.get("home", "~"), cluster)
+        problems.append(f"host {label}: ftc cluster {cluster!r} is already there ({where}); one ftc cluster per "
+                        f"server: `make destroy NAME={cluster}` from the controller that made it, or, if that is gone, "
+                        f"remove {where} and the authorized_keys line ending 'ftc-{cluster}-internal' by hand")
+    return problems
+
+
+def _python_verdicts(label: str, one: dict[str, str], stack_python: str) -> list[str]:
+    version = _version(one.get("python_version", ""))
+    if stack_python:
+        if not one.get("python") or not version:
+            return [f"host {label}: STACK_PYTHON={stack_python!r} does not run there; give the path of a Python "
+                    "that has the stack on every host, or leave STACK_PYTHON out and ftc installs one"]
+        problems = []
+        if version < _version(MIN_PYTHON):
+            problems.append(f"host {label}: STACK_PYTHON={stack_python!r} is Python {one['python_version']}; "
+                            f"ftc needs >= {MIN_PYTHON}")
+        if one.get("missing"):
+            problems.append(f"host {label}: STACK_PYTHON={stack_python!r} lacks {one['missing'].replace(',', ', ')}; "
+                            "install them there, or leave STACK_PYTHON out and ftc installs its own stack")
+        if one.get("mpirun") != "yes":
+            problems.append(f"host {label}: no mpirun beside STACK_PYTHON={stack_python!r} or on PATH; "
+                            "install impi-rt into that Python (`pip install impi-rt`)")
+        return problems
+    if not one.get("python"):
+        found = one.get("python3_version") or "none"
+        return [f"host {label}: no Python >= {MIN_PYTHON} with venv and ensurepip (python3: {found}); ftc installs "
+                "no system package: install one there (e.g. python3.11-venv), or give STACK_PYTHON"]
+    return []
+
+
+def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
+    """The host's side of destroy: stop this cluster's processes, undo its authorized_keys line,
+    remove its directory; nothing at all when the directory holds another claim than ours."""
+    stop_jobs = [procs.stop_group_command(pid, job.pid_start) for job in state.jobs if job.state == "running"
+                 for pid in job.pids_by_node.get(node.name, [])]
+    return render("host_cleanup.sh.j2", cluster=state.name, label=node.id, workdir=node.workdir, root=ROOT,
+                  authorized_keys=node.authorized_keys, stop_jobs=stop_jobs, claim=state.resources.get("claim", ""),
+                  node_dirs=sorted({n.workdir for n in state.nodes}))
+
+
+def _sh(script: str) -> str:
+    """A script for any login shell: POSIX sh runs it."""
+    return f"/bin/sh -c {shlex.quote(script)}"
+
+
+def _refusal(problems: list[str]) -> UsageError:
+    """One line per problem: the CLI prints the first after 'error: ', so each starts alike."""
+    return UsageError("\nerror: ".join(problems))
+
+
+# ---- the edges: ssh to each host --------------------------------------------------------------
+
+def _probe_node(host: Host, index: int, host_key: str = "") -> st.NodeInfo:
+    return st.NodeInfo(index=index, name=host.label, id=host.label, public_ip=host.address, private_ip=host.address,
+                       ssh_user=host.user, ssh_port=host.port, host_key=host_key)
+
+
+def _each(items: list, work) -> list:
+    """work(item) for every item at once (a thread each); results in order."""
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
+        return list(pool.map(work, items))
+
+
+def _read_key(host: Host) -> tuple[str, str]:
+    """(host key, '') or ('', why it could not be read)."""
+    try:
+        return fetch_host_key(_probe_node(host, 0)), ""
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the one-line verdict
+        return "", f"host {host.label}: unreachable ({exc or type(exc).__name__}); check the address and port, " \
+                   "and that sshd runs there"
+
+
+def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
+    """Trust on first use, but not blindly: you see each fingerprint and say yes, or YES=1 does."""
+    for host, key in zip(hosts, keys):
+        console.print(f"host {host.label}: {key.split()[0]} key {fingerprint(key)}", markup=False)
+    if yes:
+        console.print("YES=1: trusting these host keys without asking; ftc pins them and refuses any other later "
+                      "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on each server)", markup=False)
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("the host keys above are not confirmed and there is no terminal to ask on; check the "
+                         "fingerprints, then add YES=1 (--yes 1) to trust them; nothing changed")
+    for host, key in zip(hosts, keys):
+        if input(f"trust {host.label} ({fingerprint(key)})? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
+
+
+def _check(state: st.ClusterState, host: Host, key: str) -> tuple[dict, list[str]]:
+    spec = state.cluster_spec
+    node = _probe_node(host, 0, key)
+    try:
+        conn = connect(state, node, attempts=CHECK_ATTEMPTS)
+        try:
+            probe = parse_probe(run(conn, node, "check", _sh(probe_script(host.label, spec.stack_python))))
+            address = conn.client.get_transport().getpeername()[0]
+        finally:
+            conn.close()
+    except StepFailed as exc:
+        return {}, [f"host {host.label}: {str(exc).split('failed: ', 1)[-1]}"]
+    one = {k: v[-1] for k, v in probe.items()}
+    found = {"label": host.label, "user": host.user, "address": host.address, "port": host.port, "host_key": key,
+             "ip": address, "home": one.get("home", "")}
+    return found, verdicts(host.label, probe, spec.stack_python)
+
+
+def confirm(state: st.ClusterState, yes: bool) -> None:
+    """Every check before anything exists: keys read, trusted, hosts checked; refuse on any problem."""
+    spec = state.cluster_spec
+    if spec.ssh_key and not Path(spec.ssh_key).is_file():
+        raise UsageError(f"SSH_KEY={spec.ssh_key!r} is not a file; give the private key that logs in to your "
+                         "servers, or leave SSH_KEY out to use your ssh agent and ~/.ssh keys")
+    hosts = hosts_of(spec, getpass.getuser())
+    read = _each(hosts, _read_key)
+    problems = [why for _, why in read if why]
+    if problems:
+        raise _refusal(problems)
+    keys = [key for key, _ in read]
+    _trust(hosts, keys, yes)
+    checked = _each(list(zip(hosts, keys)), lambda pair: _check(state, *pair))
+    problems = [line for _, lines in checked for line in lines]
+    if problems:
+        raise _refusal(problems)
+    state.resources["hosts"] = [found for found, _ in checked]
+    state.resources["claim"] = secrets.token_hex(16)
+    console.print(f"checked {len(hosts)} host(s): Linux x86-64, Python, disk, no other ftc cluster")
+
+
+def launch(state: st.ClusterState) -> None:
+    """Record every node first (so an interruption loses none), then claim its directory."""
+    for index, found in enumerate(state.resources["hosts"]):
+        home = found["home"]
+        state.nodes.append(st.NodeInfo(
+            index=index, name=f"{state.name}-{index}", id=found["label"], public_ip=found["address"],
+            private_ip=found["ip"], ssh_user=found["user"], ssh_port=found["port"],
+            workdir=workdir_of(home, state.name), authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
+            host_key=found["host_key"]))
+    st.save(state)
+    claim = state.resources["claim"]
+
+    def claim_dir(node: st.NodeInfo) -> None:
+        wd = shlex.quote(node.workdir)
+        conn = connect(state, node, attempts=CHECK_ATTEMPTS)
+        try:  # mkdir without -p: a directory already there is another cluster's, and up stops
+            run(conn, node, "claim", f"umask 077 && mkdir -p {shlex.quote(str(Path(node.workdir).parent))} && "
+                                     f"mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
+        finally:
+            conn.close()
+    _each(state.nodes, claim_dir)
+
+
+def wait(state: st.ClusterState) -> None:
+    """The servers already run, and launch has just logged in to each: nothing to wait for."""
+
+
+def terminate(state: st.ClusterState) -> None:
+    """On every host at once: stop, unappend, remove. A host that cannot be cleaned (unreachable,
+    or presenting another key: ftc never logs in to it again) is named with what is left there;
+    the controller forgets the cluster anyway, and the next `up` there names the leftovers again."""
+    def clean(node: st.NodeInfo) -> str:
+        try:
+            conn = connect(state, node, attempts=3)
+            try:
+                out = run(conn, node, "destroy", _sh(cleanup_script(state, node)))
+            finally:
+                conn.close()
+        except StepFailed as exc:
+            return f"host {node.id}: not cleaned ({str(exc).split('failed: ', 1)[-1]}); left there: {node.workdir} " \
+                   f"and the line ending 'ftc-{state.name}-internal' in {node.authorized_keys}: remove them by hand"
+        if "NOT_OURS" in out:  # launch stopped before its claim: the directory there is another's
+            console.print(f"host {node.id}: {node.workdir} holds another claim than this cluster's; left as it is",
+                          markup=False)
+        return "" if "CLEANED" in out or "NOT_OURS" in out else f"host {node.id}: cleanup said {out.strip()[-200:]}"
+    if not state.nodes:
+        console.print(f"no servers recorded for {state.name!r}; if it ran on yours, what ftc left there is "
+                      f"$HOME/{ROOT}/{state.name} and the authorized_keys line ending 'ftc-{state.name}-internal'",
+                      markup=False)
+        return
+    left = [line for line in _each(state.nodes, clean) if line]
+    if left:
+        shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
+        raise FtcError("\nerror: ".join(left))
+
+
+def query(state: st.ClusterState) -> list[NodeStatus]:
+    def look(node: st.NodeInfo) -> NodeStatus:
+        try:
+            conn = connect(state, node, attempts=CHECK_ATTEMPTS)
+            try:
+                there = run(conn, node, "status", f"test -d {shlex.quote(node.workdir)} && echo yes || true").strip()
+            finally:
+                conn.close()
+        except StepFailed as exc:
+            return NodeStatus(node.id, "dead", str(exc).split("failed: ", 1)[-1][:120])
+        if there != "yes":
+            return NodeStatus(node.id, "missing", f"{node.workdir} is gone")
+        return NodeStatus(node.id, "running", "yours: no cost")
+    return _each(state.nodes, look) if state.nodes else []

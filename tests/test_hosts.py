@@ -1,0 +1,284 @@
+"""PROVIDER=ssh: ftc on servers a team already has. Plain OpenSSH servers started here stand in for
+them (not through ftc's local provider): each on its own 127.0.0.x address and port, with its own
+host key and its own home ($HOME set by sshd, authorized_keys in it) holding a few files of "yours".
+"""
+
+import getpass
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ftc
+from helpers import assert_bootstrapped
+
+from provision.errors import UsageError
+from provision.hosts import Host, fingerprint, hosts_of, parse_probe, verdicts
+from provision.spec import resolve_spec
+
+SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if Path(p).exists()),
+            "internal-sftp")
+
+
+class Server:
+    """A plain sshd: a machine of yours, as far as ftc can tell."""
+
+    def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True):
+        self.root, self.address, self.home = root, address, root / "home"
+        (self.home / ".ssh").mkdir(parents=True)
+        (self.home / "notes.txt").write_text("a file of yours\n")
+        line = (user_key.with_suffix(".pub").read_text().strip() + "\n") if newline_at_end else \
+            "# no newline at the end\n" + user_key.with_suffix(".pub").read_text().strip()
+        (self.home / ".ssh" / "authorized_keys").write_text(line)
+        (self.home / ".ssh" / "authorized_keys").chmod(0o644)
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+            self.port = sock.getsockname()[1]
+        self.proc: subprocess.Popen | None = None
+        self._host_key()
+
+    @property
+    def spec(self) -> str:
+        return f"{getpass.getuser()}@{self.address}:{self.port}"
+
+    def _host_key(self) -> None:
+        key = self.root / "host_key"
+        key.unlink(missing_ok=True)
+        key.with_suffix(".pub").unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        self.public_key = " ".join(key.with_suffix(".pub").read_text().split()[:2])
+
+    def start(self) -> "Server":
+        config = self.root / "sshd_config"
+        config.write_text("\n".join([
+            f"ListenAddress {self.address}:{self.port}", f"HostKey {self.root / 'host_key'}",
+            f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {self.home}/.ssh/authorized_keys",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "UsePAM no",
+            "PermitRootLogin prohibit-password", f"SetEnv HOME={self.home}", "StrictModes no", "X11Forwarding no",
+            "PrintMotd no", "PrintLastLog no", "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR",
+            f"Subsystem sftp {SFTP}", ""]))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=open(self.root / "sshd.log", "ab"))
+        self._wait_for_key(self.public_key)
+        return self
+
+    def _wait_for_key(self, expected: str, timeout: float = 30) -> None:
+        """Until this server answers with `expected` as its host key (no sleep-and-hope)."""
+        from provision.ssh import fetch_host_key
+        from provision.state import NodeInfo
+        node = NodeInfo(index=0, name="probe", id="probe", public_ip=self.address, private_ip=self.address,
+                        ssh_user="x", ssh_port=self.port)
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, (self.root / "sshd.log").read_text()
+            try:
+                if fetch_host_key(node, timeout=2) == expected:
+                    return
+            except Exception:  # noqa: BLE001, S110 - not listening yet
+                pass
+            assert time.monotonic() < deadline, f"sshd at {self.address}:{self.port} did not come up"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def new_host_key(self) -> None:
+        """The server was reinstalled, or someone sits in the middle: another host key, same address."""
+        self.stop()
+        self._host_key()
+        self.start()
+
+    def listing(self) -> list[tuple]:
+        """Every path under the home, with its type, mode and content hash: what 'as it was' means."""
+        rows = []
+        for path in sorted(self.home.rglob("*")):
+            info = path.lstat()
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+            rows.append((str(path.relative_to(self.home)), oct(info.st_mode), info.st_ino if path.is_file() else 0,
+                         digest))
+        return rows
+
+
+@pytest.fixture
+def user_key(tmp_path) -> Path:
+    key = tmp_path / "user_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+@pytest.fixture
+def servers(tmp_path, user_key):
+    made = [Server(tmp_path / f"server{i}", f"127.0.0.{101 + i}", user_key, newline_at_end=i == 0).start()
+            for i in range(2)]
+    yield made
+    for server in made:
+        server.stop()
+
+
+def ssh_flags(servers, user_key, *, stack_python: bool = True) -> list[str]:
+    flags = ["--provider", "ssh", "--hosts", ",".join(s.spec for s in servers), "--ssh-key", str(user_key)]
+    return flags + (["--stack-python", sys.executable] if stack_python else [])
+
+
+def processes_carrying(directories: list[str]) -> list[int]:
+    wanted = {f"FTC_NODE_DIR={d}".encode() for d in directories}
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and wanted & set((entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for(condition, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+# ---- pure ---------------------------------------------------------------------------------------
+
+def test_hosts_parse_into_user_address_port_and_bad_ones_are_refused():
+    spec = resolve_spec({"provider": "ssh", "hosts": "alice@gpu1.example.com:2222, 10.0.0.5,bob@[fd00::1]"}, {})
+    assert spec.nodes == 3
+    assert hosts_of(spec, "me") == [Host("alice", "gpu1.example.com", 2222), Host("me", "10.0.0.5", 22),
+                                    Host("bob", "fd00::1", 22)]
+    config = resolve_spec({}, {}, {"provider": "ssh", "hosts": ["a@h1", "a@h2:23"]})
+    assert config.hosts == ["a@h1:22", "a@h2:23"]
+    for flags, named in [({"hosts": "-oProxyCommand=sh", "provider": "ssh"}, "HOSTS='-oProxyCommand=sh'"),
+                         ({"hosts": "h:70000", "provider": "ssh"}, "HOSTS='h:70000'"),
+                         ({"hosts": "h,h:22", "provider": "ssh"}, "names h:22 twice"),
+                         ({"provider": "ssh"}, "PROVIDER='ssh' needs HOSTS"),
+                         ({"hosts": "h"}, "HOSTS is for your own servers"),
+                         ({"hosts": "h", "provider": "ssh", "nodes": "2"}, "NODES=2 but HOSTS names 1"),
+                         ({"hosts": "h", "provider": "ssh", "stack_python": "python3"}, "STACK_PYTHON='python3'")]:
+        with pytest.raises(UsageError, match=named.replace("(", r"\(").replace("[", r"\[")):
+            resolve_spec(flags, {})
+
+
+def test_verdicts_name_every_problem_of_a_host_one_line_each():
+    probe = parse_probe("home=/home/a\nos=Darwin\narch=arm64\nfree_kb=1024\ncluster=old\npython=\n"
+                        "python3_version=3.9\n")
+    lines = verdicts("a@h:22", probe, "")
+    assert len(lines) == 4 and all(line.startswith("host a@h:22: ") for line in lines)
+    assert "Darwin arm64, not Linux x86-64" in lines[0] and "no Python >= 3.11" in lines[1] and "3.9" in lines[1]
+    assert "GB free" in lines[2] and "ftc cluster 'old' is already there (/home/a/.ftc-node/old)" in lines[3]
+    team = parse_probe("home=/h\nos=Linux\narch=x86_64\nfree_kb=99999999\npython=/opt/py/bin/python\n"
+                       "python_version=3.12\nmissing=torch\n")
+    lacking, no_mpirun = verdicts("h:22", team, "/opt/py/bin/python")
+    assert "STACK_PYTHON='/opt/py/bin/python' lacks torch" in lacking and "no mpirun beside" in no_mpirun
+    good = parse_probe("home=/h\nos=Linux\narch=x86_64\nfree_kb=99999999\npython=/p\npython_version=3.11\nmissing=\n"
+                       "mpirun=yes\n")
+    assert verdicts("h:22", good, "/p") == []
+
+
+def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
+    shown = subprocess.run(["ssh-keygen", "-lf", str(user_key.with_suffix(".pub"))], capture_output=True, text=True,
+                           check=True).stdout.split()[1]
+    assert fingerprint(user_key.with_suffix(".pub").read_text()) == shown
+
+
+# ---- on the servers ---------------------------------------------------------------------------
+
+def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_home, servers, user_key, minilm,
+                                                                            glue_dir):
+    before = [s.listing() for s in servers]
+    up = ftc("up", "--name", "own", *ssh_flags(servers, user_key), "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    assert "YES=1: trusting these host keys" in up.stderr
+    for server in servers:
+        assert f"host {server.spec}: ssh-ed25519 key {fingerprint(server.public_key)}" in up.stderr
+    state = json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())
+    workdirs = [n["workdir"] for n in state["nodes"]]
+    assert workdirs == [str(s.home / ".ftc-node" / "own") for s in servers]
+    assert_bootstrapped(ftc_home, "own", 2)
+    internal = (ftc_home / "clusters" / "own" / "keys" / "internal.pub").read_text().strip()
+    for server in servers:
+        assert internal in (server.home / ".ssh" / "authorized_keys").read_text().splitlines()
+        outside = {row[0] for row in server.listing()} - {row[0] for row in before[servers.index(server)]}
+        assert all(path.startswith(".ftc-node") for path in outside), outside  # all else stays in the one dir
+
+    other = ftc("up", "--name", "other", *ssh_flags(servers[:1], user_key), "--yes", "1")
+    assert other.returncode == 2 and "ftc cluster 'own' is already there" in other.stderr.splitlines()[-1]
+    status = ftc("status", "--name", "own")
+    assert "yours: no cost" in status.stdout + status.stderr
+
+    job = ftc("finetune", "--name", "own", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+              "--max-train-samples", "32", "--epochs", "1")
+    assert job.returncode == 0, job.stderr[-3000:]
+    done = json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]
+    assert done["state"] == "finished", job.stderr[-3000:]
+    results = json.loads((Path(done["results_dir"]) / "results.json").read_text())
+    assert results["world_size"] == 2 and results["nodes"] == 2
+
+    # A job still training on both hosts when the cluster goes: destroy stops it everywhere.
+    busy = ftc("finetune", "--name", "own", "--detach", "--task", "mrpc", "--model", minilm, "--data-dir",
+               str(glue_dir), "--max-train-samples", "3000", "--epochs", "1")
+    assert busy.returncode == 0, busy.stderr
+    output = Path(json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]["remote_dir"])
+    wait_for(lambda: "step" in read(output / "output.log"), "the detached job to train")
+    assert len(processes_carrying(workdirs)) >= 2  # launch script, mpirun, ranks
+
+    down = ftc("down", "--name", "own")
+    assert down.returncode == 0, down.stderr
+    assert [s.listing() for s in servers] == before  # names, modes, inodes, contents: as they were
+    assert processes_carrying(workdirs) == []
+    assert not (ftc_home / "clusters" / "own").exists()
+    assert all(s.proc.poll() is None for s in servers)  # the servers stay
+
+
+def test_unreachable_host_is_refused_before_anything_is_installed(ftc_home, servers, user_key, tmp_path):
+    before = servers[0].listing()
+    with socket.socket() as sock:  # an address and port where nothing listens
+        sock.bind(("127.0.0.103", 0))
+        dead = f"{getpass.getuser()}@127.0.0.103:{sock.getsockname()[1]}"
+    flags = ["--provider", "ssh", "--hosts", f"{servers[0].spec},{dead}", "--ssh-key", str(user_key),
+             "--stack-python", sys.executable]
+    proc = ftc("up", "--name", "gone", *flags, "--yes", "1")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: host {dead}: unreachable"), lines
+    assert servers[0].listing() == before
+    assert not (ftc_home / "clusters" / "gone").exists()
+
+    # Reachable, but nobody confirmed the host keys: no terminal and no YES refuses, changing nothing.
+    unconfirmed = ftc("up", "--name", "ask", *ssh_flags(servers, user_key), stdin=subprocess.DEVNULL)
+    assert unconfirmed.returncode == 2
+    assert "not confirmed and there is no terminal" in unconfirmed.stderr.strip().splitlines()[-1]
+    assert servers[0].listing() == before and not (ftc_home / "clusters" / "ask").exists()
+
+
+def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, servers, user_key):
+    up = ftc("up", "--name", "pin", *ssh_flags(servers, user_key), "--yes", "1", "--no-bootstrap")
+    assert up.returncode == 0, up.stderr
+    changed = servers[1]
+    changed.new_host_key()
+    proc = ftc("bootstrap", "--name", "pin")
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert f"host key mismatch: {changed.spec} presents ssh-ed25519" in line, line
+    assert "make destroy NAME=pin" in line and "pins the new key after you confirm it" in line
+
+    down = ftc("down", "--name", "pin")  # ftc never logs in to it again: it names what is left there
+    assert down.returncode == 1
+    assert f"host {changed.spec}: not cleaned (host key mismatch" in down.stderr
+    assert f"left there: {changed.home}/.ftc-node/pin" in down.stderr
+    assert (changed.home / ".ftc-node" / "pin").is_dir()
+    assert not (servers[0].home / ".ftc-node").exists()  # the other host is cleaned
+    assert not (ftc_home / "clusters" / "pin").exists()
+    assert os.path.exists(changed.root / "host_key")
