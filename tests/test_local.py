@@ -123,7 +123,7 @@ def test_clusters_side_by_side_do_not_interfere(ftc_home):
     assert ftc("down", "--name", "c1").returncode == 0
     for name in names[1:]:
         assert os.path.exists(f"/proc/{nodes[name]['pid']}")
-        assert "running" in ftc("status", "--name", name).stderr
+        assert "running" in ftc("status", "--name", name).stdout
         ftc("down", "--name", name, check=True)
     assert sshd_pids(ftc_home) == []
 

@@ -34,6 +34,25 @@ def state_of(home: Path) -> dict:
     return json.loads((home / "clusters" / "tr" / "state.json").read_text())
 
 
+def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
+    """Wait until the job that `proc` started holds before its FTC_HOLD_AT_STEP step (the
+    training program's test hold point): the job's directory on the head node."""
+    state = home / "clusters" / name / "state.json"
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        jobs = json.loads(state.read_text()).get("jobs") if state.exists() else None
+        if jobs and (Path(jobs[-1]["remote_dir"]) / "held").exists():
+            return Path(jobs[-1]["remote_dir"])
+        time.sleep(0.1)
+
+
+def results_of_run(home: Path, name: str) -> dict:
+    """The results.json of the one run of cluster `name` (they outlive the cluster)."""
+    found = list((home / "runs" / name).glob("*/results.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
 def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
     proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", minilm,
                            "--data-dir", str(glue_dir)], capture_output=True, text=True,
@@ -47,17 +66,15 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, 
     assert render.returncode == 0 and "mpirun -f" in render.stdout and "-n 2 -ppn 1" in render.stdout
 
     follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, epochs=3)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = ""
-    while "step" not in seen:  # the job is training: now the follower goes away
-        line = follower.stdout.readline()
-        assert line, follower.stderr.read()
-        seen += line
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
+    job_dir = held_job(ftc_home, cluster, follower)  # the job is training: now the follower goes away
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0 and "detached" in err and "ftc logs --name tr -f" in err
     assert state_of(ftc_home)["jobs"][-1]["state"] == "running"
-    assert "running" in ftc("status", "--name", cluster).stderr
+    assert "running" in ftc("status", "--name", cluster).stdout
+    (job_dir / "release").touch()
 
     again = ftc("logs", "--name", cluster, "-f", timeout=900)
     assert again.returncode == 0, again.stderr
@@ -74,7 +91,7 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, 
     assert 0 <= results["eval_accuracy"] <= 1 and 0 <= results["eval_f1"] <= 1
     assert (results_dir / "model" / "config.json").exists() and (results_dir / "model" / "model.safetensors").exists()
     assert {p.name for p in (results_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
-    assert "finished" in ftc("status", "--name", cluster).stderr
+    assert "finished" in ftc("status", "--name", cluster).stdout
     assert_no_secrets(ftc_home, [results_dir, Path(job["remote_dir"])], again.stdout + again.stderr)
 
 
@@ -101,15 +118,15 @@ def test_one_shot_run_tears_down_after_itself(ftc_home, minilm, glue_dir):
 
 
 def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, cluster, minilm, glue_dir):
-    started = ftc("finetune", "--name", cluster, "--detach", *job_flags(minilm, glue_dir, samples=128, epochs=3))
-    assert started.returncode == 0, started.stderr
+    # 128 rows, 2 ranks x 32: 2 steps an epoch; held before step 3, epoch 1 is checkpointed
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=128, epochs=3)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FTC_HOLD_AT_STEP": "3"})
+    job_dir = held_job(ftc_home, cluster, follower)
     job = state_of(ftc_home)["jobs"][-1]
-    checkpoint = Path(job["remote_dir"]) / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 600
-    while not checkpoint.exists():
-        assert time.monotonic() < deadline, "no checkpoint after the first epoch"
-        time.sleep(0.5)
+    assert (job_dir / "checkpoints" / "last.pt").exists()
     assert ftc("cancel", "--name", cluster).returncode == 0
+    follower.communicate(timeout=120)
     assert state_of(ftc_home)["jobs"][-1]["state"] == "cancelled"
 
     resumed = ftc("finetune", "--name", cluster, "--resume", *job_flags(minilm, glue_dir, samples=128, epochs=3))
@@ -122,24 +139,16 @@ def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, clust
 
 def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minilm, glue_dir):
     from provision.procs import descendants
-    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=2000)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=256)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
+    job_dir = held_job(ftc_home, cluster, follower)
     node1 = state_of(ftc_home)["nodes"][1]
-    victim = None
-    deadline = time.monotonic() + 300
-    while victim is None:
-        assert time.monotonic() < deadline and follower.poll() is None
-        for pid in descendants(node1["pid"]):
-            try:
-                if b"runner.node.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    victim = pid
-            except OSError:
-                pass
-        time.sleep(0.5)
-    log = Path(state_of(ftc_home)["jobs"][-1]["remote_dir"]) / "logs" / "rank1.log"
-    while "step" not in (log.read_text() if log.exists() else "") and "cores" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
-    os.kill(victim, signal.SIGKILL)
+    victims = [pid for pid in descendants(node1["pid"])
+               if b"runner.node.train" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(victims) == 1
+    os.kill(victims[0], signal.SIGKILL)  # held, both ranks have logged their start: the tail shows it
+    (job_dir / "release").touch()
     out, err = follower.communicate(timeout=180)  # bounded: hydra ends the job when a rank dies
     assert follower.returncode == 1
     assert "job failed" in err and "tail of rank" in err
@@ -184,29 +193,31 @@ def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
 
 def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run(ftc_home, minilm, glue_dir):
     from provision.procs import descendants
-    flags = job_flags(minilm, glue_dir, samples=320, epochs=2)
+    flags = job_flags(minilm, glue_dir, samples=128, epochs=2)  # 2 steps an epoch
     reference = ftc("run", "--name", "ref", "--nodes", "2", *flags, timeout=900)
     assert reference.returncode == 0, reference.stderr[-2000:]
-    expected = json.loads(next(Path("runs/ref").glob("mrpc-*/results.json")).read_text())
+    expected = results_of_run(ftc_home, "ref")
 
     interrupted = subprocess.Popen([*FTC, "run", "--name", "lost", "--nodes", "2", *flags],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while not list(Path("runs/lost").glob("mrpc-*/checkpoints/last.pt")):  # copied home after epoch 1
-        assert time.monotonic() < deadline and interrupted.poll() is None, interrupted.communicate()
-        time.sleep(0.2)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "FTC_HOLD_AT_STEP": "3"})
+    job_dir = held_job(ftc_home, "lost", interrupted)  # epoch 1 done and checkpointed
+    while not list((ftc_home / "runs" / "lost").glob("*/checkpoints/last.pt")):  # and copied home
+        assert interrupted.poll() is None, interrupted.communicate()
+        time.sleep(0.1)
     node1 = state_of_named(ftc_home, "lost")["nodes"][1]
     ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert ranks
     for pid in ranks:  # node 1 is lost
         os.kill(pid, signal.SIGKILL)
+    (job_dir / "release").touch()
     _, err = interrupted.communicate(timeout=180)  # fails, bounded, and tears the cluster down
     assert interrupted.returncode == 1 and "job failed" in err and "nothing left running" in err
 
     resumed = ftc("run", "--name", "lost", "--nodes", "2", "--resume", *flags, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stderr
-    result = json.loads(next(Path("runs/lost").glob("mrpc-*/results.json")).read_text())
+    result = results_of_run(ftc_home, "lost")
     assert result["resumed_from_epoch"] == 1
     assert [e["epoch"] for e in result["epoch_metrics"]] == [1, 2]
     for key in ("eval_accuracy", "eval_f1"):
@@ -257,25 +268,22 @@ def test_sweep_over_1_and_2_local_nodes_writes_the_2021_table(ftc_home, minilm, 
 def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes(ftc_home, minilm, glue_dir):
     from conftest import sshd_pids
     from fake_imds import FakeIMDS
-    flags = job_flags(minilm, glue_dir, samples=640, epochs=2)
+    flags = job_flags(minilm, glue_dir, samples=256, epochs=2)  # 4 steps an epoch
     reference = ftc("run", "--name", "steady", "--nodes", "2", *flags, timeout=900)
     assert reference.returncode == 0, reference.stderr[-2000:]
-    expected = json.loads(next(Path("runs/steady").glob("mrpc-*/results.json")).read_text())
+    expected = results_of_run(ftc_home, "steady")
 
     imds = FakeIMDS()
     try:
         spot_run = subprocess.Popen([*FTC, "run", "--name", "spot", "--nodes", "2", "--spot", "1", *flags],
-                                    env={**os.environ, "FTC_IMDS_ENDPOINT": imds.url},
+                                    env={**os.environ, "FTC_IMDS_ENDPOINT": imds.url, "FTC_HOLD_AT_STEP": "2"},
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 600
-        while True:  # the notice comes once training is under way
-            assert time.monotonic() < deadline and spot_run.poll() is None, spot_run.communicate()
-            jobs = state_of_named(ftc_home, "spot").get("jobs") if (ftc_home / "clusters" / "spot").exists() else None
-            log = Path(jobs[-1]["remote_dir"]) / "output.log" if jobs else None
-            if log and log.exists() and "step 1/" in log.read_text():
-                break
-            time.sleep(0.2)
+        job_dir = held_job(ftc_home, "spot", spot_run)  # training is under way: the notice comes now
         imds.armed = True
+        while not imds.served:  # the node's watcher has read it
+            assert spot_run.poll() is None, spot_run.communicate()
+            time.sleep(0.1)
+        (job_dir / "release").touch()
         out, err = spot_run.communicate(timeout=900)
     finally:
         imds.close()
@@ -284,7 +292,7 @@ def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resume
     assert "spot interruption (1/3): recreating cluster spot" in err
     assert "(spot interruption notice)" in out and "resuming from" not in err.split("recreating")[0]
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "spot").exists()
-    result = json.loads(next(Path("runs/spot").glob("mrpc-*/results.json")).read_text())
+    result = results_of_run(ftc_home, "spot")
     assert result["resumed_from_batch"] >= 1 and result["steps"] == expected["steps"]
     for key in ("eval_accuracy", "eval_f1"):
         assert result[key] == pytest.approx(expected[key], abs=1e-6), (result[key], expected[key])

@@ -91,6 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spot-watch", default="", metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
                         f"checkpoint where the job stands and exit {spot.EXIT_PREEMPTED}")
+    p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
+                   help="tests: before step N, write <output-dir>/held and wait for <output-dir>/release")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (bench)")
     p.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
@@ -206,6 +208,8 @@ def main(argv=None) -> int:
         epoch_start = time.perf_counter()
         ddp.train()
         for i, indices in enumerate(batches[skip:], start=skip):
+            if step + 1 == args.hold_at_step:
+                hold(out_dir, step + 1, env)
             t0 = time.perf_counter()
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
             labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
@@ -428,6 +432,16 @@ def evaluate(model, dev: dict, args, env, pad_id: int, precision: str) -> dict[s
     pred = [p for _, p in predictions]
     gold = [dev["labels"][i] for i, _ in predictions]
     return glue.compute_metrics(args.task, pred, gold)
+
+
+def hold(out_dir: Path, step: int, env) -> None:
+    """Tests act on a job at a known point (detach, cancel, lose a node, arm a spot notice)
+    instead of racing the clock: before `step`, rank 0 writes <output-dir>/held and every rank
+    waits until <output-dir>/release exists (local nodes share one file system)."""
+    if env.master:
+        (out_dir / "held").write_text(str(step))
+    while not (out_dir / "release").exists():
+        time.sleep(0.1)
 
 
 def watch_spot(url: str) -> spot.Watcher:
