@@ -9,8 +9,10 @@ from rich.live import Live
 from rich.table import Table
 
 console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
-# A command's answer (a plan, a table to keep) goes to stdout; progress and messages to stderr.
-answer = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+# A command's answer (a table, a plan, JSON) goes to stdout; progress and messages to stderr. Piped, the
+# answer is as wide as its widest table needs (up to 160), so scripts see rows on one line each; colour
+# only on a terminal (rich's own rule, which NO_COLOR and FORCE_COLOR override).
+answer = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def duration(seconds: float) -> str:

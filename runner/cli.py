@@ -19,16 +19,37 @@ from provision.ui import answer, console, duration
 from provision.values import boolean, number, whole
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
+SPEC_HELP = {
+    "name": "cluster name (default 'ftc')",
+    "provider": "where the nodes run: local (sshd nodes on this machine, default), aws, ssh",
+    "nodes": "number of nodes, 1..64 (default 2)",
+    "instance_type": "AWS instance type (default c6i.16xlarge)",
+    "region": "AWS region (default us-east-1)",
+    "zones": "AWS zones to try in order, comma list (default: every zone of the region)",
+    "ami": "AWS image id (default: Amazon Linux 2023 from its public SSM parameter)",
+    "root_volume_gb": "AWS root volume size in GB (default 100)",
+    "spot": "1: AWS spot instances; jobs watch for interruption notices",
+    "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
+    "allow_open_ssh": "1: allow SSH_CIDR=0.0.0.0/0",
+    "max_hours": "AWS: the nodes power off after this many hours (default 4)",
+    "stack": "software on the nodes: stock (default) or intel",
+    "owner": "AWS: the ftc:owner tag (default: your user name)",
+    "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
+    "ssh_key": "ssh: the private key that logs in to HOSTS (default: your agent and ~/.ssh keys)",
+    "stack_python": "ssh: a Python on every host that already has the stack (default: ftc installs one)",
+}
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     for key in PARSERS:
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, metavar=key.upper())
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, metavar=key.upper(),
+                       help=SPEC_HELP.get(key, f"the cluster's {key} setting (README: Variables)"))
     p.add_argument("--config", default=None, help="TOML file with cluster settings ([cluster] table)")
 
 
 def _name_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", default=None, help="cluster name (default: $FTC_NAME, else 'ftc')")
+    p.add_argument("--name", default=None,
+                   help="cluster name (default: $FTC_NAME, else the only cluster there is, else 'ftc')")
 
 
 def _job_flags(p: argparse.ArgumentParser) -> None:
@@ -47,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_flags(p)
     p.add_argument("--yes", default=None, help="skip the confirmation (YES=1)")
     p.add_argument("--bootstrap", default=None, help="1 (default) or 0: stop once nodes are running")
-    p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0")
+    p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0", help="same as --bootstrap 0")
     p.add_argument("--dry-run", action="store_true", help="AWS: check credentials, permissions, quota; create nothing")
 
     p = sub.add_parser("down", help="delete a cluster and everything it created")
@@ -57,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="what exists, reconciled with the provider")
     _name_flag(p)
-    p.add_argument("--json", action="store_true", help="print the state as JSON for scripts")
+    p.add_argument("--json", action="store_true",
+                   help="print the state as JSON for scripts (without --name: a list of every cluster)")
 
     p = sub.add_parser("bootstrap", help="install the stack, keys, hostfile and facts on every node")
     _name_flag(p)
@@ -76,15 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="up, bootstrap, finetune, fetch, down: one shot")
     _spec_flags(p)
     _job_flags(p)
-    p.add_argument("--yes", default=None)
+    p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
     p.add_argument("--keep", default=None, help="1: keep the cluster afterwards (KEEP=1)")
 
     p = sub.add_parser("sweep", help="the same job on clusters of each size: the 2021 recipe's table, ours beside it")
     _spec_flags(p)
     _job_flags(p)
-    p.add_argument("--yes", default=None)
+    p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
     p.add_argument("--keep", default=None, help="1: keep the last cluster afterwards (KEEP=1)")
-    p.add_argument("--out", default=None, help="where the table and plot go (default runs/<cluster>/sweep-<task>)")
+    p.add_argument("--out", default=None,
+                   help="where the table and plot go (default $FTC_HOME/runs/<cluster>/sweep-<task>)")
 
     for verb, text in (("logs", "show (and with -f follow) the output of the last job"),
                        ("cancel", "stop the running job on every node"),
@@ -92,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=text)
         _name_flag(p)
         if verb == "logs":
-            p.add_argument("-f", "--follow", action="store_true")
+            p.add_argument("-f", "--follow", action="store_true", help="follow a running job until it ends")
 
     p = sub.add_parser("extend", help="push the nodes' max-lifetime watchdog back")
     _name_flag(p)
@@ -106,19 +129,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="mrpc", help="GLUE task (its training set size)")
     p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
     p.add_argument("--instance-type", default=None, help="default: the cluster spec's (c6i.16xlarge)")
-    p.add_argument("--epochs", default="3")
+    p.add_argument("--epochs", default="3", help="epochs (default 3)")
     p.add_argument("--bench", default=str(DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
     p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
 
+    _runs_parser(sub)
+
     p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
     return parser
 
 
+def _runs_parser(sub) -> None:
+    p = sub.add_parser("runs", help="every run ftc has results of, newest first; show one, compare several")
+    p.add_argument("--json", action="store_true", help="print the runs as a JSON list for scripts")
+    verbs = p.add_subparsers(dest="runs_command", parser_class=OneLineParser)
+    q = verbs.add_parser("show", help="one run: summary, and report.md + report.png in its results directory")
+    q.add_argument("run", metavar="ID", help="a run id from `ftc runs` (or cluster/id)")
+    q = verbs.add_parser("compare", help="runs side by side: a table and one plot")
+    q.add_argument("run", metavar="ID", nargs="+", help="two or more run ids from `ftc runs`")
+    q.add_argument("--out", default=None, help="the plot's path (default $FTC_HOME/runs/compare/<ids>.png)")
+
+
 def _cluster_name(args: argparse.Namespace) -> str:
-    return PARSERS["name"]("name", args.name or os.environ.get("FTC_NAME") or "ftc")
+    """--name, else $FTC_NAME, else the only cluster there is (said on stderr), else 'ftc'."""
+    given = args.name or os.environ.get("FTC_NAME")
+    if not given:
+        names = st.all_names()
+        if len(names) == 1:
+            console.print(f"cluster {names[0]} (the only one)", markup=False)
+            return names[0]
+    return PARSERS["name"]("name", given or "ftc")
 
 
 def _spec_from(args: argparse.Namespace):
@@ -138,8 +181,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         aws.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
+    from runner.jobspec import hub_reachable
+    offline = "" if hub_reachable() else " MODEL=auto DATA_DIR=auto"  # the packaged MiniLM, ../shared's GLUE
     console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s); "
-                  f"next: `make finetune NAME={state.name}` or `ftc ssh --name {state.name}`")
+                  f"next: `make finetune NAME={state.name}{offline}` or `ftc ssh --name {state.name}`")
     return 0
 
 
@@ -152,28 +197,37 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """One cluster (--name), or every cluster: tables, or JSON with --json, on stdout."""
     from provision import cluster
-    if args.name is None and not os.environ.get("FTC_NAME") and not args.json:
+    if args.name is None and not os.environ.get("FTC_NAME"):
         names = st.all_names()
-        if not names:
+        if not names and not args.json:
             console.print("no clusters; start one with `make cluster`")
-        corrupt = 0
+        corrupt, found = 0, []
         for name in names:  # one bad cluster must not hide the others
             try:
-                _print_status(*cluster.status(name))
+                found.append(cluster.status(name))
+                if not args.json:
+                    _print_status(*found[-1])
             except st.CorruptState as exc:
                 corrupt += 1
                 print(f"error: {exc}; `ftc down --name {name}` still cleans up", file=sys.stderr)
+        if args.json:
+            print(json.dumps([_status_json(*pair) for pair in found], indent=2))
         return 1 if corrupt else 0
     state, nodes = cluster.status(_cluster_name(args))
     if args.json:
-        data = json.loads(state.to_json())
-        for node, live in zip(data["nodes"], nodes):
-            node["live"] = live.state
-        print(json.dumps(data, indent=2))
+        print(json.dumps(_status_json(state, nodes), indent=2))
         return 0
     _print_status(state, nodes)
     return 0
+
+
+def _status_json(state: st.ClusterState, nodes) -> dict:
+    data = json.loads(state.to_json())
+    for node, live in zip(data["nodes"], nodes):
+        node["live"] = live.state
+    return data
 
 
 def _print_status(state: st.ClusterState, nodes) -> None:
@@ -186,6 +240,8 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     if state.provider == "aws":
         from provision.catalog import INSTANCE_TYPES
         cost = f", about ${hours * spec.nodes * INSTANCE_TYPES[spec.instance_type].usd_per_hour:.2f} so far"
+    elif state.provider == "ssh":
+        cost = ", your servers: no cost"
     table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
                   title_justify="left")
     for column in ("node", "id", "address", "ssh", "state", "detail"):
@@ -193,7 +249,7 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     for node, live in zip(state.nodes, nodes):
         table.add_row(node.name, node.id, f"{node.public_ip} / {node.private_ip}",
                       f"{node.ssh_user}@:{node.ssh_port}", live.state, live.detail)
-    console.print(table)
+    answer.print(table)
     differs = [f"{n.name} is {live.state}" for n, live in zip(state.nodes, nodes) if live.state != "running"]
     if differs and state.phase in ("running", "bootstrapped"):
         console.print(f"[yellow]state says {state.phase}, but {'; '.join(differs)}[/]: "
@@ -254,8 +310,41 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     job_spec = jobspec.job_from_args(args)
     if job_spec.results:
         raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")
-    out = Path(jobspec.writable_dir("out", args.out or str(Path("runs") / spec.name / f"sweep-{job_spec.task}")))
+    from runner.runs import runs_root
+    out = Path(jobspec.writable_dir("out", args.out or str(runs_root() / spec.name / f"sweep-{job_spec.task}")))
     return sweep.sweep(spec, job_spec, node_counts, out, keep=keep, yes=yes)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """The history: a table (or --json) of every run; `show ID` writes its report; `compare ID ID ...`."""
+    from runner import report, runs
+    if args.runs_command == "show":
+        run = runs.find(args.run)
+        md, png = report.show(run)
+        answer.print(f"report: {md}\nplot: {png}", markup=False, soft_wrap=True)
+        return 0
+    if args.runs_command == "compare":
+        if len(args.run) < 2:
+            raise UsageError(f"RUN={args.run[0]!r}: compare needs two or more runs; allowed: ids from `ftc runs`")
+        chosen = [runs.find(ref) for ref in args.run]
+        out = Path(args.out) if args.out else \
+            runs.runs_root() / "compare" / ("_vs_".join(r["id"] for r in chosen)[:200] + ".png")
+        if out.suffix.lower() != ".png":
+            raise UsageError(f"OUT={args.out!r} is not a .png path; give a file name ending in .png")
+        from runner.jobspec import writable_dir
+        writable_dir("out", str(out.parent))
+        report.compare(chosen, out)
+        answer.print(f"plot: {out}", markup=False, soft_wrap=True)
+        return 0
+    found = runs.all_runs()
+    if args.json:
+        print(json.dumps(found, indent=2))
+    elif found:
+        answer.print(report.runs_table(found, f"{len(found)} run(s), newest first; `ftc runs show ID` for one",
+                                       answer.width))
+    else:
+        console.print(f"no runs under {runs.runs_root()} yet; `make demo` makes one")
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -343,7 +432,7 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
             "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
             "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan,
-            "sweep": cmd_sweep}
+            "sweep": cmd_sweep, "runs": cmd_runs}
 
 
 def _sigterm_as_interrupt(signum, frame):

@@ -6,6 +6,7 @@ The job runs detached on the head node (setsid + nohup), so it outlives the cont
 """
 
 import shlex
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,21 +14,23 @@ from pathlib import Path
 from provision import procs
 from provision import state as st
 from provision.bootstrap import load_facts
-from provision.errors import FtcError, UsageError
+from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
 from provision.ssh import connect, put_text, run, stream
-from provision.ui import console
+from provision.ui import answer, console
 
+from . import runs
 from .jobspec import JobSpec, metadata_endpoint, train_args, writable_dir
 from .node import spot
-from .report import print_results, show_failure
+from .report import TerminalLines, print_results, show_failure
 from .transfer import copy_checkpoint, fetch, home_checkpoint
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
-             resume_from: Path | None = None) -> int:
+             resume_from: Path | None = None, one_shot: bool = False) -> int:
     """`resume`: continue the cluster's last job in place. `resume_from`: a checkpoint kept on the
-    controller (a cluster that is gone): a new job on this cluster starts from it."""
+    controller (a cluster that is gone): a new job on this cluster starts from it. `one_shot`: the
+    caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
     state = st.load(name)
     facts = load_facts(name)
     if resume and not resume_from:
@@ -38,7 +41,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         job_id = f"{job.task}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
-                                  state.jobs[-1].results_dir if resume else str(Path("runs") / name / job_id))
+                                  state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))
     try:
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
                               "runner.node.train",
@@ -53,12 +56,17 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     writable_dir("results", results_dir)
     record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
                                           checkpoint_s3=job.checkpoint_s3), resume_from)
+    runs.record_start(state, record, {"task": job.task, "model": job.model, "nodes": spec.nodes,
+                                      "ranks_per_node": spec.plan.ppn, "threads_per_rank": spec.plan.threads,
+                                      "precision": job.precision, "recipe": job.recipe, "epochs": job.epochs or None,
+                                      "batch_size": job.batch_size or None, "lr": job.lr or None,
+                                      "max_train_samples": job.max_train_samples or None})
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
-    return follow(name)
+    return follow(name, one_shot=one_shot)
 
 
 def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None) -> st.JobInfo:
@@ -90,26 +98,49 @@ def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | N
     return record
 
 
-def follow(name: str, from_start: bool = True) -> int:
-    """Print the job's output until it ends; then fetch. Ctrl-C detaches, the job runs on."""
+def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
+    """Print the job's output until it ends; then fetch. Ctrl-C detaches, the job runs on (in a one-shot
+    run it stops the run instead). A cluster destroyed meanwhile ends the follower with that said."""
     state = st.load(name)
     job = state.jobs[-1]
     conn = connect(state, state.head)
+    terminal = TerminalLines(colour=sys.stdout.isatty())
 
     def on_line(line: str) -> None:
-        print(line, flush=True)
+        shown = terminal(line)
+        if shown is not None:
+            print(shown, flush=True)
         if "checkpoint saved: epoch" in line:
             copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} "
                f"{shlex.quote(job.remote_dir)}/output.log 2>/dev/null", on_line)
     except KeyboardInterrupt:
+        if one_shot:
+            raise
         console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
                       f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
         return 0
     finally:
         conn.close()
-    return finish(name)
+    gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
+                    f"is in {job.results_dir}")
+    if destroyed(name):
+        raise gone
+    try:
+        return finish(name)
+    except (ClusterBusy, UsageError):
+        if destroyed(name):  # `ftc down` took the lock, or the state, after the check above
+            raise gone from None
+        raise
+
+
+def destroyed(name: str) -> bool:
+    """The cluster is gone, or `ftc down` is taking it apart (it marks the state first)."""
+    try:
+        return not st.exists(name) or st.load(name).phase == "terminating"
+    except (UsageError, st.CorruptState):
+        return False
 
 
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
@@ -146,6 +177,7 @@ def finish(name: str) -> int:
             job.state = {0: "finished", spot.EXIT_PREEMPTED: "preempted"}.get(code, "failed")
             st.save(state)
         results = fetch(state, job)
+        runs.record_end(results, job.state)
     if code == spot.EXIT_PREEMPTED:
         console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
                       f"({home_checkpoint(results)}); `ftc run --resume` continues it on a new cluster[/]")
@@ -154,6 +186,7 @@ def finish(name: str) -> int:
         show_failure(results, code)
         return 1
     print_results(results)
+    console.print(f"its report and plot: `ftc runs show {job.id}`; every run: `ftc runs`", markup=False)
     return 0
 
 
@@ -166,9 +199,12 @@ def logs(name: str, follow_output: bool = False) -> int:
         return follow(name)
     conn = connect(state, state.head)
     try:
-        print(run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log"), end="")
+        output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log")
     finally:
         conn.close()
+    terminal = TerminalLines(colour=sys.stdout.isatty())
+    shown = (terminal(line) for line in output.splitlines())
+    print("".join(f"{line}\n" for line in shown if line is not None), end="")
     return 0
 
 
@@ -187,6 +223,7 @@ def cancel(name: str) -> int:
             conn.close()
         job.state = "cancelled"
         st.save(state)
+        runs.record_end(job.results_dir, job.state)
     console.print(f"job {job.id} cancelled")
     return 0
 
@@ -216,4 +253,4 @@ def describe_jobs(state: st.ClusterState) -> None:
                 conn.close()
         except Exception as exc:  # noqa: BLE001 - status must print even when a node is gone
             line += f" (head node unreachable: {exc})"
-    console.print(line + f"; results: {job.results_dir}")
+    answer.print(line + f"; results: {job.results_dir}", markup=False, soft_wrap=True)

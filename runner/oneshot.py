@@ -1,6 +1,7 @@
 """`ftc run`: up, bootstrap, finetune, fetch, down in one command. A job stopped by a spot
 interruption is resumed from its checkpoint on a recreated cluster, up to MAX_RECLAIMS times;
-the cluster is released (torn down unless KEEP=1) on success, failure and Ctrl-C alike.
+the cluster is released (torn down unless KEEP=1) on success, failure and Ctrl-C alike, and after
+Ctrl-C the run says what it tore down.
 """
 
 from pathlib import Path
@@ -12,6 +13,7 @@ from provision.errors import UsageError
 from provision.spec import ClusterSpec
 from provision.ui import console
 
+from . import runs
 from .job import finetune
 from .jobspec import JobSpec
 from .node import spot
@@ -23,10 +25,10 @@ MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives u
 def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
-    code = 1
+    code, interrupted = 1, ""
     try:
         bootstrap(spec.name)  # inside: a failed or interrupted bootstrap releases the nodes too
-        code = finetune(spec.name, job, resume_from=checkpoint)
+        code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
         for reclaim in range(1, MAX_RECLAIMS + 1):
             if code != spot.EXIT_PREEMPTED:
                 break
@@ -34,17 +36,39 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
             console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {spec.name} "
                           f"and resuming from {checkpoint}[/]")
             cluster.recreate(spec, yes=True)  # the same spec the user already accepted
-            code = finetune(spec.name, job, resume_from=checkpoint)
-        if code == 0 and st.load(spec.name).jobs[-1].state == "running":
-            code = 1  # Ctrl-C while following: in one shot that means stop
+            code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
+    except KeyboardInterrupt:
+        interrupted = what_is_released(spec.name, keep)
+        raise
     finally:
         cluster.release(spec.name, keep)
+        if interrupted:
+            console.print(f"[yellow]{interrupted}[/]", highlight=False)
     return code
+
+
+def what_is_released(name: str, keep: bool) -> str:
+    """After Ctrl-C, in words: the cluster and the job that release() is about to stop, or keep."""
+    try:
+        state = st.load(name)
+    except (UsageError, st.CorruptState):
+        return ""
+    running = [j for j in state.jobs if j.state == "running"]
+    nodes = f"{len(state.nodes)} {state.provider} node(s)"
+    if keep:
+        return (f"interrupted: cluster {name} ({nodes}) stays (KEEP=1)" +
+                (f"; job {running[-1].id} runs on: `ftc logs --name {name} -f` follows it, "
+                 f"`ftc cancel --name {name}` stops it" if running else ""))
+    if running:
+        runs.record_end(running[-1].results_dir, "interrupted")
+        return (f"interrupted: stopped job {running[-1].id} and tore down cluster {name} ({nodes}); "
+                f"its checkpoints copied so far are in {running[-1].results_dir}")
+    return f"interrupted: tore down cluster {name} ({nodes}); no job was running"
 
 
 def latest_checkpoint(name: str, job: JobSpec) -> Path:
     """The newest checkpoint the controller holds for this cluster name and task (or in RESULTS)."""
-    root = Path(job.results) if job.results else Path("runs") / name
+    root = Path(job.results) if job.results else runs.runs_root() / name
     pattern = home_checkpoint("" if job.results else f"{job.task}-*")  # one job's results, or each of the task's
     found = sorted(root.glob(str(pattern)), key=lambda p: p.stat().st_mtime)
     if not found:

@@ -1,38 +1,382 @@
-"""A finished job as the user reads it: its results as a table, or why it failed (the tails of
-the failing ranks' logs). Reads only the files fetched to the controller.
+"""A job as the user reads it: its output on the terminal (without transformers' load report, colour
+codes only on a terminal), its results as a table, why it failed (the failing rank's exception, read
+from output.log: the rank logs never hold a traceback), and a run's report (markdown and a plot) and
+comparison. Reads only files on the controller.
+
+output.log is what mpirun collected from every rank: Intel MPI and MPICH prefix each line with
+`[rank] `, Open MPI with `[job,rank]<stdout>:`. Rank 0 logs `HH:MM:SS epoch E/N step S/T loss L
+R samples/s ...` while it trains and `HH:MM:SS epoch E dev eval_x V ...` after each evaluation.
 """
 
 import json
+import re
 from pathlib import Path
 
-from provision.ui import console
+from rich.markup import escape
+
+from provision.ui import answer, console, duration
+
+from .runs import runs_root
+
+RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\](?:<std(?:out|err)>:)?\s?")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+CLOCK = r"(\d\d):(\d\d):(\d\d) "
+PROGRESS = re.compile(CLOCK + r"epoch (\d+)/(\d+) step (\d+)/(\d+) loss (\S+) ([\d.]+) samples/s")
+DEV = re.compile(CLOCK + r"epoch (\d+) dev ((?:eval_\w+ \S+ ?)+)$")
+LOG_LINE = re.compile(r"^" + CLOCK)
+TRACEBACK_LINES = 8  # of the failing rank's traceback, shown on failure
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """The rank mpirun prefixed the line with (None: the launch script's or mpirun's own), and the text."""
+    found = RANK_PREFIX.match(line)
+    return (int(found.group(1)), line[found.end():]) if found else (None, line)
+
+
+# ---- the job's output on the terminal ------------------------------------------------------------
+
+class TerminalLines:
+    """What of the job's output reaches the terminal: every line but transformers' model load report
+    (a table of newly initialised weights, on every run; it stays in output.log), reduced to a note.
+    Colour codes only when the output is a terminal."""
+
+    def __init__(self, colour: bool):
+        self.colour = colour
+        self.in_report = False
+
+    def __call__(self, line: str) -> str | None:
+        rank, text = split_rank(line)
+        plain = ANSI.sub("", text).rstrip()
+        if "LOAD REPORT" in plain:
+            self.in_report = True
+            model = plain.split(" LOAD REPORT")[0].split()[-1]
+            return f"{'' if rank is None else f'[{rank}] '}(transformers' load report of {model}: in output.log)"
+        if self.in_report and (not plain or "|" in plain or plain.startswith("-") or plain == "Notes:"):
+            return None
+        self.in_report = False
+        return line if self.colour else ANSI.sub("", line)
+
+
+# ---- what output.log tells ----------------------------------------------------------------------------
+
+def _seconds(match: re.Match, clock: dict) -> float:
+    """Seconds since the first timed line. The log's clock has no date: a time earlier than the line
+    before it is on the next day."""
+    t = int(match.group(1)) * 3600 + int(match.group(2)) * 60 + int(match.group(3))
+    if not clock:
+        clock.update(first=t, last=t, days=0)
+    clock["days"] += t < clock["last"]
+    clock["last"] = t
+    return float(t + 86400 * clock["days"] - clock["first"])
+
+
+def progress(output: str) -> tuple[list[dict], list[dict]]:
+    """Rank 0's progress lines (seconds since the first, fractional epoch, loss, samples/s) and its
+    dev evaluations per epoch, as logged."""
+    steps, dev, clock = [], {}, {}
+    for line in output.splitlines():
+        rank, text = split_rank(line)
+        if rank not in (None, 0):
+            continue
+        if found := PROGRESS.match(text):
+            epochs, step, total = int(found.group(5)), int(found.group(6)), int(found.group(7))
+            steps.append({"seconds": _seconds(found, clock), "epoch": step / max(1, total) * epochs,
+                          "loss": float(found.group(8)), "samples_per_second": float(found.group(9))})
+        elif found := DEV.match(text.rstrip()):
+            _seconds(found, clock)
+            pairs = found.group(5).split()
+            dev[int(found.group(4))] = {k: float(v) for k, v in zip(pairs[::2], pairs[1::2])}
+    return steps, [{"epoch": e, **m} for e, m in sorted(dev.items())]
+
+
+def tracebacks(output: str) -> dict[int, list[str]]:
+    """Per rank, the last traceback it printed: from `Traceback (most recent call last):` through its
+    frames to the exception line (what the rank printed after that, warnings of its libraries, is left out)."""
+    by_rank: dict[int, list[str]] = {}
+    for line in output.splitlines():
+        rank, text = split_rank(line)
+        if rank is not None:
+            by_rank.setdefault(rank, []).append(ANSI.sub("", text.rstrip()))
+    found = {}
+    for rank, lines in sorted(by_rank.items()):
+        starts = [i for i, text in enumerate(lines) if text.startswith("Traceback (most recent call last)")]
+        if not starts:
+            continue
+        block = lines[starts[-1]:]
+        end = next((i for i, text in enumerate(block) if i and LOG_LINE.match(text)), len(block))
+        block = [text for text in block[:end] if text]
+        frames = [i for i, text in enumerate(block) if text.startswith(" ")]
+        last = frames[-1] + 1 if frames else len(block) - 1  # the exception line; its message may go on
+        while last + 1 < len(block) and block[last + 1].startswith("\t"):  # in tab-indented lines
+            last += 1
+        found[rank] = block[:last + 1]
+    return found
+
+
+def exception_line(traceback: list[str]) -> str:
+    """`Type: message`, the first line after the traceback's frames."""
+    return next((text for text in traceback[1:] if not text.startswith((" ", "\t"))), traceback[-1])
+
+
+# ---- a finished job -----------------------------------------------------------------------------------
+
+# mpirun's verdict on the first rank that went wrong: Intel MPI / MPICH (hydra), and Open MPI.
+FIRST_BAD = re.compile(r"RANK (\d+) PID \d+ RUNNING AT|process rank (\d+) with PID \d+ on node \S+ exited on signal")
+
+
+def first_bad_rank(output: str) -> int | None:
+    for rank, text in map(split_rank, output.splitlines()):
+        found = FIRST_BAD.search(text) if rank is None else None
+        if found:
+            return int(found.group(1) or found.group(2))
+    return None
 
 
 def show_failure(results: Path, code: int) -> None:
+    """Why the job failed: the failing rank's exception (the last lines of its traceback) and the file
+    with its full log; a rank killed without one (a signal, a lost node): its log's tail and mpirun's
+    verdict, other ranks' exceptions named as what followed."""
+    console.print(f"[red]job failed (exit code {code})[/]; results so far in {results}", soft_wrap=True)
+    output_log = results / "output.log"
+    output = output_log.read_text(errors="replace") if output_log.exists() else ""
+    raised, first = tracebacks(output), first_bad_rank(output)
+    if not raised or (first is not None and first not in raised):  # killed, or lost with its node
+        _show_tails(results, output, first)
+        for rank, lines in raised.items():
+            console.print(f"(then rank {rank} raised {exception_line(lines)}: {output_log})", markup=False,
+                          soft_wrap=True)
+        return
+    ranks = sorted(raised, key=lambda r: r != first)  # mpirun's first bad rank first
+    for rank in ranks[:2]:
+        console.print(f"[bold]--- rank {rank} raised {escape(exception_line(raised[rank]))} ---[/]", soft_wrap=True)
+        console.print("\n".join(raised[rank][-TRACEBACK_LINES:]), markup=False, soft_wrap=True)
+    if len(ranks) > 2:
+        console.print(f"(ranks {', '.join(map(str, ranks[2:]))} raised too)")
+    console.print(f"rank {ranks[0]}'s full log: {output_log} (its lines start with [{ranks[0]}]); "
+                  f"its progress: {results / 'logs' / f'rank{ranks[0]}.log'}", markup=False, soft_wrap=True)
+
+
+def _show_tails(results: Path, output: str, first: int | None) -> None:
+    """No exception of the failing rank's own: the tails of the ranks' logs (the first bad rank's, else
+    those that did not finish) and mpirun's verdict."""
     logs = sorted((results / "logs").glob("rank*.log"), key=lambda p: int(p.stem[4:]))
-    failing = [p for p in logs if not p.read_text().rstrip().endswith("done")] or logs
-    console.print(f"[red]job failed (exit code {code})[/]; results so far in {results}")
+    failing = [p for p in logs if p.stem == f"rank{first}"] or \
+        [p for p in logs if not p.read_text().rstrip().endswith("done")] or logs
     for log in failing[:2]:
-        tail = log.read_text().rstrip().splitlines()[-15:]
         console.print(f"[bold]--- tail of {log.name} ---[/]")
-        console.print("\n".join(tail), markup=False)
-    if not logs and (results / "output.log").exists():
-        console.print("\n".join((results / "output.log").read_text().splitlines()[-15:]), markup=False)
+        console.print("\n".join(log.read_text().rstrip().splitlines()[-15:]), markup=False, soft_wrap=True)
+    verdict = [text for rank, text in map(split_rank, output.splitlines()) if rank is None and text.strip()]
+    if verdict:
+        console.print("\n".join(verdict[-8:]), markup=False, soft_wrap=True)
+    console.print(f"full log of every rank: {results / 'output.log'}", markup=False, soft_wrap=True)
 
 
-def print_results(results: Path) -> None:
-    from rich.table import Table
-    data = json.loads((results / "results.json").read_text())
-    table = Table(title=f"{data['task'].upper()}: {data['model']}", title_justify="left")
-    table.add_column("")
-    table.add_column("")
-    rows = [("world size", f"{data['world_size']} ({data['nodes']} node(s) x {data['ranks_per_node']})"),
+def results_rows(data: dict) -> list[tuple[str, str]]:
+    rows = [("task", data["task"].upper()), ("model", data["model"]),
+            ("world size", f"{data['world_size']} ({data['nodes']} node(s) x {data['ranks_per_node']})"),
             ("recipe / precision / backend", f"{data['recipe']} / {data['precision']} / {data['backend']}"),
             ("train", f"{data['train_samples']} samples x {data['epochs']} epochs in {data['train_seconds']:.0f}s"),
             ("samples/s", f"{data['samples_per_second']:.1f}"),
             ("loss", f"{data['first_loss']:.4f} -> {data['final_loss']:.4f}")]
-    rows += [(k, f"{v:.4f}") for k, v in data.items() if k.startswith("eval_")]
+    return rows + [(f"dev {k[5:]}", f"{v:.4f}") for k, v in data.items() if k.startswith("eval_")]
+
+
+def key_value_table(title: str, rows: list[tuple[str, str]]):
+    """Two columns without headers: a value (a long model path) folds in its own column."""
+    from rich.table import Table
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column(no_wrap=True, style="bold")
+    table.add_column(overflow="fold")
     for row in rows:
         table.add_row(*row)
-    console.print(table)
-    console.print(f"results: {results}/results.json, model: {results}/model")
+    return table
+
+
+def print_results(results: Path) -> None:
+    data = json.loads((results / "results.json").read_text())
+    answer.print(key_value_table(f"{data['task'].upper()} results", results_rows(data)))
+    answer.print(f"results: {results}/results.json, model: {results}/model", soft_wrap=True)
+
+
+# ---- runs: listed, shown, compared --------------------------------------------------------------------
+
+def model_label(model: str) -> str:
+    """A hub id as it is; a local directory by its last meaningful name."""
+    if not model.startswith("/"):
+        return model
+    path = Path(model)
+    return path.parent.name if path.name in ("model", "snapshot", "") else path.name
+
+
+METRIC_ABBREVIATIONS = {"accuracy": "acc", "pearson": "p", "spearman": "s", "matthews": "mcc"}
+
+
+def dev_label(metrics: dict) -> str:
+    return "/".join(f"{v * 100:.1f}" for v in metrics.values()) or "-"
+
+
+def dev_header(runs: list[dict]) -> str:
+    """`dev acc/f1` when every run has the same metrics, else `dev %` (their names are in --json)."""
+    names = {tuple(run["metrics"]) for run in runs if run["metrics"]}
+    if len(names) != 1:
+        return "dev %"
+    return "dev " + "/".join(METRIC_ABBREVIATIONS.get(k[5:], k[5:]) for k in names.pop())
+
+
+def in_default_place(run: dict) -> bool:
+    return Path(run["results_dir"]).parent.parent == runs_root().absolute()
+
+
+def run_row(run: dict) -> list[str]:
+    layout = f"{run['nodes']}x{run['ranks_per_node']}" if run["nodes"] else "-"
+    rate = f"{run['samples_per_second']:.1f}" if run["samples_per_second"] else "-"
+    wall = duration(run["wall_seconds"]) if run["wall_seconds"] is not None else "-"
+    cost = "-" if run["cost_usd"] is None else f"${run['cost_usd']:.2f}"
+    return [run["id"] + ("" if in_default_place(run) else "*"), run["cluster"], run["provider"], run["task"],
+            model_label(run["model"]), layout, run["precision"] or "-", str(run["epochs"] or "-"),
+            dev_label(run["metrics"]), rate, wall, cost, run["status"]]
+
+
+RUN_COLUMNS = ("id", "cluster", "provider", "task", "model", "nodes", "precision", "epochs", "dev",
+               "samples/s", "wall", "cost", "status")
+SHORT = {"precision": "prec", "epochs": "ep", "samples/s": "smp/s"}  # the list's headers: 13 columns in 120
+DROP_ORDER = ("provider", "cost", "precision", "task", "epochs", "samples/s", "cluster", "wall", "model", "nodes")
+
+
+def summary_rows(run: dict) -> list[tuple[str, str]]:
+    """One run's row of the list as key and value, with the full model path and where its results are."""
+    names = [dev_header([run]) if column == "dev" else column for column in RUN_COLUMNS[1:]]
+    return list(zip(names, run_row(run)[1:])) + [("model path", run["model"]), ("results", run["results_dir"])]
+
+
+def fitting_columns(headers: dict[str, str], rows: list[list[str]], width: int) -> list[str]:
+    """The list's columns, the least telling left out until every row fits the width on one line."""
+    columns = list(RUN_COLUMNS)
+
+    def needed() -> int:
+        at = {c: RUN_COLUMNS.index(c) for c in columns}
+        return sum(max([len(headers[c])] + [len(row[at[c]]) for row in rows]) + 2 for c in columns)
+    for column in DROP_ORDER:
+        if needed() <= width:
+            break
+        columns.remove(column)
+    return columns
+
+
+def runs_table(runs: list[dict], title: str, width: int):
+    from rich import box
+    from rich.table import Table
+    headers = {c: dev_header(runs) if c == "dev" else SHORT.get(c, c) for c in RUN_COLUMNS}
+    rows = [run_row(run) for run in runs]
+    columns = fitting_columns(headers, rows, width)
+    left_out = [c for c in RUN_COLUMNS if c not in columns]
+    caption = f"results in {runs_root()}/<cluster>/<id>; * elsewhere: `ftc runs show ID` says where" + \
+        (f"; too narrow for {', '.join(left_out)}: see `ftc runs --json`" if left_out else "")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0), caption=caption, caption_justify="left")  # 2 characters between columns
+    for column in columns:
+        table.add_column(headers[column], no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[RUN_COLUMNS.index(c)] for c in columns))
+    return table
+
+
+def epoch_rows(results: Path) -> tuple[list[dict], list[dict]]:
+    """Per epoch: train loss and dev metrics (results.json; for a run without one, the dev lines of
+    output.log), and the progress lines of output.log."""
+    output = results / "output.log"
+    steps, dev = progress(output.read_text(errors="replace")) if output.exists() else ([], [])
+    try:
+        epochs = json.loads((results / "results.json").read_text())["epoch_metrics"]
+    except (OSError, ValueError, KeyError):
+        epochs = dev
+    return epochs, steps
+
+
+def markdown(run: dict, epochs: list[dict], png: Path) -> str:
+    lines = [f"# Run {run['id']} ({run['cluster']})", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary_rows(run)] + [""]
+    keys = sorted({k for e in epochs for k in e if k != "epoch"})
+    if epochs:
+        lines += ["| epoch | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        lines += [f"| {e['epoch']} | " + " | ".join(f"{e[k]:.4f}" if k in e else "" for k in keys) + " |"
+                  for e in epochs]
+    else:
+        lines.append("No epoch finished.")
+    return "\n".join(lines + ["", f"![loss, dev metric and throughput]({png.name})", ""])
+
+
+def show(run: dict) -> tuple[Path, Path]:
+    """The run on the terminal, and report.md and report.png written into its results directory."""
+    results = Path(run["results_dir"])
+    epochs, steps = epoch_rows(results)
+    answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
+    if epochs:
+        keys = sorted({k for e in epochs for k in e if k != "epoch"})
+        from rich.table import Table
+        table = Table(title="per epoch", title_justify="left")
+        for column in ("epoch", *keys):
+            table.add_column(column, justify="right")
+        for e in epochs:
+            table.add_row(str(e["epoch"]), *(f"{e[k]:.4f}" if k in e else "" for k in keys))
+        answer.print(table)
+    md, png = results / "report.md", results / "report.png"
+    plot_run(run, epochs, steps, png)
+    md.write_text(markdown(run, epochs, png))
+    return md, png
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> None:
+    plt = _pyplot()
+    fig, (loss, dev, speed) = plt.subplots(1, 3, figsize=(14, 4))
+    if steps:
+        loss.plot([s["epoch"] for s in steps], [s["loss"] for s in steps], ".", color="lightgrey",
+                  label="logged steps")
+    trained = [e for e in epochs if "train_loss" in e]
+    loss.plot([e["epoch"] for e in trained], [e["train_loss"] for e in trained], "o-", label="epoch mean")
+    loss.set(xlabel="epoch", ylabel="training loss", title="training loss")
+    loss.legend()
+    for key in sorted({k for e in epochs for k in e if k.startswith("eval_")}):
+        dev.plot([e["epoch"] for e in epochs if key in e], [e[key] for e in epochs if key in e], "o-", label=key[5:])
+    dev.set(xlabel="epoch", ylabel="dev", title="dev metric per epoch")
+    if epochs:
+        dev.legend()
+    speed.plot([s["seconds"] / 60 for s in steps], [s["samples_per_second"] for s in steps], ".-")
+    speed.set(xlabel="minutes since the first logged step", ylabel="samples/s (running average, as logged)",
+              title="throughput")
+    fig.suptitle(f"{run['id']} on {run['cluster']}: {run['task']}, {model_label(run['model'])}, "
+                 f"{run['nodes']} x {run['ranks_per_node']} rank(s), {run['status']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def compare(runs: list[dict], path: Path) -> None:
+    """The runs side by side: the table on stdout, one plot (dev metric per epoch, throughput over time)."""
+    answer.print(runs_table(runs, f"{len(runs)} runs compared", answer.width))
+    plt = _pyplot()
+    fig, (dev, speed) = plt.subplots(1, 2, figsize=(12, 4))
+    for run in runs:
+        epochs, steps = epoch_rows(Path(run["results_dir"]))
+        key = next((k for e in epochs for k in e if k.startswith("eval_")), None)
+        label = f"{run['cluster']}/{run['id']}"
+        if key:
+            dev.plot([e["epoch"] for e in epochs if key in e], [e[key] for e in epochs if key in e], "o-",
+                     label=f"{label} ({key[5:]})")
+        speed.plot([s["seconds"] / 60 for s in steps], [s["samples_per_second"] for s in steps], ".-", label=label)
+    dev.set(xlabel="epoch", ylabel="dev metric", title="dev metric per epoch")
+    speed.set(xlabel="minutes since the first logged step", ylabel="samples/s (running average)", title="throughput")
+    for axes in (dev, speed):
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

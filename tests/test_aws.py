@@ -171,7 +171,7 @@ def test_status_json_gives_what_scripts_need(aws, ftc_home):
         assert node["id"].startswith("i-") and node["public_ip"] and node["private_ip"]
         assert node["ssh_user"] == "ec2-user" and node["ssh_port"] == 22 and node["live"] == "running"
     human = ftc("status", "--name", "js")
-    assert "so far" in human.stderr and "running" in human.stderr
+    assert "so far" in human.stdout and "running" in human.stdout
     aws.ec2().terminate_instances(InstanceIds=[data["nodes"][1]["id"]])
     differs = ftc("status", "--name", "js")
     assert "js-1 is terminated" in differs.stderr

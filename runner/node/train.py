@@ -289,8 +289,12 @@ def load_data(args, env) -> tuple:
     """The tokenizer, and the train and dev rows tokenized (unpadded: collate pads each batch)."""
     import transformers
     transformers.utils.logging.disable_progress_bar()
-    if not env.master:
-        transformers.utils.logging.set_verbosity_error()  # one load report, from rank 0
+    # transformers' own messages (the weights' load report) go to this rank's log file only,
+    # not to the terminal of whoever follows the job.
+    transformers.utils.logging.disable_default_handler()
+    for handler in logging.getLogger("ftc").handlers:
+        if isinstance(handler, logging.FileHandler):
+            transformers.utils.logging.add_handler(handler)
     train_rows = glue.load_split(args.task, "train", args.data_dir)
     dev_rows = [] if args.no_eval else glue.load_split(args.task, "dev", args.data_dir)
     if args.max_train_samples:

@@ -1,0 +1,158 @@
+"""The history of runs: every job ftc started, listed across clusters and after they are gone.
+
+A job's results directory is `$FTC_HOME/runs/<cluster>/<job id>/` unless RESULTS names another.
+At launch ftc writes its own record there, `run.json` (where and how the job ran); the training
+program adds `results.json` when it ends. `ftc runs` finds runs by scanning `$FTC_HOME/runs/*/*/`
+plus `$FTC_HOME/runs/elsewhere`, the list of results directories given as RESULTS, so a run stays
+listed whichever directory the command ran from and after its cluster is destroyed.
+"""
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+from provision import state as st
+from provision.errors import UsageError
+
+RECORD = "run.json"
+ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS outside runs_root()
+
+
+def runs_root() -> Path:
+    return st.ftc_home() / "runs"
+
+
+def default_results_dir(cluster: str, job_id: str) -> str:
+    return str(runs_root() / cluster / job_id)
+
+
+def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> None:
+    """Write run.json at launch (a resumed job keeps its first start) and index a RESULTS elsewhere."""
+    results = Path(job.results_dir).absolute()
+    results.mkdir(parents=True, exist_ok=True)
+    earlier = _read_json(results / RECORD)
+    spec = state.cluster_spec
+    record = {"id": job.id, "cluster": state.name, "provider": state.provider,
+              "instance_type": spec.instance_type if state.provider == "aws" else "",
+              "started_at": earlier.get("started_at") or time.time(), "ended_at": None, "status": "running",
+              "results_dir": str(results), "remote_dir": job.remote_dir, **settings}
+    _write_json(results / RECORD, record)
+    root = runs_root().absolute()
+    if results.parent.parent != root:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ELSEWHERE, "a") as fh:
+            fh.write(f"{results}\n")
+
+
+def record_end(results_dir: str | Path, status: str) -> None:
+    """The job's outcome, as the controller saw it (finished, failed, cancelled, preempted)."""
+    path = Path(results_dir) / RECORD
+    record = _read_json(path)
+    if record:
+        record.update(status=status, ended_at=time.time())
+        _write_json(path, record)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def run_dirs() -> list[Path]:
+    """Every results directory that holds ftc's record of a run, each once."""
+    root = runs_root()
+    found = list(root.glob(f"*/*/{RECORD}")) if root.exists() else []
+    try:
+        listed = (root / ELSEWHERE).read_text().splitlines()
+    except OSError:
+        listed = []
+    found += [Path(line) / RECORD for line in listed if line.strip()]
+    unique = {str(p.parent.absolute()): p.parent for p in found if p.is_file()}
+    return list(unique.values())
+
+
+def summary(results: Path) -> dict:
+    """One run as `ftc runs` shows it: ftc's record, what the training program reported, and derived
+    status, wall time and cost."""
+    record, done = _read_json(results / RECORD), _read_json(results / "results.json")
+    status = live_status(record)
+    started = record.get("started_at") or 0.0
+    ended = _finished_at(done) or record.get("ended_at") or (time.time() if status == "running" else None)
+    wall = round(ended - started, 1) if ended and started else None
+    nodes = done.get("nodes") or record.get("nodes")
+    return {"id": record.get("id", results.name), "cluster": record.get("cluster", results.parent.name),
+            "provider": record.get("provider", ""), "instance_type": record.get("instance_type", ""),
+            "task": done.get("task") or record.get("task", ""), "model": done.get("model") or record.get("model", ""),
+            "nodes": nodes, "ranks_per_node": done.get("ranks_per_node") or record.get("ranks_per_node"),
+            "precision": done.get("precision") or record.get("precision", ""),
+            "epochs": done.get("epochs") or record.get("epochs"),
+            "metrics": {k: v for k, v in done.items() if k.startswith("eval_")},
+            "samples_per_second": done.get("samples_per_second"), "wall_seconds": wall,
+            "cost_usd": cost(record.get("provider", ""), record.get("instance_type", ""), nodes, wall),
+            "status": "finished" if done and status in ("lost", "unknown") else status, "started_at": started,
+            "results_dir": str(results)}
+
+
+def live_status(record: dict) -> str:
+    """The cluster's word for the job while the cluster holds it; else the record's. A job the record
+    still calls running whose cluster no longer holds it was lost with its cluster."""
+    status = record.get("status", "unknown")
+    name = record.get("cluster", "")
+    try:
+        jobs = st.load(name).jobs if name and st.exists(name) else []
+    except (UsageError, st.CorruptState):
+        jobs = []
+    job = next((j for j in jobs if j.id == record.get("id") and
+                str(Path(j.results_dir).absolute()) == record.get("results_dir")), None)
+    if job:
+        return job.state
+    return "lost" if status == "running" else status
+
+
+def _finished_at(done: dict) -> float | None:
+    try:
+        return datetime.fromisoformat(done["finished_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def cost(provider: str, instance_type: str, nodes, wall_seconds) -> float | None:
+    """The nodes' price over the job's wall time (the cluster's own setup and idle time not counted);
+    local nodes cost nothing."""
+    if provider != "aws":
+        return 0.0
+    from provision.catalog import INSTANCE_TYPES
+    kind = INSTANCE_TYPES.get(instance_type)
+    if not kind or not nodes or wall_seconds is None:
+        return None
+    return round(kind.usd_per_hour * nodes * wall_seconds / 3600, 2)
+
+
+def all_runs() -> list[dict]:
+    """Every run ftc has a record of, newest first."""
+    return sorted((summary(d) for d in run_dirs()), key=lambda r: r["started_at"], reverse=True)
+
+
+def find(ref: str) -> dict:
+    """A run by its id, or `cluster/id` where the same id ran on several clusters."""
+    runs = all_runs()
+    matches = [r for r in runs if ref in (r["id"], f"{r['cluster']}/{r['id']}")]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        named = ", ".join(f"{r['cluster']}/{r['id']}" for r in matches)
+        raise UsageError(f"RUN={ref!r} ran on several clusters; allowed: one of {named}")
+    known = ", ".join(r["id"] for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+    raise UsageError(f"RUN={ref!r} is not a run ftc knows; allowed: an id from `ftc runs`"
+                     + (f" ({known})" if runs else " (none yet)"))
