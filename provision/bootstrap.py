@@ -26,7 +26,7 @@ from .launch import cluster_launch, render_launch
 from .ssh import StepFailed, connect, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
 from .templates import render
-from .ui import NodeBoard, console
+from .ui import NodeBoard, answer
 
 REPO = Path(__file__).resolve().parent.parent
 FILE_MODES = {"ssh_config": 0o600, "bin/ssh": 0o755}  # the rest of a node's files: 0644
@@ -297,9 +297,9 @@ def print_summary(state: st.ClusterState, facts: list[NodeFacts], checked: dict,
         table.add_row(node.name, node.private_ip, str(f.physical_cores), f.cpu_model[:40],
                       "native" if f.native_bf16 else "emulated", str(f.memory_gb), f.python,
                       f.versions.get("torch", "-"), f.mpi)
-    console.print(table)
+    answer.print(table)  # the bootstrap's answer: on stdout, like every table
     world = checked["allreduce"]["world_size"]
-    console.print(f"verified: mpirun hostname on {len(checked['hostnames'])} node(s); gloo all_reduce over "
+    answer.print(f"verified: mpirun hostname on {len(checked['hostnames'])} node(s); gloo all_reduce over "
                   f"{world} rank(s) = {checked['allreduce']['sum']}")
 
 

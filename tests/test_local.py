@@ -20,9 +20,9 @@ def state_of(home: Path, name: str) -> dict:
 def test_local_cluster_up_bootstrap_verify_down(ftc_home, nodes):
     proc = ftc("up", "--name", "loc", "--nodes", str(nodes))
     assert proc.returncode == 0, proc.stderr
-    assert f"gloo all_reduce over {nodes} rank(s)" in proc.stderr
+    assert f"gloo all_reduce over {nodes} rank(s)" in proc.stdout
     total = nodes * (nodes + 1) / 2
-    assert str([total, total, 0.0, total, 2 * total]) in proc.stderr
+    assert str([total, total, 0.0, total, 2 * total]) in proc.stdout
     state = state_of(ftc_home, "loc")
     assert state["phase"] == "bootstrapped"
     addresses = {(n["private_ip"], n["ssh_port"]) for n in state["nodes"]}
