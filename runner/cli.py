@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("down", help="delete a cluster and everything it created")
     _name_flag(p)
-    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws)")
+    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws; your own servers are found only from the state)")
     p.add_argument("--region", default=None, help="with no local state: the AWS region to search")
 
     p = sub.add_parser("status", help="what exists, reconciled with the provider")
@@ -262,7 +262,10 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     name = _cluster_name(args)
     if args.bootstrapper not in ("fabric", "ansible"):
         raise UsageError(f"BOOTSTRAPPER={args.bootstrapper!r} is not known; allowed: fabric, ansible")
-    st.load(name)
+    state = st.load(name)
+    if args.bootstrapper == "ansible" and state.provider == "ssh":
+        raise UsageError("BOOTSTRAPPER='ansible' is not available for your own servers (PROVIDER=ssh): its inventory "
+                         "logs in with a cluster key they do not have; use BOOTSTRAPPER=fabric (the default)")
     if args.bootstrapper == "ansible":
         from provision.inventory import run_playbook
         return run_playbook(name)
