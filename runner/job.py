@@ -22,7 +22,7 @@ from provision.ui import answer, console
 from . import runs
 from .jobspec import JobSpec, metadata_endpoint, train_args, writable_dir
 from .node import spot
-from .report import TerminalLines, print_results, show_failure
+from .report import for_terminal, print_results, show_failure
 from .transfer import copy_checkpoint, fetch, home_checkpoint
 
 
@@ -104,12 +104,10 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
     state = st.load(name)
     job = state.jobs[-1]
     conn = connect(state, state.head)
-    terminal = TerminalLines(colour=sys.stdout.isatty())
+    colour = sys.stdout.isatty()
 
     def on_line(line: str) -> None:
-        shown = terminal(line)
-        if shown is not None:
-            print(shown, flush=True)
+        print(for_terminal(line, colour), flush=True)
         if "checkpoint saved: epoch" in line:
             copy_checkpoint(conn, job)
     try:
@@ -202,9 +200,8 @@ def logs(name: str, follow_output: bool = False) -> int:
         output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log")
     finally:
         conn.close()
-    terminal = TerminalLines(colour=sys.stdout.isatty())
-    shown = (terminal(line) for line in output.splitlines())
-    print("".join(f"{line}\n" for line in shown if line is not None), end="")
+    colour = sys.stdout.isatty()
+    print("".join(f"{for_terminal(line, colour)}\n" for line in output.splitlines()), end="")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""A job as the user reads it: its output on the terminal (without transformers' load report, colour
-codes only on a terminal), its results as a table, why it failed (the failing rank's exception, read
+"""A job as the user reads it: its output on the terminal (colour codes only on a terminal; the
+training program keeps transformers' load report in each rank's log), its results as a table,
+why it failed (the failing rank's exception, read
 from output.log: the rank logs never hold a traceback), and a run's report (markdown and a plot) and
 comparison. Reads only files on the controller.
 
@@ -35,26 +36,9 @@ def split_rank(line: str) -> tuple[int | None, str]:
 
 # ---- the job's output on the terminal ------------------------------------------------------------
 
-class TerminalLines:
-    """What of the job's output reaches the terminal: every line but transformers' model load report
-    (a table of newly initialised weights, on every run; it stays in output.log), reduced to a note.
-    Colour codes only when the output is a terminal."""
-
-    def __init__(self, colour: bool):
-        self.colour = colour
-        self.in_report = False
-
-    def __call__(self, line: str) -> str | None:
-        rank, text = split_rank(line)
-        plain = ANSI.sub("", text).rstrip()
-        if "LOAD REPORT" in plain:
-            self.in_report = True
-            model = plain.split(" LOAD REPORT")[0].split()[-1]
-            return f"{'' if rank is None else f'[{rank}] '}(transformers' load report of {model}: in output.log)"
-        if self.in_report and (not plain or "|" in plain or plain.startswith("-") or plain == "Notes:"):
-            return None
-        self.in_report = False
-        return line if self.colour else ANSI.sub("", line)
+def for_terminal(line: str, colour: bool) -> str:
+    """A line of the job's output as it reaches the user: colour codes only on a terminal."""
+    return line if colour else ANSI.sub("", line)
 
 
 # ---- what output.log tells ----------------------------------------------------------------------------
