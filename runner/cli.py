@@ -73,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("down", help="delete a cluster and everything it created")
     _name_flag(p)
-    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws; "
-                   "your own servers are found only from the state)")
+    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws)")
     p.add_argument("--region", default=None, help="with no local state: the AWS region to search")
 
     p = sub.add_parser("status", help="what exists, reconciled with the provider")

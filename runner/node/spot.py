@@ -8,12 +8,13 @@ this runs on the nodes.
 """
 
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resumable
-IMDS = "http://169.254.169.254"
+IMDS = "http://169.254.169.254"  # EC2's; a node whose AWS_EC2_METADATA_SERVICE_ENDPOINT is set uses that
 POLL_SECONDS = 5.0
 
 
@@ -38,13 +39,21 @@ def interruption_notice(endpoint: str, timeout: float = 2.0) -> dict | None:
         raise
 
 
+def node_endpoint(endpoint: str) -> str:
+    """The metadata service this node asks: the standard AWS_EC2_METADATA_SERVICE_ENDPOINT
+    (as the AWS SDKs honour it) in place of EC2's default address; any other endpoint as given."""
+    if endpoint.rstrip("/") == IMDS:
+        return os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS
+    return endpoint
+
+
 class Watcher(threading.Thread):
     """Polls for a notice in the background; `notice` holds the first one seen.
     A metadata service that does not answer is retried, never fatal: training goes on."""
 
     def __init__(self, endpoint: str, interval: float = POLL_SECONDS):
         super().__init__(name="spot-watch", daemon=True)
-        self.endpoint, self.interval = endpoint.rstrip("/"), interval
+        self.endpoint, self.interval = node_endpoint(endpoint).rstrip("/"), interval
         self.notice: dict | None = None
         self.errors = 0
         self._stop = threading.Event()

@@ -1,0 +1,235 @@
+"""The AWS path end to end through the EC2 emulator (tests/ec2_emulator.py): real boto3 and
+`ftc` against its endpoint (AWS_ENDPOINT_URL), instances that are real sshd nodes, a real
+2-node training job. Nothing in provision/ knows it talks to an emulator."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import FTC, REPO, assert_nothing_left, free_port, ftc
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
+
+MINUTE_S = 0.5  # a `shutdown +N` minute on the emulator's nodes
+NOTICE_S = 45  # spot notice to reclaim (EC2: 120 s)
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory):
+    """The emulator as a user runs it, for the session; on SIGTERM it must leave no node behind."""
+    disks = tmp_path_factory.mktemp("emulator")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), str(port)],
+                            env={**os.environ, "FTC_EMULATOR_MINUTE_S": str(MINUTE_S),
+                                 "FTC_EMULATOR_NOTICE_S": str(NOTICE_S), "FTC_EMULATOR_DIR": str(disks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="), line + proc.stdout.read()
+    url = f"http://127.0.0.1:{port}"
+    yield {"url": url, "disks": disks}
+    proc.terminate()
+    proc.wait(60)
+    assert node_processes(disks) == []
+
+
+@pytest.fixture
+def ec2(emulator, ftc_home, monkeypatch):
+    """boto3 and `ftc` subprocesses pointed at the emulator, as a user would."""
+    for key, value in {"AWS_ENDPOINT_URL": emulator["url"], "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                       "FTC_AWS_POLL_SECONDS": "0.1"}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    import boto3
+    return boto3.client("ec2", region_name="us-east-1")
+
+
+def nodes(emulator) -> list[dict]:
+    with urllib.request.urlopen(f"{emulator['url']}/_emulator/nodes") as reply:  # noqa: S310 - the test's own endpoint
+        return json.loads(reply.read())
+
+
+def node_processes(disks: Path) -> list[int]:
+    """Live sshd processes of the emulator's instances (their configs lie under its disks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(disks) in cmdline and "sshd_config" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def instances_of(ec2, name: str) -> list[dict]:
+    tag = [{"Name": "tag:ftc:cluster", "Values": [name]}]
+    return [i for r in ec2.describe_instances(Filters=tag)["Reservations"] for i in r["Instances"]]
+
+
+def job_flags(minilm: str, glue_dir: Path) -> list[str]:
+    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", "32",
+            "--epochs", "1"]
+
+
+AWS = ["--provider", "aws", "--nodes", "2", "--ssh-cidr", "203.0.113.7/32", "--yes", "1"]
+
+
+def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec2, emulator, ftc_home, minilm,
+                                                                              glue_dir):
+    made = subprocess.run(["make", "-s", "-C", str(REPO), "run", "PROVIDER=aws", "NODES=2", "NAME=emu", "TASK=mrpc",
+                           f"MODEL={minilm}", f"DATA_DIR={glue_dir}", "MAX_TRAIN_SAMPLES=32", "EPOCHS=1", "YES=1",
+                           "SSH_CIDR=203.0.113.7/32"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "FTC_HOME": str(ftc_home)})
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert "verified: mpirun hostname on 2 node(s)" in made.stdout and "dev accuracy" in made.stdout
+    (run_dir,) = (ftc_home / "runs" / "emu").iterdir()
+    result = json.loads((run_dir / "results.json").read_text())
+    assert result["world_size"] == 2 and result["nodes"] == 2 and 0 <= result["eval_accuracy"] <= 1
+    # the same shape as a local run's (tests/test_train.py RESULT_FIELDS, and the run's files)
+    from test_train import RESULT_FIELDS
+    assert RESULT_FIELDS <= set(result)
+    assert {"results.json", "run.json", "output.log", "launch.sh", "model", "logs"} <= {p.name for p in run_dir.iterdir()}
+    assert_nothing_left(ec2, "emu")
+    assert {i["State"]["Name"] for i in instances_of(ec2, "emu")} == {"terminated"}
+    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+
+
+def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir):
+    up = ftc("up", "--name", "steps", *AWS)
+    assert up.returncode == 0, up.stderr[-3000:]
+    described = instances_of(ec2, "steps")
+    addresses = sorted(i["PrivateIpAddress"] for i in described)
+    assert all(a.startswith("127.0.1.") for a in addresses)
+    assert sorted(i["PublicIpAddress"] for i in described) == addresses
+    state = json.loads((ftc_home / "clusters" / "steps" / "state.json").read_text())
+    assert {n["ssh_user"] for n in state["nodes"]} == {"ec2-user"}
+
+    # node 0 reaches node 1 by name over the cluster's own key, as mpirun does
+    hop = ftc("ssh", "--name", "steps", "--", "ssh", "steps-1", "hostname")
+    assert hop.returncode == 0, hop.stderr
+    node1 = next(n for n in state["nodes"] if n["name"] == "steps-1")
+    assert hop.stdout.strip() == "ip-" + node1["private_ip"].replace(".", "-")
+
+    job = ftc("finetune", "--name", "steps", *job_flags(minilm, glue_dir), timeout=600)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "dev accuracy" in job.stdout
+
+    # terminated behind ftc's back: status says so, and the node is really gone
+    ec2.terminate_instances(InstanceIds=[node1["id"]])
+    status = ftc("status", "--name", "steps")
+    assert "steps-1 is terminated" in status.stderr
+    assert [n["address"] for n in nodes(emulator)] == [state["nodes"][0]["private_ip"]]
+
+    down = ftc("down", "--name", "steps")
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(ec2, "steps")
+    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+
+
+def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, ftc_home):
+    import shutil
+    # 0.05 h: the user-data's `shutdown -h +3`, 3 emulator minutes (1.5 s)
+    up = ftc("up", "--name", "orphan", *AWS, "--no-bootstrap", "--max-hours", "0.05")
+    assert up.returncode == 0, up.stderr[-3000:]
+    shutil.rmtree(ftc_home)  # the controller, and everything it knew, is gone
+    deadline = time.monotonic() + 60
+    while {i["State"]["Name"] for i in instances_of(ec2, "orphan")} != {"terminated"}:
+        assert time.monotonic() < deadline, instances_of(ec2, "orphan")
+        time.sleep(0.2)
+    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+    # what is not an instance stays until `ftc down` finds it by its tags
+    down = ftc("down", "--name", "orphan", "--provider", "aws")
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(ec2, "orphan")
+
+
+def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, emulator, ftc_home, minilm, glue_dir):
+    flags = ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", "128",
+             "--epochs", "1", "--batch-size", "16"]  # 2 ranks x 16: 4 steps
+    steady = ftc("run", "--name", "steady", *AWS, *flags, timeout=600)
+    assert steady.returncode == 0, steady.stderr[-3000:]
+    (expected,) = (ftc_home / "runs" / "steady").glob("*/results.json")
+    expected = json.loads(expected.read_text())
+    spot_run = subprocess.Popen([*FTC, "run", "--name", "spot", *AWS, "--spot", "1", *flags],
+                                env={**os.environ, "FTC_HOLD_AT_STEP": "2"},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = held_on_nodes(emulator, spot_run)
+    # node 1, not the head: its own metadata service, read by the watcher on that node
+    reclaimed_id = json.loads((ftc_home / "clusters" / "spot" / "state.json").read_text())["nodes"][1]["id"]
+    request = urllib.request.Request(f"{emulator['url']}/_emulator/spot-reclaim/{reclaimed_id}", method="POST")
+    with urllib.request.urlopen(request) as reply:  # noqa: S310 - the test's own endpoint
+        assert json.loads(reply.read())["action"] == "terminate"
+    while not any(n["notices_served"] for n in nodes(emulator) if n["id"] == reclaimed_id):  # its watcher read it
+        assert spot_run.poll() is None, spot_run.communicate()
+        time.sleep(0.1)
+    release_on_every_node(emulator, held)
+    out, err = spot_run.communicate(timeout=600)
+    assert spot_run.returncode == 0, err[-3000:]
+    assert "(spot interruption notice)" in out
+    assert "spot interruption (1/3): recreating cluster spot" in err
+    reclaimed = [i for i in instances_of(ec2, "spot") if i["InstanceId"] == reclaimed_id]
+    assert reclaimed[0]["State"]["Name"] == "terminated"
+    (results,) = (ftc_home / "runs" / "spot").glob("*/results.json")
+    result = json.loads(results.read_text())
+    assert result["resumed_from_batch"] >= 1 and result["world_size"] == 2
+    assert result["steps"] == expected["steps"]
+    for key in ("eval_accuracy", "eval_f1"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-6), (result[key], expected[key])
+    assert result["epoch_metrics"][-1]["train_loss"] == pytest.approx(expected["epoch_metrics"][-1]["train_loss"],
+                                                                      rel=1e-3)
+    assert_nothing_left(ec2, "spot")
+    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+
+
+def held_on_nodes(emulator, proc: subprocess.Popen) -> Path:
+    """Where the job holds before its FTC_HOLD_AT_STEP step: its `held` marker on the head
+    node's disk, relative to that disk (each node has its own file system here)."""
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        held = [p for p in emulator["disks"].glob("i-*/disk/ec2-user/ftc/jobs/**/held")]
+        if held:
+            disk = next(p for p in held[0].parents if p.name == "disk")
+            return held[0].relative_to(disk)
+        time.sleep(0.1)
+
+
+def release_on_every_node(emulator, held: Path) -> None:
+    for disk in emulator["disks"].glob("i-*/disk"):
+        release = disk / held.parent / "release"
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.touch()
+
+
+def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monkeypatch):
+    port, disks = free_port(), tmp_path / "disks"
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), str(port)],
+                            env={**os.environ, "FTC_EMULATOR_DIR": str(disks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().startswith("EC2 emulator ready")
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": "0.1"}
+    up = ftc("up", "--name", "left", *AWS, "--no-bootstrap", env=env)
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert len(node_processes(disks)) == 2
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert out.count("stopped (emulator exiting)") == 2
+    assert node_processes(disks) == [] and list(disks.iterdir()) == []
+
+
+def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypatch):
+    from runner.node import spot
+    monkeypatch.delenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", raising=False)
+    assert spot.node_endpoint(spot.IMDS) == "http://169.254.169.254"
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.1.9:80")
+    assert spot.node_endpoint(spot.IMDS) == "http://127.0.1.9:80"
+    assert spot.node_endpoint("http://127.0.0.1:4242") == "http://127.0.0.1:4242"  # FTC_IMDS_ENDPOINT's, as given
