@@ -31,7 +31,12 @@ TRACEBACK_LINES = 8  # of the failing rank's traceback, shown on failure
 def split_rank(line: str) -> tuple[int | None, str]:
     """The rank mpirun prefixed the line with (None: the launch script's or mpirun's own), and the text."""
     found = RANK_PREFIX.match(line)
-    return (int(found.group(1)), line[found.end():]) if found else (None, line)
+    if not found:
+        return None, line
+    # Intel MPI prefixes every chunk a rank writes, not every line: a line written in pieces (an
+    # unbuffered Python traceback, on a busy machine) carries the same prefix again inside it.
+    again = re.escape(found.group(0).rstrip()) + " ?"
+    return int(found.group(1)), re.sub(again, "", line[found.end():])
 
 
 # ---- the job's output on the terminal ------------------------------------------------------------

@@ -45,6 +45,16 @@ def test_a_ranks_traceback_is_read_from_output_log_under_either_mpi_prefix():
     assert tracebacks(openmpi)[1][-1] == "ValueError: MRPC row 7 has no label"
 
 
+def test_a_traceback_written_in_pieces_is_read_whole():
+    # Intel MPI on a busy machine: the rank's prefix repeated wherever a write ended mid-line
+    output = ("[0] 16:25:09 rank 0/1 (local 0/1) cores [0, 1]\n[0] Traceback (most recent call last):\n"
+              '[0]   File "x.py", line 331, in build_model\n[0]     [0] model = load([0] \n'
+              "[0]  [0]  [0] ^[0] ^[0] ^\n[0]     [0] raise RuntimeError([0] \n"
+              "[0] RuntimeError[0] : [0] sizes do not match[0] \n")
+    raised = tracebacks(output)[0]
+    assert "    raise RuntimeError(" in raised and raised[-1].rstrip() == "RuntimeError: sizes do not match"
+
+
 def test_the_failing_rank_is_the_one_mpirun_names_first():
     hydra = IMPI_OUTPUT + "=   RANK 1 PID 12884 RUNNING AT lost-1\n=   KILLED BY SIGNAL: 9 (Killed)\n"
     openmpi = "mpirun noticed that process rank 3 with PID 0 on node n-1 exited on signal 9 (Killed).\n"
