@@ -56,9 +56,11 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
             state.phase = "running"
             st.save(state)
         except BaseException as exc:
-            console.print(f"[red]up failed ({type(exc).__name__}: {exc}); rolling back everything it created[/]")
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed ({type(exc).__name__}: {exc})"
+            console.print(f"[red]up {why}; rolling back everything it created[/]")
             with shielded():
                 _teardown(state, provider)
+            console.print(f"cluster [bold]{spec.name}[/] rolled back: nothing left running")
             raise
     if bootstrap:
         from .bootstrap import bootstrap as run_bootstrap

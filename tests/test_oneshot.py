@@ -1,6 +1,5 @@
 """`ftc run` owns its cluster from `up` to the end: whatever stops it, nothing is left running."""
 
-import json
 import signal
 import subprocess
 import time
@@ -12,8 +11,8 @@ def test_run_stopped_during_bootstrap_leaves_nothing_running(ftc_home, minilm, g
     run = subprocess.Popen([*FTC, "run", "--name", "early", "--nodes", "2", "--task", "mrpc", "--model", minilm,
                             "--data-dir", str(glue_dir), "--max-train-samples", "8", "--epochs", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = ftc_home / "clusters" / "early" / "state.json"
-    while not (state.exists() and json.loads(state.read_text())["phase"] == "running"):  # up done: bootstrap next
+    internal_key = ftc_home / "clusters" / "early" / "keys" / "internal.pub"  # made by the bootstrap, under its lock
+    while not internal_key.exists():
         assert run.poll() is None, run.communicate()
         time.sleep(0.02)
     run.send_signal(signal.SIGTERM)
