@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from runner.node.distenv import listen_port
+
 from . import procs
 from . import state as st
 from .errors import FtcError
@@ -42,12 +44,6 @@ def split_cores(cores: list[int], n: int) -> list[list[int]]:
 
 def node_address(index: int) -> str:
     return f"127.0.0.{FIRST_ADDRESS + index}"
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def _sshd() -> str:
@@ -84,7 +80,6 @@ def launch(state: st.ClusterState) -> None:
                       "nodes will share cores, so timings are not those of separate machines")
     shares = split_cores(cores, spec.nodes)
     access_pub = ensure_access_key(state.name)
-    user = getpass.getuser()
     for index in range(spec.nodes):
         node_dir = st.cluster_dir(state.name) / "nodes" / str(index)
         node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,23 +90,30 @@ def launch(state: st.ClusterState) -> None:
         authorized.write_text(access_pub + "\n")
         authorized.chmod(0o600)
         address = node_address(index)
-        port = _free_port(address)
-        config = node_dir / "sshd_config"
-        config.write_text(render(
-            "sshd_config.j2", node_name=f"{state.name}-{index}", address=address, port=port,
-            host_key=host_key, pid_file=node_dir / "sshd.pid", authorized_keys=authorized,
-            user=user, home=node_dir, sftp_server=_sftp_server()))
-        log = open(node_dir / "sshd.log", "ab")
-        share = shares[index]
+        node = st.NodeInfo(
+            index=index, name=f"{state.name}-{index}", id=f"local-{index}", public_ip=address, private_ip=address,
+            ssh_user=getpass.getuser(), ssh_port=0, cores=shares[index], workdir=str(node_dir),
+            authorized_keys=str(authorized), pid=0,
+            host_key=" ".join(host_key.with_suffix(".pub").read_text().split()[:2]))
+        start_sshd(node, sshd)
+        state.nodes.append(node)
+        st.save(state)
+
+
+def start_sshd(node: st.NodeInfo, sshd: str) -> None:
+    """The node's sshd, on a new port, pinned to the node's cores; records its port and pid."""
+    node_dir = Path(node.workdir)
+    node.ssh_port = listen_port(node.public_ip)
+    config = node_dir / "sshd_config"
+    config.write_text(render(
+        "sshd_config.j2", node_name=node.name, address=node.public_ip, port=node.ssh_port,
+        host_key=node_dir / "ssh_host_ed25519_key", pid_file=node_dir / "sshd.pid",
+        authorized_keys=node.authorized_keys, user=node.ssh_user, home=node_dir, sftp_server=_sftp_server()))
+    with open(node_dir / "sshd.log", "ab") as log:
         proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=lambda share=share: os.sched_setaffinity(0, share))
-        log.close()
-        state.nodes.append(st.NodeInfo(
-            index=index, name=f"{state.name}-{index}", id=f"local-{index}", public_ip=address, private_ip=address,
-            ssh_user=user, ssh_port=port, cores=share, workdir=str(node_dir), authorized_keys=str(authorized),
-            pid=proc.pid, host_key=" ".join(host_key.with_suffix(".pub").read_text().split()[:2])))
-        st.save(state)
+            start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, node.cores))
+    node.pid = proc.pid
 
 
 def _is_our_sshd(node: st.NodeInfo) -> bool:
@@ -136,13 +138,20 @@ def _port_open(address: str, port: int) -> bool:
 def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     pending = list(state.nodes)
+    restarts = 0
     while pending:
         pending = [n for n in pending if not _port_open(n.public_ip, n.ssh_port)]
         for node in pending:
             if node.pid and not procs.alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"
-                tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
-                raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(tail) or 'no log'}); "
+                lines = log.read_text().strip().splitlines() if log.exists() else []
+                if any("Address already in use" in line for line in lines[-3:]) and restarts < 3:
+                    # another process took the port between its choice and sshd's bind: choose again
+                    restarts += 1
+                    start_sshd(node, _sshd())
+                    st.save(state)
+                    continue
+                raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(lines[-1:]) or 'no log'}); "
                                f"see {log}, then `ftc down --name {state.name}`")
         if pending and time.monotonic() > deadline:
             raise FtcError(f"node {pending[0].name}: sshd not answering on {pending[0].public_ip}:"

@@ -3,7 +3,6 @@ ftc's EC2 additions, local clusters of real sshd nodes, and the offline model an
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -41,23 +40,21 @@ def run_ftc(ftc_home):
     return ftc
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory):
     """One moto server for the session; each test resets it and gets its own faults file."""
-    port = free_port()
     faults = tmp_path_factory.mktemp("moto") / "faults.json"
     faults.write_text("{}")
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "moto_server.py"), str(port)],
-                            env={**os.environ, "FTC_MOTO_FAULTS": str(faults)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    yield {"url": f"http://127.0.0.1:{port}", "faults": faults}
+    log = faults.with_name("server.log")
+    # Port 0: the server binds a free port itself (one picked here could be taken before it binds).
+    # Its log (a line per request) goes to a file: a pipe nobody reads would fill and stall it.
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "moto_server.py"), "0"],
+                                env={**os.environ, "FTC_MOTO_FAULTS": str(faults)},
+                                stdout=subprocess.PIPE, stderr=log_file, text=True)
+    ready = proc.stdout.readline().split()
+    assert ready[:1] == ["ready"], log.read_text()
+    yield {"url": f"http://127.0.0.1:{ready[1]}", "faults": faults}
     proc.terminate()
     proc.wait(10)
 
@@ -126,7 +123,7 @@ def glue_dir() -> Path:
 
 
 def sshd_pids(home: Path) -> list[int]:
-    """Live sshd processes whose config lies under this FTC_HOME."""
+    """Live sshd processes whose config lies under this directory."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -1,5 +1,6 @@
 """An EC2 endpoint on this machine whose instances are real nodes: `python ec2_emulator.py PORT`
 (`make ec2-emulator PORT=5000`), then `AWS_ENDPOINT_URL=http://127.0.0.1:5000 ftc ... --provider aws`.
+PORT 0 takes a free port; the ready line names the URL.
 
 moto's server speaks the EC2 API (with ftc's placement groups, tests/moto_ext.py); each
 instance RunInstances launches is, besides moto's record, a node of this machine:
@@ -41,12 +42,13 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import moto_ext  # noqa: E402
+from fake_imds import SPOT_ACTION, IMDSv2Handler, serve  # noqa: E402
 from moto.ec2.models.instances import Instance  # noqa: E402
 from moto.ec2.responses import EC2Response  # noqa: E402
 from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: E402
@@ -176,34 +178,18 @@ class Node:
     def _serve_imds(self) -> ThreadingHTTPServer:
         node = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_PUT(self):
-                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self._answer(400, "")
-                self._answer(200, f"token-{node.id}")
+        class Handler(IMDSv2Handler):
+            token = f"token-{node.id}"
 
-            def do_GET(self):
-                if self.headers.get("X-aws-ec2-metadata-token") != f"token-{node.id}":
-                    return self._answer(401, "")
-                if self.path == "/latest/meta-data/instance-id":
-                    return self._answer(200, node.id)
-                if self.path == "/latest/meta-data/spot/instance-action" and node.notice:
+            def metadata(self, path: str) -> str | None:
+                if path == "/latest/meta-data/instance-id":
+                    return node.id
+                if path == SPOT_ACTION and node.notice:
                     node.notices_served += 1
-                    return self._answer(200, json.dumps(node.notice))
-                self._answer(404, "")
+                    return json.dumps(node.notice)
+                return None
 
-            def _answer(self, code: int, body: str):
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer((self.address, 80), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
+        return serve(self.address, 80, Handler)
 
     def arm_reclaim(self) -> dict:
         self.reclaim_at = time.time() + NOTICE_S
@@ -405,7 +391,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, finish)
     signal.signal(signal.SIGINT, finish)  # even when started in the background, where SIGINT comes ignored
-    print(f"EC2 emulator ready: AWS_ENDPOINT_URL=http://127.0.0.1:{argv[0]} (nodes under {root})", flush=True)
+    print(f"EC2 emulator ready: AWS_ENDPOINT_URL=http://127.0.0.1:{server.port} (nodes under {root})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -2,12 +2,21 @@
 Ansible bootstrap: real ssh between nodes, a real mpirun, the files the runner reads."""
 
 import json
+import time
 from pathlib import Path
 
 from conftest import ftc
 
 FACT_KEYS = {"physical_cores", "sockets", "numa_nodes", "flags", "native_bf16", "memory_gb", "python",
              "versions", "mpi", "allowed_cpus", "core_cpus", "interface", "cpu_model"}
+
+
+def wait_for(condition, what: str, timeout: float = 180) -> None:
+    """Poll until `condition()` holds: a test waits for the state it needs, never for the clock."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:

@@ -1,8 +1,6 @@
 """ftc's row-wise all-reduce of the word embeddings' gradient equals DDP's dense one:
 two real gloo ranks, each with its own batch of token ids."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,8 +9,8 @@ import torch.multiprocessing as mp
 from runner.node import ddp
 
 
-def _rank(rank: int, port: int, compress: bool, out: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _rank(rank: int, rendezvous: str, compress: bool, out: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     torch.manual_seed(0)
     embedding = torch.nn.Embedding(1000, 16, padding_idx=0)
     ids = torch.tensor([[5, 9, 9, 0], [17, 5, 0, 0]]) if rank == 0 else torch.tensor([[700, 5, 3, 999]])
@@ -26,13 +24,11 @@ def _rank(rank: int, port: int, compress: bool, out: dict) -> None:
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["fp32", "bf16"])
-def test_used_rows_allreduce_equals_the_dense_one(compress):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_used_rows_allreduce_equals_the_dense_one(compress, tmp_path):
+    # a file rendezvous: a port picked free here could be taken (by the other xdist worker) before rank 0 binds it
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(port, compress, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), compress, out), nprocs=2, join=True)
         results = dict(out)
     for rank in (0, 1):
         rows, dense = results[rank]

@@ -11,30 +11,34 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FTC, REPO, assert_nothing_left, free_port, ftc
+from conftest import FTC, REPO, assert_nothing_left, ftc, sshd_pids
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
 
 MINUTE_S = 0.5  # a `shutdown +N` minute on the emulator's nodes
-NOTICE_S = 45  # spot notice to reclaim (EC2: 120 s)
+NOTICE_S = 120  # spot notice to reclaim, as on EC2: the run checkpoints within it, however loaded the machine
 
 
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
     """The emulator as a user runs it, for the session; on SIGTERM it must leave no node behind."""
     disks = tmp_path_factory.mktemp("emulator")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), str(port)],
-                            env={**os.environ, "FTC_EMULATOR_MINUTE_S": str(MINUTE_S),
-                                 "FTC_EMULATOR_NOTICE_S": str(NOTICE_S), "FTC_EMULATOR_DIR": str(disks)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="), line + proc.stdout.read()
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_emulator(disks, FTC_EMULATOR_MINUTE_S=str(MINUTE_S), FTC_EMULATOR_NOTICE_S=str(NOTICE_S))
     yield {"url": url, "disks": disks}
     proc.terminate()
     proc.wait(60)
-    assert node_processes(disks) == []
+    assert sshd_pids(disks) == []
+
+
+def start_emulator(disks: Path, **env: str) -> tuple[subprocess.Popen, str]:
+    """`ec2_emulator.py 0`: it binds a free port itself (one picked here could be taken before it
+    binds) and names its URL on the ready line."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
+                            env={**os.environ, **env, "FTC_EMULATOR_DIR": str(disks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="), line + proc.stdout.read()
+    return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0]
 
 
 @pytest.fixture
@@ -53,20 +57,6 @@ def ec2(emulator, ftc_home, monkeypatch):
 def nodes(emulator) -> list[dict]:
     with urllib.request.urlopen(f"{emulator['url']}/_emulator/nodes") as reply:  # noqa: S310 - the test's own endpoint
         return json.loads(reply.read())
-
-
-def node_processes(disks: Path) -> list[int]:
-    """Live sshd processes of the emulator's instances (their configs lie under its disks)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if str(disks) in cmdline and "sshd_config" in cmdline:
-                found.append(int(entry.name))
-    return found
 
 
 def instances_of(ec2, name: str) -> list[dict]:
@@ -99,7 +89,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
     assert {"results.json", "run.json", "output.log", "launch.sh", "model", "logs"} <= {p.name for p in run_dir.iterdir()}
     assert_nothing_left(ec2, "emu")
     assert {i["State"]["Name"] for i in instances_of(ec2, "emu")} == {"terminated"}
-    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+    assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
 def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir):
@@ -131,20 +121,26 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     down = ftc("down", "--name", "steps")
     assert down.returncode == 0, down.stderr
     assert_nothing_left(ec2, "steps")
-    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+    assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
 def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, ftc_home):
     import shutil
-    # 0.05 h: the user-data's `shutdown -h +3`, 3 emulator minutes (1.5 s)
-    up = ftc("up", "--name", "orphan", *AWS, "--no-bootstrap", "--max-hours", "0.05")
+    # the user-data armed the watchdog at boot: `shutdown -h +240` (4 h, 240 emulator minutes, 2 min), far
+    # enough off that no node powers off while `up` still waits for them, however loaded the machine
+    up = ftc("up", "--name", "orphan", *AWS, "--no-bootstrap", "--max-hours", "4")
     assert up.returncode == 0, up.stderr[-3000:]
+    ids = [i["InstanceId"] for i in instances_of(ec2, "orphan")]
+    assert [(emulator["disks"] / i / "poweroff").read_text().split()[1] for i in ids] == ["240", "240"]
+    # `ftc extend` brings it forward: 0.05 h, `shutdown -h +3`, 3 emulator minutes (1.5 s)
+    extend = ftc("extend", "--name", "orphan", "--hours", "0.05")
+    assert extend.returncode == 0, extend.stderr[-3000:]
     shutil.rmtree(ftc_home)  # the controller, and everything it knew, is gone
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while {i["State"]["Name"] for i in instances_of(ec2, "orphan")} != {"terminated"}:
         assert time.monotonic() < deadline, instances_of(ec2, "orphan")
         time.sleep(0.2)
-    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+    assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
     # what is not an instance stays until `ftc down` finds it by its tags
     down = ftc("down", "--name", "orphan", "--provider", "aws")
     assert down.returncode == 0, down.stderr
@@ -161,15 +157,14 @@ def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, em
     spot_run = subprocess.Popen([*FTC, "run", "--name", "spot", *AWS, "--spot", "1", *flags],
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    held = held_on_nodes(emulator, spot_run)
+    held = until(lambda: held_on_nodes(emulator), spot_run, "the job's hold at step 2", timeout=900)
     # node 1, not the head: its own metadata service, read by the watcher on that node
     reclaimed_id = json.loads((ftc_home / "clusters" / "spot" / "state.json").read_text())["nodes"][1]["id"]
     request = urllib.request.Request(f"{emulator['url']}/_emulator/spot-reclaim/{reclaimed_id}", method="POST")
     with urllib.request.urlopen(request) as reply:  # noqa: S310 - the test's own endpoint
         assert json.loads(reply.read())["action"] == "terminate"
-    while not any(n["notices_served"] for n in nodes(emulator) if n["id"] == reclaimed_id):  # its watcher read it
-        assert spot_run.poll() is None, spot_run.communicate()
-        time.sleep(0.1)
+    until(lambda: any(n["notices_served"] for n in nodes(emulator) if n["id"] == reclaimed_id),  # its watcher read it
+          spot_run, "the reclaimed node's watcher reading the notice", timeout=300)
     release_on_every_node(emulator, held)
     out, err = spot_run.communicate(timeout=600)
     assert spot_run.returncode == 0, err[-3000:]
@@ -186,19 +181,30 @@ def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, em
     assert result["epoch_metrics"][-1]["train_loss"] == pytest.approx(expected["epoch_metrics"][-1]["train_loss"],
                                                                       rel=1e-3)
     assert_nothing_left(ec2, "spot")
-    assert nodes(emulator) == [] and node_processes(emulator["disks"]) == []
+    assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
-def held_on_nodes(emulator, proc: subprocess.Popen) -> Path:
-    """Where the job holds before its FTC_HOLD_AT_STEP step: its `held` marker on the head
-    node's disk, relative to that disk (each node has its own file system here)."""
-    while True:
+def until(found, proc: subprocess.Popen, what: str, timeout: float):
+    """found()'s first true answer, polled while `proc` runs; past a generous deadline, `proc` is
+    stopped and the test fails (a held job would otherwise wait for ever)."""
+    deadline = time.monotonic() + timeout
+    while not (result := found()):
         assert proc.poll() is None, proc.communicate()
-        held = [p for p in emulator["disks"].glob("i-*/disk/ec2-user/ftc/jobs/**/held")]
-        if held:
-            disk = next(p for p in held[0].parents if p.name == "disk")
-            return held[0].relative_to(disk)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {what} after {timeout:g} s: {proc.communicate()}")
         time.sleep(0.1)
+    return result
+
+
+def held_on_nodes(emulator) -> Path | None:
+    """Where the job holds before its FTC_HOLD_AT_STEP step: its `held` marker on the head
+    node's disk, relative to that disk (each node has its own file system here); None before."""
+    held = [p for p in emulator["disks"].glob("i-*/disk/ec2-user/ftc/jobs/**/held")]
+    if not held:
+        return None
+    disk = next(p for p in held[0].parents if p.name == "disk")
+    return held[0].relative_to(disk)
 
 
 def release_on_every_node(emulator, held: Path) -> None:
@@ -209,21 +215,18 @@ def release_on_every_node(emulator, held: Path) -> None:
 
 
 def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monkeypatch):
-    port, disks = free_port(), tmp_path / "disks"
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), str(port)],
-                            env={**os.environ, "FTC_EMULATOR_DIR": str(disks)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout.readline().startswith("EC2 emulator ready")
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+    disks = tmp_path / "disks"
+    proc, url = start_emulator(disks)
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": "0.1"}
     up = ftc("up", "--name", "left", *AWS, "--no-bootstrap", env=env)
     assert up.returncode == 0, up.stderr[-3000:]
-    assert len(node_processes(disks)) == 2
+    assert len(sshd_pids(disks)) == 2
     proc.terminate()
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert out.count("stopped (emulator exiting)") == 2
-    assert node_processes(disks) == [] and list(disks.iterdir()) == []
+    assert sshd_pids(disks) == [] and list(disks.iterdir()) == []
 
 
 def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypatch):

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc
-from helpers import assert_bootstrapped
+from helpers import assert_bootstrapped, wait_for
 
 from provision.errors import UsageError
 from provision.hosts import Host, fingerprint, hosts_of, parse_probe, verdicts
 from provision.spec import resolve_spec
+from runner.node.distenv import listen_port
 
 SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if Path(p).exists()),
             "internal-sftp")
@@ -36,9 +37,7 @@ class Server:
             "# no newline at the end\n" + user_key.with_suffix(".pub").read_text().strip()
         (self.home / ".ssh" / "authorized_keys").write_text(line)
         (self.home / ".ssh" / "authorized_keys").chmod(0o644)
-        with socket.socket() as sock:
-            sock.bind((address, 0))
-            self.port = sock.getsockname()[1]
+        self.port = listen_port(address)  # outside the ephemeral range: no connection made meanwhile takes it
         self.proc: subprocess.Popen | None = None
         self._host_key()
 
@@ -144,13 +143,6 @@ def read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def wait_for(condition, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 # ---- pure ---------------------------------------------------------------------------------------
 
 def test_hosts_parse_into_user_address_port_and_bad_ones_are_refused():
@@ -237,7 +229,8 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     down = ftc("down", "--name", "own")
     assert down.returncode == 0, down.stderr
     assert [s.listing() for s in servers] == before  # names, modes, inodes, contents: as they were
-    assert processes_carrying(workdirs) == []
+    # what outlived SIGTERM got SIGKILL last, and the cleanup does not wait for that to land
+    wait_for(lambda: processes_carrying(workdirs) == [], "the job's processes to end")
     assert not (ftc_home / "clusters" / "own").exists()
     assert all(s.proc.poll() is None for s in servers)  # the servers stay
 

@@ -4,16 +4,29 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import ftc, sshd_pids
-from helpers import assert_bootstrapped
+from helpers import assert_bootstrapped, wait_for
+
+from runner.node.distenv import listen_port as local_listen_port
 
 
 def state_of(home: Path, name: str) -> dict:
     return json.loads((home / "clusters" / name / "state.json").read_text())
+
+
+def served_host_key(node: dict) -> str:
+    """The host key the node's sshd presents now ('' while it does not answer)."""
+    from provision.ssh import fetch_host_key
+    from provision.state import NodeInfo
+    probe = NodeInfo(index=0, name="probe", id="probe", public_ip=node["public_ip"], private_ip=node["private_ip"],
+                     ssh_user="x", ssh_port=node["ssh_port"])
+    try:
+        return fetch_host_key(probe, timeout=5)
+    except Exception:  # noqa: BLE001 - not listening (yet, or again)
+        return ""
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 4])
@@ -58,8 +71,8 @@ def test_second_bootstrap_skips_finished_steps(ftc_home):
 def test_node_killed_before_bootstrap_is_named_and_reported(ftc_home):
     assert ftc("up", "--name", "kill", "--nodes", "2", "--no-bootstrap").returncode == 0
     victim = state_of(ftc_home, "kill")["nodes"][1]
-    os.kill(victim["pid"], signal.SIGKILL)
-    time.sleep(0.2)
+    os.kill(victim["pid"], signal.SIGKILL)  # queued only: the process goes when it is next scheduled
+    wait_for(lambda: victim["pid"] not in sshd_pids(ftc_home), "the killed sshd to be gone")
     status = ftc("status", "--name", "kill")
     assert "kill-1 is dead" in status.stderr
     proc = ftc("bootstrap", "--name", "kill", env={"FTC_CONNECT_ATTEMPTS": "3"})
@@ -93,8 +106,9 @@ def test_tampered_host_key_is_refused(ftc_home):
     key.unlink()
     key.with_suffix(".pub").unlink()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    new_key = " ".join(key.with_suffix(".pub").read_text().split()[:2])
     os.kill(node["pid"], signal.SIGHUP)  # sshd re-executes itself and loads the new key
-    time.sleep(1.0)
+    wait_for(lambda: served_host_key(node) == new_key, "sshd to serve the new host key")
     proc = ftc("bootstrap", "--name", "mitm", env={"FTC_CONNECT_ATTEMPTS": "3"})
     assert proc.returncode == 1
     assert "node mitm-0: step 'connect' failed: host key mismatch" in proc.stderr
@@ -116,7 +130,8 @@ def test_clusters_side_by_side_do_not_interfere(ftc_home):
     starts = [subprocess.Popen([*FTC, "up", "--name", n, "--nodes", "1", "--no-bootstrap"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for n in names]  # all four at once
     for proc in starts:
-        assert proc.wait(120) == 0, proc.stderr.read()
+        _, err = proc.communicate(timeout=600)  # read while waiting: a full pipe would stall `up`
+        assert proc.returncode == 0, err
     nodes = {n: state_of(ftc_home, n)["nodes"][0] for n in names}
     assert len({(n["private_ip"], n["ssh_port"]) for n in nodes.values()}) == 4
     assert len({n["pid"] for n in nodes.values()}) == 4
@@ -125,6 +140,31 @@ def test_clusters_side_by_side_do_not_interfere(ftc_home):
         assert os.path.exists(f"/proc/{nodes[name]['pid']}")
         assert "running" in ftc("status", "--name", name).stdout
         ftc("down", "--name", name, check=True)
+    assert sshd_pids(ftc_home) == []
+
+
+def test_node_port_taken_before_sshd_binds_is_chosen_again(ftc_home, monkeypatch):
+    """Between the choice of a node's port and sshd's bind, another process may take the port
+    (another `up` choosing the same way): sshd exits with "address in use"; `up` chooses again."""
+    import socket
+    from dataclasses import asdict
+
+    from provision import cluster, local
+    from provision.spec import ClusterSpec
+    taken = socket.socket()
+    taken.bind(("127.0.0.2", 0))
+    taken.listen()
+    chosen = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(local, "listen_port", lambda host: next(chosen, None) or local_listen_port(host))
+    try:
+        state = cluster.up(ClusterSpec(name="port", nodes=1), bootstrap=False, yes=True)
+        node = state.nodes[0]
+        assert node.ssh_port != taken.getsockname()[1] and "Address already in use" in \
+            (Path(node.workdir) / "sshd.log").read_text()
+        assert served_host_key(asdict(node)) == node.host_key  # the node answers, on its new port
+    finally:
+        taken.close()
+        cluster.down("port")
     assert sshd_pids(ftc_home) == []
 
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import FTC, ftc
-from test_train import held_job
+from test_train import following, held_job
 
 from runner.report import first_bad_rank, for_terminal, progress, tracebacks
 
@@ -139,6 +139,7 @@ def test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower(
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
         held_job(ftc_home, "out", follower)  # training: now the cluster goes
+        following(follower)
     finally:
         assert ftc("down", "--name", "out").returncode == 0
     _, err = follower.communicate(timeout=120)

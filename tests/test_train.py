@@ -46,6 +46,19 @@ def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
         time.sleep(0.1)
 
 
+def following(proc: subprocess.Popen) -> None:
+    """Proof that `ftc finetune` (proc) is in its follow loop, where Ctrl-C detaches and a destroyed
+    cluster is told: it has printed a line of the job's output (its stdout holds only those)."""
+    assert proc.stdout.readline(), proc.communicate()
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it ended since it was listed
+        return b""
+
+
 def results_of_run(home: Path, name: str) -> dict:
     """The results.json of the one run of cluster `name` (they outlive the cluster)."""
     found = list((home / "runs" / name).glob("*/results.json"))
@@ -69,6 +82,7 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, 
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
     job_dir = held_job(ftc_home, cluster, follower)  # the job is training: now the follower goes away
+    following(follower)
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0 and "detached" in err and "ftc logs --name tr -f" in err
@@ -143,8 +157,7 @@ def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minil
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
     job_dir = held_job(ftc_home, cluster, follower)
     node1 = state_of(ftc_home)["nodes"][1]
-    victims = [pid for pid in descendants(node1["pid"])
-               if b"runner.node.train" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    victims = [pid for pid in descendants(node1["pid"]) if b"runner.node.train" in cmdline(pid)]
     assert len(victims) == 1
     os.kill(victims[0], signal.SIGKILL)  # held, both ranks have logged their start: the tail shows it
     (job_dir / "release").touch()
@@ -205,7 +218,7 @@ def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupt
         assert interrupted.poll() is None, interrupted.communicate()
         time.sleep(0.1)
     node1 = state_of_named(ftc_home, "lost")["nodes"][1]
-    ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in cmdline(p)]
     assert ranks
     for pid in ranks:  # node 1 is lost
         os.kill(pid, signal.SIGKILL)
@@ -287,7 +300,7 @@ def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resume
     finally:
         imds.close()
     assert spot_run.returncode == 0, err[-3000:]
-    assert imds.served == 1 and imds.unauthorized == 0  # IMDSv2: every read carried a token
+    assert imds.served == 1 and imds.unauthorized == 0, imds.refused_requests  # IMDSv2: every read carried a token
     assert "spot interruption (1/3): recreating cluster spot" in err
     assert "(spot interruption notice)" in out and "resuming from" not in err.split("recreating")[0]
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "spot").exists()

@@ -21,12 +21,15 @@ def sftp_servers_under(sshd_pid: int) -> list[int]:
 
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and b"sftp-server" in (entry / "cmdline").read_bytes():
-            pid = int(entry.name)
-            while pid > 1 and pid != sshd_pid:
-                pid = parent(pid)
-            if pid == sshd_pid:
-                found.append(int(entry.name))
+        try:  # any other process (the other xdist worker's) may end while it is read
+            if entry.name.isdigit() and b"sftp-server" in (entry / "cmdline").read_bytes():
+                pid = int(entry.name)
+                while pid > 1 and pid != sshd_pid:
+                    pid = parent(pid)
+                if pid == sshd_pid:
+                    found.append(int(entry.name))
+        except OSError:
+            continue
     return found
 
 

@@ -7,7 +7,11 @@ is alone (world size 1) and train by itself without any error.
 """
 
 import os
+import random
+import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 LAUNCHERS = (
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # Intel MPI, MPICH
@@ -67,3 +71,26 @@ def pin_self(env: DistEnv) -> list[int]:
     share = cores[env.local_rank * per_rank:(env.local_rank + 1) * per_rank] or cores[-per_rank:]
     os.sched_setaffinity(0, share)
     return share
+
+
+def listen_port(host: str = "") -> int:
+    """A port for a listener that starts a moment later (torch's rendezvous store, a node's sshd):
+    free to bind on `host` ("" = every address), and below the kernel's ephemeral range, from
+    which bind(0) and every outgoing connection draw theirs, so no other process is handed it
+    meanwhile. Random, so two processes choosing this way rarely meet; a listener that does
+    meet another gets "address in use" and chooses again."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    candidates = range(10000, low) if low > 11000 else range(low, 65536)
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port to listen on {host or 'every address'} among 200 tried")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["listen-port"]:  # the launch script's MASTER_PORT
+    print(listen_port())
