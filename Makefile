@@ -13,7 +13,8 @@ $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval over
 
 # $(call flag,VAR,option): `--option='value'` when VAR was given, else nothing. The value reaches
 # ftc as data: $(value) keeps Make from expanding it and the single quotes (each ' inside
-# written '\'') keep the shell from reading it.
+# written '\'') keep the shell from reading it. Switches (YES, KEEP, RESUME, QUICK, SPOT, ...) go
+# the same way, so ftc's one boolean parser reads every value (QUICK=0 is off) and refuses an unknown one.
 quote = '$(subst ','\'',$(1))'
 flag = $(if $(filter undefined,$(origin $(1))),,--$(2)=$(call quote,$(value $(1))))
 # $(call given_or,VAR,default): VAR's value (as data) when given, else the default.
@@ -75,14 +76,14 @@ bootstrap: setup
 	$(FTC) bootstrap $(NAME_FLAG) --with=$(call given_or,BOOTSTRAPPER,fabric)
 
 finetune: setup
-	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS)
+	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS) $(call flag,RESUME,resume)
 
 run: setup
-	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(if $(filter 1,$(value RESUME)),--resume)
+	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,RESUME,resume)
 
 # The 2021 recipe's table, reproduced: NODES is a list here (default 1,2,4).
 sweep: setup
-	$(FTC) sweep $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep)
+	$(FTC) sweep $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,OUT,out)
 
 plan: setup
 	$(FTC) plan $(call flag,TASK,task) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
@@ -110,7 +111,7 @@ inventory: setup
 	$(FTC) inventory $(NAME_FLAG)
 
 bench: setup
-	$(FTC) bench $(if $(value QUICK),--quick) $(call flag,OUT,out)
+	$(FTC) bench $(call flag,QUICK,quick) $(call flag,OUT,out)
 
 # An EC2 endpoint on this machine whose instances are real local sshd nodes (needs root): try
 # PROVIDER=aws for free with AWS_ENDPOINT_URL=http://127.0.0.1:$(PORT). Ctrl-C stops every node.

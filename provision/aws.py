@@ -27,13 +27,22 @@ from .errors import FtcError, UsageError
 from .providers import NodeStatus
 from .templates import render
 from .ui import console
+from .values import from_env, number
 
 TAG_CLUSTER = "ftc:cluster"
 TAG_OWNER = "ftc:owner"
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 API_CALLS: Counter = Counter()  # operation name -> calls made by this process (the scale test reads it)
-POLL_SECONDS = float(os.environ.get("FTC_AWS_POLL_SECONDS", "5"))
-WAIT_MINUTES = float(os.environ.get("FTC_AWS_WAIT_MINUTES", "15"))
+POLL_SECONDS = 5.0  # between EC2 polls; FTC_AWS_POLL_SECONDS overrides it
+WAIT_MINUTES = 15.0  # for instances to start, or to terminate; FTC_AWS_WAIT_MINUTES overrides it
+
+
+def poll_seconds() -> float:
+    return from_env(os.environ, "FTC_AWS_POLL_SECONDS", number(0, 60), POLL_SECONDS)
+
+
+def wait_minutes() -> float:
+    return from_env(os.environ, "FTC_AWS_WAIT_MINUTES", number(0, 24 * 60), WAIT_MINUTES)
 
 
 def _count(event_name: str, **_) -> None:
@@ -45,6 +54,15 @@ def client(service: str, region: str):
     made = boto3.session.Session(region_name=region).client(service, config=config)
     made.meta.events.register(f"before-call.{made.meta.service_model.endpoint_prefix}", _count)
     return made
+
+
+def has_credentials() -> bool:
+    """Whether boto3's chain finds credentials; a broken AWS configuration (a profile that does not
+    exist) counts as configured: AWS was meant to be used, and asking it will say what is wrong."""
+    try:
+        return boto3.session.Session().get_credentials() is not None
+    except BotoCoreError:
+        return True
 
 
 def tags(state: st.ClusterState, resource: str) -> list[dict]:
@@ -114,6 +132,13 @@ def plan_text(state: st.ClusterState, facts: dict) -> str:
             f"powered off after {spec.max_hours:g} h.\n"
             f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
             f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime")
+
+
+def check_settings() -> None:
+    """Every FTC_AWS_* tuning variable, parsed before anything is created: a bad one is one line
+    now, not a traceback once instances exist."""
+    poll_seconds()
+    wait_minutes()
 
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
@@ -192,7 +217,7 @@ def launch(state: st.ClusterState) -> None:
         state.resources["placement_group"] = name
         st.save(state)
         run_instances(state, ec2, facts)
-    except ClientError as exc:
+    except (ClientError, BotoCoreError) as exc:
         raise _explain(exc, f"creating cluster {state.name}") from None
 
 
@@ -235,10 +260,18 @@ def run_instances(state: st.ClusterState, ec2, facts: dict) -> None:
 
 def wait(state: st.ClusterState) -> None:
     """Until every instance runs and passes both status checks; a progress bar meanwhile."""
+    try:
+        _wait_until_checked(state)
+    except (ClientError, BotoCoreError) as exc:
+        raise _explain(exc, f"waiting for the instances of cluster {state.name}") from None
+
+
+def _wait_until_checked(state: st.ClusterState) -> None:
     spec = state.cluster_spec
     ec2 = client("ec2", spec.region)
     ids = state.resources["instances"]
-    deadline = time.monotonic() + WAIT_MINUTES * 60
+    limit = wait_minutes()
+    deadline = time.monotonic() + limit * 60
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         running = progress.add_task("running", total=len(ids))
@@ -257,9 +290,9 @@ def wait(state: st.ClusterState) -> None:
             if len(ok) == len(ids):
                 break
             if time.monotonic() > deadline:
-                raise FtcError(f"{len(ids) - len(ok)} instance(s) not ready after {WAIT_MINUTES:g} min; "
+                raise FtcError(f"{len(ids) - len(ok)} instance(s) not ready after {limit:g} min; "
                                "see the EC2 console's status checks")
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll_seconds())
     reservations = ec2.describe_instances(InstanceIds=ids)["Reservations"]
     instances = {i["InstanceId"]: i for r in reservations for i in r["Instances"]}
     state.nodes = []
@@ -285,35 +318,48 @@ def _live_instances(ec2, state: st.ClusterState) -> list[str]:
 
 
 def terminate(state: st.ClusterState) -> None:
-    """Instances first (and wait: a security group in use cannot go), then group, placement group, key."""
+    """Instances first (and wait: a security group in use cannot go), then group, placement group, key.
+    When AWS cannot be asked or refuses, the one-line error says what may remain and how to retry."""
     spec = state.cluster_spec
-    ec2 = client("ec2", spec.region)
+    limit, pause = wait_minutes(), poll_seconds()
+    remains = (f"what cluster {state.name} created in {spec.region} (tagged {TAG_CLUSTER}={state.name}) may remain; "
+               f"run `ftc down --name {state.name}` again")
     try:
+        ec2 = client("ec2", spec.region)
         ids = sorted(set(_live_instances(ec2, state)) | set(_still_live(ec2, state.resources.get("instances", []))))
         if ids:
             console.print(f"terminating {len(ids)} instance(s)")
             ec2.terminate_instances(InstanceIds=ids)
-            deadline = time.monotonic() + WAIT_MINUTES * 60
+            deadline = time.monotonic() + limit * 60
             while _still_live(ec2, ids):
                 if time.monotonic() > deadline:
-                    raise FtcError(f"instances {ids} not terminated after {WAIT_MINUTES:g} min; run `ftc down` again")
-                time.sleep(POLL_SECONDS)
-        groups = {g["GroupId"] for g in ec2.describe_security_groups(Filters=tag_filter(state.name))["SecurityGroups"]}
-        groups |= {state.resources["security_group"]} if state.resources.get("security_group") else set()
-        for group in sorted(groups):
-            _delete_with_retry(lambda group=group: ec2.delete_security_group(GroupId=group),
-                               ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"))
-        placement = {g["GroupName"] for g in ec2.describe_placement_groups(Filters=tag_filter(state.name))["PlacementGroups"]}
-        placement |= {state.resources["placement_group"]} if state.resources.get("placement_group") else set()
-        for group in sorted(placement):
-            _delete_with_retry(lambda group=group: ec2.delete_placement_group(GroupName=group),
-                               ("InvalidPlacementGroup.Unknown",))
-        keys = {k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag_filter(state.name))["KeyPairs"]}
-        keys |= {state.resources["key_pair"]} if state.resources.get("key_pair") else set()
-        for key in sorted(keys):
-            ec2.delete_key_pair(KeyName=key)
+                    raise FtcError(f"instances {ids} not terminated after {limit:g} min; {remains}")
+                time.sleep(pause)
+        _delete_groups_and_key(ec2, state)
     except ClientError as exc:
-        raise _explain(exc, f"deleting cluster {state.name} (run `ftc down --name {state.name}` again)") from None
+        raise FtcError(f"{_explain(exc, f'deleting cluster {state.name}')}; {remains}") from None
+    except BotoCoreError as exc:  # no credentials, no network, no such profile: AWS was not asked
+        why = "no credentials: `aws configure` or AWS_PROFILE sets them" if isinstance(exc, NoCredentialsError) \
+            else str(exc)
+        raise FtcError(f"AWS could not be reached ({why}); {remains} once it can be") from None
+
+
+def _delete_groups_and_key(ec2, state: st.ClusterState) -> None:
+    """Security groups, placement groups and key pairs, by tag and by the ids in the state."""
+    groups = {g["GroupId"] for g in ec2.describe_security_groups(Filters=tag_filter(state.name))["SecurityGroups"]}
+    groups |= {state.resources["security_group"]} if state.resources.get("security_group") else set()
+    for group in sorted(groups):
+        _delete_with_retry(lambda group=group: ec2.delete_security_group(GroupId=group),
+                           ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"))
+    placement = {g["GroupName"] for g in ec2.describe_placement_groups(Filters=tag_filter(state.name))["PlacementGroups"]}
+    placement |= {state.resources["placement_group"]} if state.resources.get("placement_group") else set()
+    for group in sorted(placement):
+        _delete_with_retry(lambda group=group: ec2.delete_placement_group(GroupName=group),
+                           ("InvalidPlacementGroup.Unknown",))
+    keys = {k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag_filter(state.name))["KeyPairs"]}
+    keys |= {state.resources["key_pair"]} if state.resources.get("key_pair") else set()
+    for key in sorted(keys):
+        ec2.delete_key_pair(KeyName=key)
 
 
 def _still_live(ec2, ids: list[str]) -> list[str]:
@@ -340,18 +386,22 @@ def _delete_with_retry(call, gone_codes: tuple[str, ...], attempts: int = 12) ->
                 return
             if code != "DependencyViolation" or attempt == attempts - 1:
                 raise
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll_seconds())
 
 
 def query(state: st.ClusterState) -> list[NodeStatus]:
-    ec2 = client("ec2", state.cluster_spec.region)
     ids = [n.id for n in state.nodes]
     seen = {}
-    if ids:
-        for page in ec2.get_paginator("describe_instances").paginate(Filters=tag_filter(state.name)):
-            for reservation in page["Reservations"]:
-                for instance in reservation["Instances"]:
-                    seen[instance["InstanceId"]] = instance
+    try:
+        ec2 = client("ec2", state.cluster_spec.region)
+        if ids:
+            for page in ec2.get_paginator("describe_instances").paginate(Filters=tag_filter(state.name)):
+                for reservation in page["Reservations"]:
+                    for instance in reservation["Instances"]:
+                        seen[instance["InstanceId"]] = instance
+    except (ClientError, BotoCoreError) as exc:  # status goes on, saying so, for this and every other cluster
+        return [NodeStatus(node.id, "unknown", f"AWS could not be asked ({_explain(exc, 'describe_instances')})"[:160])
+                for node in state.nodes]
     result = []
     for node in state.nodes:
         instance = seen.get(node.id)

@@ -23,10 +23,11 @@ from . import state as st
 from .errors import FtcError, UsageError
 from .keys import keygen
 from .launch import cluster_launch, render_launch
-from .ssh import StepFailed, connect, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
+from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
 from .templates import render
 from .ui import NodeBoard, answer
+from .values import boolean, from_env
 
 REPO = Path(__file__).resolve().parent.parent
 FILE_MODES = {"ssh_config": 0o600, "bin/ssh": 0o755}  # the rest of a node's files: 0644
@@ -45,7 +46,7 @@ def stack_venv(state: st.ClusterState, node: st.NodeInfo) -> tuple[str, bool]:
     if given:
         return str(PurePosixPath(given).parent.parent), True
     reuse = state.provider == "local" and not missing_from_this_python(state.cluster_spec.stack) \
-        and _reuse_allowed()
+        and reuse_allowed()
     return (sys.prefix, True) if reuse else (f"{node.workdir}/venv", False)
 
 
@@ -54,8 +55,9 @@ def given_python(state: st.ClusterState) -> str:
     return state.cluster_spec.stack_python if state.provider == "ssh" else ""
 
 
-def _reuse_allowed() -> bool:
-    return os.environ.get("FTC_LOCAL_REUSE_STACK", "1") != "0"
+def reuse_allowed() -> bool:
+    """FTC_LOCAL_REUSE_STACK=0 makes local nodes install the stack into a fresh venv (tests)."""
+    return from_env(os.environ, "FTC_LOCAL_REUSE_STACK", boolean, True)
 
 
 def render_install(state: st.ClusterState, node: st.NodeInfo) -> str:
@@ -245,7 +247,14 @@ def mark_bootstrapped(state: st.ClusterState, facts: list[NodeFacts]) -> None:
 
 # ---- the command ----------------------------------------------------------------------------
 
+def check_settings() -> None:
+    """The FTC_* tuning variables a bootstrap reads, parsed before it changes anything."""
+    connect_attempts()
+    reuse_allowed()
+
+
 def bootstrap(name: str) -> dict:
+    check_settings()
     with st.locked(name, "bootstrap"):
         state = st.load(name)
         if state.phase not in ("running", "bootstrapped"):

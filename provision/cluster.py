@@ -13,10 +13,13 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from rich.markup import escape
+
 from . import providers
 from . import state as st
+from .catalog import REGIONS
 from .errors import UsageError
-from .spec import ClusterSpec
+from .spec import PROVIDERS, ClusterSpec
 from .ui import console
 
 
@@ -35,11 +38,34 @@ def shielded() -> Iterator[None]:
 
 
 def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.ClusterState:
+    """`ftc up`: create the nodes, then bootstrap them. An interrupted bootstrap leaves the cluster
+    running (its nodes are fine; only the stack is unfinished), and says how to go on or remove it."""
+    _create(spec, yes)
+    if bootstrap:
+        from .bootstrap import bootstrap as run_bootstrap
+        try:
+            run_bootstrap(spec.name)
+        except KeyboardInterrupt:
+            console.print(f"[yellow]{still_runs(spec)}[/]", soft_wrap=True)
+            raise
+    return st.load(spec.name)
+
+
+def still_runs(spec: ClusterSpec) -> str:
+    """What an interrupted bootstrap leaves, and the two ways on. Pure."""
+    billed = ", billed while they run" if spec.provider == "aws" else ""
+    return (f"cluster {spec.name} still runs ({spec.nodes} {spec.provider} node(s){billed}), not bootstrapped: "
+            f"`ftc bootstrap --name {spec.name}` continues, `make destroy NAME={spec.name}` removes it")
+
+
+def _create(spec: ClusterSpec, yes: bool = False) -> None:
+    """Launch the nodes and wait for them; any failure or interruption rolls back everything created."""
     if st.exists(spec.name):
         existing = st.load(spec.name)
         raise UsageError(f"NAME={spec.name!r} already exists ({existing.provider}, {existing.phase}); "
                          f"use it, or remove it first with `make destroy NAME={spec.name}`")
     provider = providers.get(spec.provider)
+    _check_settings(provider)
     state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
     with st.locked(spec.name, "up", create=True):
         try:
@@ -59,46 +85,90 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed ({type(exc).__name__}: {exc})"
             console.print(f"[red]up {why}; rolling back everything it created[/]")
             with shielded():
-                _teardown(state, provider)
+                _terminate(state, provider)
+                shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
             console.print(f"cluster [bold]{spec.name}[/] rolled back: nothing left running")
             raise
-    if bootstrap:
-        from .bootstrap import bootstrap as run_bootstrap
-        run_bootstrap(spec.name)
-    return st.load(spec.name)
 
 
-def _teardown(state: st.ClusterState, provider) -> None:
+def _check_settings(provider) -> None:
+    """FTC_HOME and every FTC_* tuning variable that creating and bootstrapping will read, checked
+    before anything exists: a bad one is one line (exit 2), never a failure once nodes run."""
+    from . import bootstrap
+    st.check_home()
+    bootstrap.check_settings()
+    if hasattr(provider, "check_settings"):
+        provider.check_settings()
+
+
+def _terminate(state: st.ClusterState, provider) -> None:
+    """Mark the state first (a job's follower sees the cluster go), then delete what it names."""
     state.phase = "terminating"
     st.save(state)
     provider.terminate(state)
-    shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
 
 
 def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
-    """Works from good state, corrupt state, or none: then by tags (AWS, when credentials
-    are configured) and by the sshd configs under the cluster's dir (local)."""
+    """Works from good state, corrupt state, or none: then by tags (AWS) and by the sshd configs under
+    the cluster's dir (local). The directory goes once every provider is done: when one could not be
+    asked (AWS unreachable), its error says so and the directory stays, so `ftc down` again retries."""
     with st.locked(name, "down", create=True):
-        try:
-            states = [st.load(name)]
-        except (UsageError, st.CorruptState) as exc:
-            candidates = [provider_name] if provider_name else ["local"] + (["aws"] if _aws_credentials() else [])
-            where = ", ".join(candidates) + (f" ({region or ClusterSpec.region})" if "aws" in candidates else "")
-            reason = "no local state" if isinstance(exc, UsageError) else str(exc)
-            console.print(f"[yellow]{reason} for {name!r}; looking for its resources in {where}[/]")
-            states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(
-                name=name, provider=p, region=region or ClusterSpec.region).to_dict()) for p in candidates]
+        states, unsearched = _states_to_remove(name, provider_name, region)
         with shielded():
             for state in states:
-                _teardown(state, providers.get(state.provider))
-    console.print(f"cluster [bold]{name}[/] is gone: nothing left running")
+                _terminate(state, providers.get(state.provider))
+            shutil.rmtree(st.cluster_dir(name), ignore_errors=True)
+    console.print(unsearched or f"cluster [bold]{name}[/] is gone: nothing left running", soft_wrap=True)
+
+
+def _states_to_remove(name: str, provider_name: str | None, region: str | None) -> tuple[list[st.ClusterState], str]:
+    """The state, or, when it is missing or does not load, one per place to search; and, when nothing
+    says where the cluster ran and AWS is not searched for want of credentials, the closing line that
+    says so ('' otherwise)."""
+    try:
+        return [st.load(name)], ""
+    except (UsageError, st.CorruptState) as exc:
+        reason = "no local state" if isinstance(exc, UsageError) else str(exc)
+    recorded = st.recorded_place(name)
+    st.clear_unloadable(name)
+    from . import aws
+    credentials = provider_name is None and aws.has_credentials()
+    places, region = search_places(provider_name, region, recorded, credentials)
+    where = ", ".join(places) + (f" ({region})" if "aws" in places else "")
+    console.print(f"[yellow]{escape(reason)} for {name!r}; looking for its resources in {where}[/]", soft_wrap=True)
+    states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(name=name, provider=p, region=region).to_dict())
+              for p in places]
+    said_where = provider_name or recorded.get("provider") in PROVIDERS  # told, or the broken state still says
+    unsearched = "" if said_where or "aws" in places else (
+        f"cluster {name}: nothing of it is left running on this machine; AWS was not searched (no credentials): "
+        f"if it ran there, `ftc down --name {name} --provider aws --region {region}` with credentials removes "
+        "what is tagged with it")
+    return states, unsearched
+
+
+def search_places(provider_flag: str | None, region_flag: str | None, recorded: dict[str, str],
+                  aws_credentials: bool) -> tuple[list[str], str]:
+    """Where `down` looks for a cluster whose state is missing or does not load, and in which AWS region:
+    the provider it is told; else this machine's local nodes, AWS when the broken state records it or
+    credentials are configured, and your servers when it records them. The region: told, else the
+    recorded one, else the default. Pure."""
+    recorded_provider = recorded.get("provider") if recorded.get("provider") in PROVIDERS else None
+    region = region_flag or (recorded.get("region") if recorded.get("region") in REGIONS else ClusterSpec.region)
+    if provider_flag:
+        return [provider_flag], region
+    places = ["local"]
+    if recorded_provider == "aws" or aws_credentials:
+        places.append("aws")
+    if recorded_provider == "ssh":
+        places.append("ssh")
+    return places, region
 
 
 def ensure(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
     """A bootstrapped cluster of spec.nodes nodes under spec.name: reused when it has that size and is
     bootstrapped, else made anew."""
     if not st.exists(spec.name):
-        return up(spec, bootstrap=True, yes=yes)
+        return _bootstrapped(spec, yes)
     current = st.load(spec.name)
     if len(current.nodes) == spec.nodes and current.phase == "bootstrapped":
         console.print(f"reusing cluster {spec.name} ({spec.nodes} node(s))")
@@ -115,7 +185,16 @@ def recreate(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
     bring up and bootstrap spec."""
     with shielded():
         down(spec.name)
-    return up(spec, bootstrap=True, yes=yes)
+    return _bootstrapped(spec, yes)
+
+
+def _bootstrapped(spec: ClusterSpec, yes: bool) -> st.ClusterState:
+    """Up and bootstrapped, for `ftc run` and `ftc sweep`: they release the cluster whatever stops
+    them, so an interrupted bootstrap here has nothing to say of its own."""
+    from .bootstrap import bootstrap as run_bootstrap
+    _create(spec, yes)
+    run_bootstrap(spec.name)
+    return st.load(spec.name)
 
 
 def release(name: str, keep: bool) -> None:
@@ -129,11 +208,6 @@ def release(name: str, keep: bool) -> None:
         return
     with shielded():
         down(name)
-
-
-def _aws_credentials() -> bool:
-    import boto3
-    return boto3.session.Session().get_credentials() is not None
 
 
 def status(name: str) -> tuple[st.ClusterState, list[providers.NodeStatus]]:

@@ -26,6 +26,7 @@ import getpass
 import secrets
 import shlex
 import shutil
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from . import state as st
 from .errors import FtcError, UsageError
 from .providers import NodeStatus
 from .spec import ClusterSpec, host_label, parse_host
-from .ssh import StepFailed, connect, fetch_host_key, fingerprint, run
+from .ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
 from .templates import render
 from .ui import console
 
@@ -148,6 +149,21 @@ def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
                   node_dirs=sorted({n.workdir for n in state.nodes}))
 
 
+def same_servers(hosts: list[Host], addresses: list[str]) -> str:
+    """The first two hosts that are one server under two spellings (127.0.0.2, 127.000.000.002 and
+    127.2 are one address), as a refusal; '' when every host is its own. `addresses` are the hosts'
+    resolved addresses ('' where unresolved: those are left to the reachability check). Pure."""
+    seen: dict[tuple[str, int], Host] = {}
+    for host, address in zip(hosts, addresses):
+        if not address:
+            continue
+        first = seen.setdefault((address, host.port), host)
+        if first is not host:
+            return (f"HOSTS names one server twice: {first.label} and {host.label} are both {address}:{host.port}; "
+                    "give each server once")
+    return ""
+
+
 def _sh(script: str) -> str:
     """A script for any login shell: POSIX sh runs it."""
     return f"/bin/sh -c {shlex.quote(script)}"
@@ -169,6 +185,14 @@ def _each(items: list, work) -> list:
     """work(item) for every item at once (a thread each); results in order."""
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
         return list(pool.map(work, items))
+
+
+def _resolve(host: Host) -> str:
+    """The address ssh would connect to for this host ('' when the name does not resolve)."""
+    try:
+        return socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError):
+        return ""
 
 
 def _read_key(host: Host) -> tuple[str, str]:
@@ -217,10 +241,14 @@ def _check(state: st.ClusterState, host: Host, key: str) -> tuple[dict, list[str
 def confirm(state: st.ClusterState, yes: bool) -> None:
     """Every check before anything exists: keys read, trusted, hosts checked; refuse on any problem."""
     spec = state.cluster_spec
-    if spec.ssh_key and not Path(spec.ssh_key).is_file():
-        raise UsageError(f"SSH_KEY={spec.ssh_key!r} is not a file; give the private key that logs in to your "
+    problem = key_problem(spec.ssh_key) if spec.ssh_key else ""
+    if problem:
+        raise UsageError(f"SSH_KEY={spec.ssh_key!r} {problem}; give an unencrypted private key that logs in to your "
                          "servers, or leave SSH_KEY out to use your ssh agent and ~/.ssh keys")
     hosts = hosts_of(spec, getpass.getuser())
+    twice = same_servers(hosts, _each(hosts, _resolve))
+    if twice:
+        raise UsageError(twice)
     read = _each(hosts, _read_key)
     problems = [why for _, why in read if why]
     if problems:

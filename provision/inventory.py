@@ -21,6 +21,7 @@ from .bootstrap import ensure_internal_key, facts_paths, mark_bootstrapped, node
 from .errors import FtcError, UsageError
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
 from .ui import console
+from .values import local_path
 
 PLAYBOOK = Path(__file__).resolve().parent.parent / "ansible" / "site.yml"
 
@@ -61,7 +62,7 @@ def inventory(state: st.ClusterState) -> dict:
 
 
 def write_inventory(state: st.ClusterState, out: str | None = None) -> Path:
-    path = Path(out) if out else st.cluster_dir(state.name) / "ansible" / "inventory.yml"
+    path = Path(local_path("out", out)) if out else st.cluster_dir(state.name) / "ansible" / "inventory.yml"
     text = "# Written by `ftc inventory` from the cluster state.\n" + yaml.safe_dump(inventory(state), sort_keys=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

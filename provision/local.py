@@ -116,15 +116,44 @@ def start_sshd(node: st.NodeInfo, sshd: str) -> None:
     node.pid = proc.pid
 
 
-def _is_our_sshd(node: st.NodeInfo) -> bool:
-    """The pid is ours only if it still runs sshd with this node's config (pids get reused).
-    sshd rewrites its process title, so the config path is matched within the whole cmdline."""
+# How sshd shows itself once listening: its command line, escaped as vis(3) escapes it, in its title.
+SSHD_TITLE = re.compile(rb"sshd: .*?sshd -D -e -f (.*) \[listener\] \d+ of \d+-\d+ startups", re.S)
+# strnvis(VIS_CSTYLE|VIS_NL|VIS_TAB|VIS_OCTAL), as sshd escapes its title, for the bytes a path may hold
+VIS_ESCAPES = {ord(c): b"\\" + e for c, e in (("\\", b"\\"), ("\n", b"n"), ("\r", b"r"), ("\b", b"b"), ("\a", b"a"),
+                                              ("\v", b"v"), ("\t", b"t"), ("\f", b"f"))}
+
+
+def shown(path: bytes) -> bytes:
+    """A path as sshd's title shows it: printable ASCII and space as they are, a backslash doubled, C
+    escapes for control characters that have one, any other byte as \\ooo. The escaping can be read
+    back, so two paths are equal exactly when their shown forms are. Pure."""
+    return b"".join(VIS_ESCAPES.get(byte) or (bytes([byte]) if 32 <= byte < 127 else b"\\%03o" % byte)
+                    for byte in path)
+
+
+def sshd_config_of(cmdline: bytes) -> bytes | None:
+    """The config file of an sshd started as ftc starts them (`sshd -D -e -f CONFIG`), in its shown
+    form, from its /proc cmdline: the argv as exec'd (NUL-separated), or the title sshd gives itself
+    once listening ("sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] 0 of 200-200 startups"). None for
+    any other process. Whole arguments only: one path never matches a longer one. Pure."""
+    argv = cmdline.rstrip(b"\0").split(b"\0")
+    if len(argv) == 5 and argv[0].endswith(b"sshd") and argv[1:4] == [b"-D", b"-e", b"-f"]:
+        return shown(argv[4])
+    title = SSHD_TITLE.fullmatch(cmdline.rstrip(b"\0")) if len(argv) == 1 else None
+    return title[1] if title else None
+
+
+def _cmdline(pid: int) -> bytes:
     try:
-        cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return False
-    config = re.escape(str(Path(node.workdir) / "sshd_config").encode())
-    return b"sshd" in cmdline and re.search(config + rb"(\s|\x00|$)", cmdline) is not None
+        return b""
+
+
+def _is_our_sshd(node: st.NodeInfo) -> bool:
+    """The pid is ours only if it still runs sshd with exactly this node's config (pids get reused)."""
+    config = shown(os.fsencode(Path(node.workdir) / "sshd_config"))
+    return bool(node.pid) and sshd_config_of(_cmdline(node.pid)) == config
 
 
 def _port_open(address: str, port: int) -> bool:
@@ -144,15 +173,16 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
         for node in pending:
             if node.pid and not procs.alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"
-                lines = log.read_text().strip().splitlines() if log.exists() else []
+                lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
                 if any("Address already in use" in line for line in lines[-3:]) and restarts < 3:
                     # another process took the port between its choice and sshd's bind: choose again
                     restarts += 1
                     start_sshd(node, _sshd())
                     st.save(state)
                     continue
-                raise FtcError(f"node {node.name}: sshd exited at start ({' '.join(lines[-1:]) or 'no log'}); "
-                               f"see {log}, then `ftc down --name {state.name}`")
+                # up's rollback removes the log with the node: what sshd said goes into the message
+                said = " | ".join(lines[-3:]) or "it wrote nothing"
+                raise FtcError(f"node {node.name}: sshd exited at start ({said}); fix that, then `ftc up` again")
         if pending and time.monotonic() > deadline:
             raise FtcError(f"node {pending[0].name}: sshd not answering on {pending[0].public_ip}:"
                            f"{pending[0].ssh_port} after {timeout:.0f}s")
@@ -178,16 +208,13 @@ def terminate(state: st.ClusterState) -> None:
 
 
 def _sshds_under(directory: Path) -> list[int]:
-    marker = str(directory).encode() + b"/"
+    """Every sshd running a config <directory>/<index>/sshd_config, wherever its state went."""
+    prefix = shown(os.fsencode(directory) + b"/")
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"sshd" in cmdline and re.search(re.escape(marker) + rb"\d+/sshd_config\b", cmdline):
-                found.append(int(entry.name))
+        config = sshd_config_of(_cmdline(int(entry.name))) if entry.name.isdigit() else None
+        if config and config.startswith(prefix) and re.fullmatch(rb"\d+/sshd_config", config[len(prefix):]):
+            found.append(int(entry.name))
     return found
 
 

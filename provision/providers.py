@@ -21,7 +21,7 @@ from types import ModuleType
 @dataclass
 class NodeStatus:
     id: str
-    state: str  # running | pending | dead | terminated | missing
+    state: str  # running | pending | dead | terminated | missing | unknown (the provider could not be asked)
     detail: str = ""
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from .catalog import INSTANCE_TYPES, REGIONS
 from .errors import UsageError
-from .values import boolean, label, number, one_of, whole
+from .values import boolean, label, local_path, number, one_of, whole
 
 PROVIDERS = ("local", "aws", "ssh")
 STACKS = ("stock", "intel")
@@ -130,11 +130,6 @@ def _hosts(key: str, raw: Any) -> list[str]:
     return seen
 
 
-def _local_path(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    return str(Path(value).expanduser().absolute()) if value else ""
-
-
 def _remote_python(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if value and not re.match(r"^/[\w./+-]+$", value):
@@ -159,7 +154,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "stack": one_of(STACKS),
     "owner": _owner,
     "hosts": _hosts,
-    "ssh_key": _local_path,
+    "ssh_key": local_path,
     "stack_python": _remote_python,
 }
 
@@ -169,24 +164,31 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
-    """Read the TOML config file, if one is named or ./ftc.toml exists."""
+    """Read the TOML config file, if one is named or ./ftc.toml exists: its [cluster] table, or, without
+    one, its top level. Anything else in it is refused by name: a setting ftc would ignore is a mistake."""
     named = path or env.get("FTC_CONFIG")
     candidate = Path(named) if named else Path("ftc.toml")
+    shown = f"CONFIG={str(candidate)!r}"
     if not candidate.exists():
         if named:
             raise UsageError(f"CONFIG={named!r} does not exist; give the path of a TOML file")
         return {}
     try:
         data = tomllib.loads(candidate.read_text())
+    except OSError as exc:
+        raise UsageError(f"{shown} cannot be read ({exc.strerror}); give the path of a TOML file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"CONFIG={str(candidate)!r} is not valid TOML ({exc}); fix the file or pass another") from None
+        raise UsageError(f"{shown} is not valid TOML ({exc}); fix the file or pass another") from None
+    outside = sorted(set(data) - {"cluster"}) if "cluster" in data else []
+    if outside:
+        raise UsageError(f"{shown} has {outside[0]!r} outside its [cluster] table; ftc reads only [cluster]: "
+                         "move the setting into it, or remove it")
     section = data.get("cluster", data)
     if not isinstance(section, dict):
-        raise UsageError(f"CONFIG={str(candidate)!r}: 'cluster' must be a table ([cluster] with keys), "
-                         f"not {type(section).__name__}")
+        raise UsageError(f"{shown}: 'cluster' must be a table ([cluster] with keys), not {type(section).__name__}")
     unknown = sorted(set(section) - set(PARSERS))
     if unknown:
-        raise UsageError(f"CONFIG={str(candidate)!r} has unknown key {unknown[0]!r}; allowed: {', '.join(PARSERS)}")
+        raise UsageError(f"{shown} has unknown key {unknown[0]!r}; allowed: {', '.join(PARSERS)}")
     return section
 
 

@@ -21,12 +21,20 @@ from fabric import Config, Connection
 from invoke.exceptions import UnexpectedExit
 
 from . import state as st
+from .errors import FtcError
+from .values import from_env, whole
 
-# About a minute: a fresh EC2 node's sshd comes up well inside that.
-CONNECT_ATTEMPTS = int(os.environ.get("FTC_CONNECT_ATTEMPTS", "30"))
+# About a minute: a fresh EC2 node's sshd comes up well inside that. FTC_CONNECT_ATTEMPTS overrides it.
+CONNECT_ATTEMPTS = 30
 
 
-class StepFailed(Exception):
+def connect_attempts() -> int:
+    return from_env(os.environ, "FTC_CONNECT_ATTEMPTS", whole(1, 1000), CONNECT_ATTEMPTS)
+
+
+class StepFailed(FtcError):
+    """A step on a node failed; the message names the node and the step (exit code 1)."""
+
     def __init__(self, node: str, step: str, reason: str):
         super().__init__(f"node {node}: step '{step}' failed: {reason}")
         self.node, self.step = node, step
@@ -69,6 +77,23 @@ def _auth(state: st.ClusterState) -> dict:
     return {"look_for_keys": True, "allow_agent": True}
 
 
+def key_problem(path: str) -> str:
+    """Why the private key at `path` cannot log in ('' when it can): read as paramiko's client reads
+    SSH_KEY, each key type in turn, with no passphrase."""
+    why = ""
+    for kind in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
+        try:
+            kind.from_private_key_file(path)
+            return ""
+        except paramiko.PasswordRequiredException:
+            return "is encrypted, and ftc reads it with no passphrase"
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror})"
+        except (paramiko.SSHException, ValueError) as exc:
+            why = str(exc).split(". ")[0] or type(exc).__name__
+    return f"is not a private key ssh can use ({why})"
+
+
 def fingerprint(host_key: str) -> str:
     """'<type> <base64>' -> 'SHA256:...', as `ssh-keygen -lf` prints it."""
     digest = hashlib.sha256(base64.b64decode(host_key.split()[1])).digest()
@@ -88,8 +113,10 @@ def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> 
             f"`make destroy NAME={state.name}` and start anew")
 
 
-def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int = CONNECT_ATTEMPTS) -> Connection:
-    """An open Fabric connection that accepts only the pinned host key; bounded retries."""
+def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None) -> Connection:
+    """An open Fabric connection that accepts only the pinned host key; bounded retries
+    (FTC_CONNECT_ATTEMPTS unless `attempts` says)."""
+    attempts = connect_attempts() if attempts is None else attempts
     last = ""
     for attempt in range(attempts):
         try:
@@ -120,8 +147,9 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int = CONNECT_A
         except (OSError, EOFError) as exc:
             last = str(exc) or type(exc).__name__
         time.sleep(min(2.0, 0.2 * (attempt + 1)))
-    raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}); "
-                     f"is the node up? `ftc status --name {state.name}`")
+    # Before `up` records the cluster (your servers' checks) there is no status to look at yet.
+    look = f"`ftc status --name {state.name}`" if st.exists(state.name) else "check the address, the port and sshd there"
+    raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}); is the node up? {look}")
 
 
 def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:

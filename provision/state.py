@@ -7,12 +7,14 @@ names every resource that may exist and `ftc down` can clean it up.
 
 import fcntl
 import json
+import math
 import os
+import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, get_args, get_origin
 
 from .errors import ClusterBusy, UsageError
 from .spec import ClusterSpec
@@ -75,24 +77,102 @@ class ClusterState:
 
     @classmethod
     def from_json(cls, text: str) -> "ClusterState":
-        """Raises ValueError for anything but the shape `to_json` writes (any JSON may be on disk)."""
+        """Raises ValueError for anything but the shape `to_json` writes (any JSON may be on disk):
+        every field of the state, its nodes, its jobs and its spec of the type declared here."""
         data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"a JSON object was expected, not {type(data).__name__}")
-        for key, kind in (("name", str), ("provider", str), ("spec", dict), ("resources", dict), ("nodes", list),
-                          ("jobs", list)):
-            if key in data and not isinstance(data[key], kind):
-                raise ValueError(f"{key!r} should be a {kind.__name__}, not {type(data[key]).__name__}")
-        for key in ("nodes", "jobs"):
-            if not all(isinstance(item, dict) for item in data.get(key, [])):
-                raise ValueError(f"every item of {key!r} should be an object")
-        data["nodes"] = [NodeInfo(**n) for n in data.get("nodes", [])]
-        data["jobs"] = [JobInfo(**j) for j in data.get("jobs", [])]
-        return cls(**data)
+        state = _from_dict(cls, data)
+        spec_types = {f.name: f.type for f in fields(ClusterSpec)}
+        for key, value in state.spec.items():
+            if key in spec_types and not _conforms(value, spec_types[key]):
+                raise ValueError(f"spec.{key} should be {_kind_name(spec_types[key])}, not {_json_name(value)}")
+        return state
+
+
+def _from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """A dataclass from JSON-decoded `data`, each field checked against its declared type; `where`
+    ('nodes[0].') names a nested one in the message. Pure."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where.rstrip('.') or 'the state'} should be an object, not {_json_name(data)}")
+    declared = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(declared))
+    if unknown:
+        raise ValueError(f"{where}{unknown[0]} is not a key of the state")
+    missing = [name for name, f in declared.items()
+               if name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where}{missing[0]} is missing")
+    values = {}
+    for key, value in data.items():
+        kind = declared[key].type
+        item = get_args(kind)[0] if get_origin(kind) is list else None
+        if is_dataclass(item) and isinstance(value, list):
+            values[key] = [_from_dict(item, v, f"{where}{key}[{i}].") for i, v in enumerate(value)]
+        elif not is_dataclass(item) and _conforms(value, kind):
+            values[key] = value
+        else:
+            raise ValueError(f"{where}{key} should be {_kind_name(kind)}, not {_json_name(value)}")
+    return cls(**values)
+
+
+def _conforms(value: Any, kind: Any) -> bool:
+    """Whether a JSON value has the declared type: a float field takes an int, no number field takes
+    a bool (JSON's true is Python's 1), and numbers must be finite (JSON files may hold NaN). Pure."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is Any:
+        return True
+    if kind in (int, float):
+        number = isinstance(value, int) or (kind is float and isinstance(value, float) and math.isfinite(value))
+        return number and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
+    return isinstance(value, kind)
+
+
+def _kind_name(kind: Any) -> str:
+    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}
+    if kind in names:
+        return names[kind]
+    if get_origin(kind) is list:
+        return "a list"
+    return "an object"
+
+
+def _json_name(value: Any) -> str:
+    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false", list: "a list",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def ftc_home() -> Path:
-    return Path(os.environ.get("FTC_HOME") or Path.home() / ".ftc")
+    """Absolute (made so lexically, from the working directory): every path ftc records, and every
+    sshd command line it later proves a node by, must name one directory wherever ftc runs from."""
+    return Path(os.path.abspath(os.environ.get("FTC_HOME") or Path.home() / ".ftc"))
+
+
+def home_problem(home: str) -> str:
+    """What in FTC_HOME the nodes' sshd and ssh configurations cannot carry, '' when nothing: they
+    quote paths in double quotes, one setting a line, and ssh expands % and ${...} in paths. Pure."""
+    control = [c for c in home if ord(c) < 32 or ord(c) == 127]
+    if control:
+        return f"a control character ({control[0]!r})"
+    if '"' in home:
+        return "a double quote"
+    if "%" in home:
+        return "a '%'"
+    if "${" in home:
+        return "'${'"
+    return ""
+
+
+def check_home() -> None:
+    """Before `up` creates anything: refuse an FTC_HOME the cluster's ssh could not work in."""
+    home = str(ftc_home())
+    what = home_problem(home)
+    if what:
+        raise UsageError(f"FTC_HOME={home!r} holds {what}, which the nodes' ssh and sshd configurations cannot "
+                         "carry; choose a directory without it (the default is ~/.ftc)")
 
 
 def cluster_dir(name: str) -> Path:
@@ -139,9 +219,36 @@ def load(name: str) -> ClusterState:
         raise UsageError(f"NAME={name!r}: no cluster of that name under {ftc_home()}; "
                          f"start one with `make cluster NAME={name}` or list them with `ftc status`")
     try:
-        return ClusterState.from_json(path.read_text())
+        state = ClusterState.from_json(path.read_text())
+    except OSError as exc:
+        raise CorruptState(f"{path} cannot be read ({exc.strerror})") from exc
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
         raise CorruptState(f"{path} is not valid cluster state ({exc})") from exc
+    if state.name != name:  # a copied or renamed directory: its nodes and resources are another cluster's
+        raise CorruptState(f"{path} is not valid cluster state (it records cluster {state.name!r}, not {name!r}: "
+                           "a copied or renamed directory?)")
+    return state
+
+
+def recorded_place(name: str) -> dict[str, str]:
+    """What a state file that does not load may still tell `down`: the provider and region it records,
+    each only where it is a string ({} when the file is not a readable JSON object)."""
+    try:
+        data = json.loads(state_path(name).read_text())
+    except (OSError, ValueError):
+        return {}
+    spec = data.get("spec") if isinstance(data, dict) else None
+    found = {"provider": data.get("provider") if isinstance(data, dict) else None,
+             "region": spec.get("region") if isinstance(spec, dict) else None}
+    return {key: value for key, value in found.items() if isinstance(value, str)}
+
+
+def clear_unloadable(name: str) -> None:
+    """`down` replaces a state file that does not load with the one it reconstructs; a directory in
+    its place, which the atomic rename of `save` cannot replace, goes first."""
+    path = state_path(name)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
 
 
 def exists(name: str) -> bool:

@@ -1,10 +1,12 @@
 """One way to parse and validate a value, for every flag, Make variable, environment variable
 and config key. Each kind is a parser factory: `whole(1, 64)("nodes", raw)` returns the value or
 raises UsageError with one line that names the value as the user typed it (NODES='abc') and
-what is allowed. Pure; the spec, the job, `ftc plan` and `ftc bench` all go through here.
+what is allowed. Pure (local_path reads only the working and home directories); the spec, the
+job, `ftc plan`, `ftc bench` and the FTC_* tuning variables (`from_env`) all go through here.
 """
 
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from .errors import UsageError
 
@@ -74,3 +76,24 @@ def whole_list(lo: int, hi: int) -> Parser:
             raise UsageError(f"{label(key)}={raw!r} is not a comma list of whole numbers; allowed: each {lo}..{hi}")
         return [whole(lo, hi)(key, part) for part in parts]
     return parse
+
+
+def local_path(key: str, raw: Any) -> str:
+    """A path on this machine as the user typed it: `~` and `~user` expanded, made absolute (not
+    resolved: a symlink stays the path the user named). '' stays ''."""
+    value = str(raw).strip()
+    if not value:
+        return ""
+    try:
+        return str(Path(value).expanduser().absolute())
+    except RuntimeError:  # ~user of no such user, or no home directory to expand ~ to
+        head = value.split("/", 1)[0]
+        raise UsageError(f"{label(key)}={raw!r}: {head!r} names no home directory on this machine; "
+                         "give an absolute path, or one under ~/") from None
+
+
+def from_env(env: Mapping[str, str], variable: str, parse: Parser, default: Any) -> Any:
+    """A tuning variable (FTC_CONNECT_ATTEMPTS=...): parsed by `parse`, named as the user set it in
+    a refusal; `default` when it is unset or empty."""
+    raw = env.get(variable, "")
+    return parse(variable.lower(), raw) if raw.strip() else default

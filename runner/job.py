@@ -69,14 +69,20 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     return follow(name, one_shot=one_shot)
 
 
+def refuse_if_busy(state: st.ClusterState) -> None:
+    """One job at a time on a cluster: a running one is named, with how to follow or stop it."""
+    running = [j for j in state.jobs if j.state == "running"]
+    if running:
+        raise UsageError(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
+                         f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
+
+
 def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None) -> st.JobInfo:
     """Put the launch script (and a checkpoint to resume from) on the head node and start it
     detached, under the cluster's lock and only if no other job runs; record it in the state."""
     with st.locked(name, "finetune"):
         state = st.load(name)
-        if any(j.state == "running" for j in state.jobs):
-            raise UsageError(f"cluster {name!r} is already running job {state.jobs[-1].id}; "
-                             f"`ftc logs --name {name} -f` follows it, `ftc cancel --name {name}` stops it")
+        refuse_if_busy(state)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         conn = connect(state, state.head)
         try:

@@ -11,12 +11,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.catalog import INSTANCE_TYPES
 from provision.errors import UsageError
+from provision.launch import plan_ranks
+from provision.local import split_cores
 from provision.ui import console
-from provision.values import label, number, one_of, whole
+from provision.values import label, local_path, number, one_of, whole
 
+from . import runs
 from .model_files import check_model_dir
 from .node import glue, spot
+from .node.facts import NodeFacts, cpu_topology
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -72,8 +77,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def validate_job(values: dict) -> JobSpec:
-    """Every job setting checked before any rank starts. Pure but for the file checks."""
+def validate_job(values: dict, resume: bool = False) -> JobSpec:
+    """Every job setting checked before any rank starts. Pure but for the file checks. `resume`: the
+    job continues an earlier run, so its RESULTS may hold that run."""
     job = JobSpec()
     try:
         job.task = glue.task_name(str(values.get("task") or job.task))
@@ -85,7 +91,9 @@ def validate_job(values: dict) -> JobSpec:
     job.model = resolve_model(values.get("model"))
     job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
     if values.get("results"):  # absolute: `ftc fetch` from another directory brings them to the same place
-        job.results = str(Path(writable_dir("results", values["results"])).expanduser().absolute())
+        job.results = writable_dir("results", values["results"])
+        if not resume:
+            runs.refuse_reuse("results", values["results"])
     if values.get("checkpoint_s3"):
         if not S3_URI.match(values["checkpoint_s3"]):
             raise UsageError(f"CHECKPOINT_S3={values['checkpoint_s3']!r} is not an S3 URI; allowed: s3://bucket/prefix")
@@ -93,8 +101,41 @@ def validate_job(values: dict) -> JobSpec:
     return job
 
 
-def job_from_args(args) -> JobSpec:
-    return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS})
+def job_from_args(args, resume: bool = False) -> JobSpec:
+    return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS}, resume)
+
+
+def check_ppn_fits(spec, job: JobSpec) -> None:
+    """PPN against the nodes a cluster of `spec` will have, before any is launched: `ftc run` and
+    `ftc sweep` would otherwise pay for (and bootstrap) nodes the job cannot use. Decided by the
+    launch's own rule (plan_ranks) on a node of the size known beforehand; `finetune` checks PPN
+    again against the nodes' facts."""
+    smallest = planned_smallest_node(spec)
+    if not job.ppn or smallest is None:
+        return
+    index, cores = smallest
+    where = spec.instance_type if spec.provider == "aws" else "its share of this machine's cores"
+    node = NodeFacts(hostname=f"{spec.name}-{index} ({where})", cpu_model="", flags=[], native_bf16=False,
+                     allowed_cpus=[], physical_cores=cores, core_cpus=list(range(cores)), sockets=1,
+                     cores_by_socket={}, numa_nodes=1, memory_gb=0.0, python="", python_executable="", versions={},
+                     mpi="", private_ip="", interface="")
+    try:
+        plan_ranks([node], spec.stack, job.ppn)
+    except ValueError as exc:
+        raise UsageError(f"PPN={job.ppn}: {exc}; give a smaller PPN, or leave it out (one rank per socket)") from None
+
+
+def planned_smallest_node(spec) -> tuple[int, int] | None:
+    """The index and physical cores of the smallest node of a cluster not yet launched: the EC2
+    catalog's cores (aws), this machine's cores split per node as local nodes get them (local); None
+    for your own servers, whose cores only their probe in `up` finds."""
+    if spec.provider == "aws":
+        return 0, INSTANCE_TYPES[spec.instance_type].physical_cores
+    if spec.provider == "local":
+        shares = split_cores(sorted(os.sched_getaffinity(0)), spec.nodes)
+        cores = [cpu_topology(share)["physical_cores"] for share in shares]
+        return cores.index(min(cores)), min(cores)
+    return None
 
 
 def resolve_model(raw: str | None) -> str:
@@ -109,7 +150,7 @@ def resolve_model(raw: str | None) -> str:
                              "run `make setup` or give MODEL=/path/to/model")
         console.print(f"offline: using the packaged MiniLM-L6 model at {found}", soft_wrap=True)
         return found
-    path = Path(raw).expanduser()
+    path = Path(local_path("model", raw))
     if raw.startswith(("/", ".", "~")) or path.exists():
         try:
             check_model_dir(path)
@@ -131,9 +172,10 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
             return ""
         console.print(f"offline: using the GLUE files in {SHARED_GLUE}", soft_wrap=True)
         raw = str(SHARED_GLUE)
-    path = Path(raw).expanduser().resolve()
+    path = Path(local_path("data_dir", raw)).resolve()
     if not path.is_dir():
-        raise UsageError(f"DATA_DIR={raw!r} does not exist; give a directory in GLUE's layout (<dir>/{task}/train.tsv)")
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise UsageError(f"DATA_DIR={raw!r} {what}; give a directory in GLUE's layout (<dir>/{task}/train.tsv)")
     files = [glue.split_file(path, task, split) for split in ("train", "dev")]
     for file in files:
         if not file.exists():
@@ -153,10 +195,14 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
 
 
 def writable_dir(key: str, raw: str) -> str:
-    """A directory ftc can write results into, now or once made: found before launch, not after the
-    training. Tried for real (a probe file made and removed in the nearest existing directory), since
-    root passes every access() test yet cannot write under /proc; nothing is left behind."""
-    path = Path(raw).expanduser().absolute()
+    """A directory ftc can write results into, now or once made, as an absolute path: found before
+    launch, not after the training. Tried for real (a probe file made and removed in the nearest existing directory), since
+    root passes every access() test yet cannot write under /proc; nothing is left behind. A control
+    character is refused: the runs history lists directories one per line."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
+                         "give a path without one")
+    path = Path(local_path(key, raw))
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise UsageError(f"{label(key)}={raw!r} is not writable: {existing} is not a directory; "
@@ -168,7 +214,7 @@ def writable_dir(key: str, raw: str) -> str:
                          f"({exc.strerror}); give a directory you can write") from None
     os.close(fd)
     os.unlink(probe)
-    return raw
+    return str(path)
 
 
 def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:

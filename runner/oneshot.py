@@ -15,7 +15,7 @@ from provision.ui import console
 
 from . import runs
 from .job import finetune
-from .jobspec import JobSpec
+from .jobspec import JobSpec, check_ppn_fits
 from .node import spot
 from .transfer import home_checkpoint
 
@@ -23,6 +23,7 @@ MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives u
 
 
 def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
+    check_ppn_fits(spec, job)
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
     code, interrupted = 1, ""

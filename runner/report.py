@@ -17,13 +17,16 @@ from rich.markup import escape
 
 from provision.ui import answer, console, duration
 
-from .runs import runs_root
+from .runs import RESULTS_FILE, read_run_file, runs_root
 
 RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\](?:<std(?:out|err)>:)?\s?")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CLOCK = r"(\d\d):(\d\d):(\d\d) "
-PROGRESS = re.compile(CLOCK + r"epoch (\d+)/(\d+) step (\d+)/(\d+) loss (\S+) ([\d.]+) samples/s")
-DEV = re.compile(CLOCK + r"epoch (\d+) dev ((?:eval_\w+ \S+ ?)+)$")
+# A number as Python's float() reads it: a line with anything else in a number's place is not a
+# progress line (a log may hold any text), so reading it cannot fail.
+NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+PROGRESS = re.compile(CLOCK + rf"epoch (\d+)/(\d+) step (\d+)/(\d+) loss ({NUMBER}) ({NUMBER}) samples/s")
+DEV = re.compile(CLOCK + rf"epoch (\d+) dev ((?:eval_\w+ {NUMBER} ?)+)$")
 LOG_LINE = re.compile(r"^" + CLOCK)
 TRACEBACK_LINES = 8  # of the failing rank's traceback, shown on failure
 
@@ -275,11 +278,8 @@ def epoch_rows(results: Path) -> tuple[list[dict], list[dict]]:
     output.log), and the progress lines of output.log."""
     output = results / "output.log"
     steps, dev = progress(output.read_text(errors="replace")) if output.exists() else ([], [])
-    try:
-        epochs = json.loads((results / "results.json").read_text())["epoch_metrics"]
-    except (OSError, ValueError, KeyError):
-        epochs = dev
-    return epochs, steps
+    done, _ = read_run_file(results, RESULTS_FILE)
+    return done.get("epoch_metrics", dev), steps
 
 
 def markdown(run: dict, epochs: list[dict], png: Path) -> str:

@@ -14,10 +14,23 @@ from datetime import datetime
 from pathlib import Path
 
 from provision import state as st
-from provision.errors import UsageError
+from provision.errors import FtcError, UsageError
+from provision.spec import NAME_RE
+from provision.values import label, local_path
 
 RECORD = "run.json"
+RESULTS_FILE = "results.json"  # the training program's
 ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS outside runs_root()
+TEXT, COUNT, NUMBER = (str,), (int,), (int, float)
+# What `ftc runs` reads from each file of a run, and what each must be when present (None aside):
+# a file holding anything else makes the run show as corrupt, not crash the listing.
+FIELD_KINDS = {
+    RECORD: {"id": TEXT, "cluster": TEXT, "provider": TEXT, "instance_type": TEXT, "task": TEXT, "model": TEXT,
+             "precision": TEXT, "status": TEXT, "results_dir": TEXT, "nodes": COUNT, "ranks_per_node": COUNT,
+             "epochs": COUNT, "started_at": NUMBER, "ended_at": NUMBER},
+    RESULTS_FILE: {"task": TEXT, "model": TEXT, "precision": TEXT, "finished_at": TEXT, "nodes": COUNT,
+              "ranks_per_node": COUNT, "epochs": COUNT, "samples_per_second": NUMBER, "epoch_metrics": (list,)},
+}
 
 
 def runs_root() -> Path:
@@ -28,11 +41,20 @@ def default_results_dir(cluster: str, job_id: str) -> str:
     return str(runs_root() / cluster / job_id)
 
 
+def refuse_reuse(key: str, results_dir: str | Path) -> None:
+    """A results directory that already holds a run is refused before launch: the new run would
+    replace the earlier one's files and keep its start time. (A resumed run continues in its own.)"""
+    record = Path(local_path(key, str(results_dir))) / RECORD
+    if record.exists():
+        raise UsageError(f"{label(key)}={str(results_dir)!r} already holds a run ({record}); give another "
+                         f"{label(key)}, or remove that directory first")
+
+
 def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> None:
     """Write run.json at launch (a resumed job keeps its first start) and index a RESULTS elsewhere."""
     results = Path(job.results_dir).absolute()
     results.mkdir(parents=True, exist_ok=True)
-    earlier = _read_json(results / RECORD)
+    earlier, _ = read_run_file(results, RECORD)
     spec = state.cluster_spec
     record = {"id": job.id, "cluster": state.name, "provider": state.provider,
               "instance_type": spec.instance_type if state.provider == "aws" else "",
@@ -42,25 +64,16 @@ def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> Non
     root = runs_root().absolute()
     if results.parent.parent != root:
         root.mkdir(parents=True, exist_ok=True)
-        with open(root / ELSEWHERE, "a") as fh:
-            fh.write(f"{results}\n")
+        with open(root / ELSEWHERE, "ab") as fh:  # a path as the OS has it, whatever its bytes
+            fh.write(os.fsencode(results) + b"\n")
 
 
 def record_end(results_dir: str | Path, status: str) -> None:
     """The job's outcome, as the controller saw it (finished, failed, cancelled, preempted)."""
-    path = Path(results_dir) / RECORD
-    record = _read_json(path)
+    record, _ = read_run_file(Path(results_dir), RECORD)
     if record:
         record.update(status=status, ended_at=time.time())
-        _write_json(path, record)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        _write_json(Path(results_dir) / RECORD, record)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -74,19 +87,23 @@ def run_dirs() -> list[Path]:
     root = runs_root()
     found = list(root.glob(f"*/*/{RECORD}")) if root.exists() else []
     try:
-        listed = (root / ELSEWHERE).read_text().splitlines()
+        listed = (root / ELSEWHERE).read_bytes().splitlines()
     except OSError:
         listed = []
-    found += [Path(line) / RECORD for line in listed if line.strip()]
+    found += [Path(os.fsdecode(line)) / RECORD for line in listed if line.strip()]
     unique = {str(p.parent.absolute()): p.parent for p in found if p.is_file()}
     return list(unique.values())
 
 
 def summary(results: Path) -> dict:
     """One run as `ftc runs` shows it: ftc's record, what the training program reported, and derived
-    status, wall time and cost."""
-    record, done = _read_json(results / RECORD), _read_json(results / "results.json")
-    status = live_status(record)
+    status, wall time and cost. A run whose files `ftc runs` cannot use has status "corrupt" and
+    `problem` says why."""
+    (record, bad_record), (done, bad_done) = read_run_file(results, RECORD), read_run_file(results, RESULTS_FILE)
+    problem = bad_record or bad_done
+    if problem:
+        record, done = {}, {}  # the other file alone could mislead: a corrupt run shows only where it is
+    status = "corrupt" if problem else live_status(record)
     started = record.get("started_at") or 0.0
     ended = _finished_at(done) or record.get("ended_at") or (time.time() if status == "running" else None)
     wall = round(ended - started, 1) if ended and started else None
@@ -99,9 +116,39 @@ def summary(results: Path) -> dict:
             "epochs": done.get("epochs") or record.get("epochs"),
             "metrics": {k: v for k, v in done.items() if k.startswith("eval_")},
             "samples_per_second": done.get("samples_per_second"), "wall_seconds": wall,
-            "cost_usd": cost(record.get("provider", ""), record.get("instance_type", ""), nodes, wall),
-            "status": "finished" if done and status in ("lost", "unknown") else status, "started_at": started,
-            "results_dir": str(results)}
+            "cost_usd": None if problem else cost(record.get("provider", ""), record.get("instance_type", ""),
+                                                  nodes, wall),
+            "status": "finished" if done and status in ("lost", "unknown") else status, "problem": problem,
+            "started_at": started, "results_dir": str(results)}
+
+
+def read_run_file(results: Path, name: str) -> tuple[dict, str]:
+    """One of a run's JSON files, and what in it `ftc runs` cannot use ('' if nothing); {} when there
+    is no such file or something in it is unusable."""
+    path = results / name
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        return {}, f"{name} cannot be read ({exc})"
+    if not isinstance(data, dict):
+        return {}, f"{name} is not a JSON object"
+    problem = wrong_kinds(name, data)
+    return ({} if problem else data), problem
+
+
+def wrong_kinds(name: str, data: dict) -> str:
+    """The first field of a run's file that holds the wrong kind of value, in words; '' when none. Pure."""
+    kinds = {**FIELD_KINDS[name], **{k: NUMBER for k in data if k.startswith("eval_")}}
+    for key, allowed in kinds.items():
+        if data.get(key) is not None and not isinstance(data[key], allowed):
+            return f"{name}: {key} is {json.dumps(data[key])[:40]}"
+    for epoch in data.get("epoch_metrics") or []:
+        if not (isinstance(epoch, dict) and isinstance(epoch.get("epoch"), NUMBER)
+                and all(isinstance(v, NUMBER) for v in epoch.values())):
+            return f"{name}: epoch_metrics holds {json.dumps(epoch)[:40]}"
+    return ""
 
 
 def live_status(record: dict) -> str:
@@ -109,9 +156,9 @@ def live_status(record: dict) -> str:
     still calls running whose cluster no longer holds it was lost with its cluster."""
     status = record.get("status", "unknown")
     name = record.get("cluster", "")
-    try:
-        jobs = st.load(name).jobs if name and st.exists(name) else []
-    except (UsageError, st.CorruptState):
+    try:  # only a cluster name is looked up: a record may hold any text
+        jobs = st.load(name).jobs if NAME_RE.match(name) and st.exists(name) else []
+    except (UsageError, st.CorruptState, OSError):
         jobs = []
     job = next((j for j in jobs if j.id == record.get("id") and
                 str(Path(j.results_dir).absolute()) == record.get("results_dir")), None)
@@ -148,6 +195,9 @@ def find(ref: str) -> dict:
     """A run by its id, or `cluster/id` where the same id ran on several clusters."""
     runs = all_runs()
     matches = [r for r in runs if ref in (r["id"], f"{r['cluster']}/{r['id']}")]
+    if len(matches) == 1 and matches[0]["problem"]:
+        raise FtcError(f"RUN={ref!r} is corrupt ({matches[0]['problem']}); its files are in "
+                       f"{matches[0]['results_dir']}: fix or remove them")
     if len(matches) == 1:
         return matches[0]
     if matches:

@@ -9,10 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from provision import cluster
+from provision import state as st
 from provision.ui import answer, console, duration
 
-from .job import finetune
-from .jobspec import JobSpec
+from . import runs
+from .job import finetune, refuse_if_busy
+from .jobspec import JobSpec, check_ppn_fits
 
 # The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
 RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
@@ -20,9 +22,11 @@ RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
 
 
 def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes: bool) -> int:
+    sizes = sorted(set(node_counts))
+    check_before_launch(spec, job, sizes, out)
     rows = []
-    try:
-        for nodes in sorted(set(node_counts)):
+    try:  # from here on the sweep owns the cluster: it reuses or replaces it, and releases it at the end
+        for nodes in sizes:
             sized = replace(spec, nodes=nodes)
             cluster.ensure(sized, yes)
             results_dir = out / f"{nodes}-node"
@@ -45,6 +49,17 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
     answer.print(markdown(report))
     console.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
     return 0
+
+
+def check_before_launch(spec, job: JobSpec, sizes: list[int], out: Path) -> None:
+    """What would stop the sweep half-way, refused while nothing has changed: a job running on the
+    cluster it would reuse or replace, a PPN some size's nodes cannot hold, a size's results
+    directory that already holds a run."""
+    if st.exists(spec.name):
+        refuse_if_busy(st.load(spec.name))
+    for nodes in sizes:
+        check_ppn_fits(replace(spec, nodes=nodes), job)
+        runs.refuse_reuse("out", out / f"{nodes}-node")
 
 
 def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dict:
