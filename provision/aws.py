@@ -50,7 +50,10 @@ def _count(event_name: str, **_) -> None:
 
 
 def client(service: str, region: str):
-    config = BotoConfig(retries={"mode": "standard", "max_attempts": 8})  # RequestLimitExceeded and kin
+    # Retried calls ride out RequestLimitExceeded and kin; AWS_MAX_ATTEMPTS, the SDKs' own
+    # variable, still sets how many attempts when the user gives it.
+    retries = {"mode": "standard"} if os.environ.get("AWS_MAX_ATTEMPTS") else {"mode": "standard", "max_attempts": 8}
+    config = BotoConfig(retries=retries)
     made = boto3.session.Session(region_name=region).client(service, config=config)
     made.meta.events.register(f"before-call.{made.meta.service_model.endpoint_prefix}", _count)
     return made

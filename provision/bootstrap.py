@@ -253,6 +253,17 @@ def check_settings() -> None:
     reuse_allowed()
 
 
+def hold_for_tests() -> None:
+    """FTC_HOLD_BOOTSTRAP=PATH (tests): with the bootstrap under way (its lock taken, the cluster key
+    made), write PATH.reached and wait until PATH exists, so a test acts at this point, not at a guess."""
+    release = os.environ.get("FTC_HOLD_BOOTSTRAP")
+    if not release:
+        return
+    Path(release + ".reached").touch()
+    while not Path(release).exists():
+        time.sleep(0.05)
+
+
 def bootstrap(name: str) -> dict:
     check_settings()
     with st.locked(name, "bootstrap"):
@@ -260,6 +271,7 @@ def bootstrap(name: str) -> dict:
         if state.phase not in ("running", "bootstrapped"):
             raise FtcError(f"cluster {name!r} is {state.phase}; only a running cluster can be bootstrapped")
         ensure_internal_key(name)
+        hold_for_tests()
         started, busy = time.monotonic(), machine_cpu_seconds()
         timings: dict[str, dict[str, float]] = {}
         with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes] + ["verification"]) as board:

@@ -40,15 +40,15 @@ def shielded() -> Iterator[None]:
 def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.ClusterState:
     """`ftc up`: create the nodes, then bootstrap them. An interrupted bootstrap leaves the cluster
     running (its nodes are fine; only the stack is unfinished), and says how to go on or remove it."""
-    _create(spec, yes)
-    if bootstrap:
-        from .bootstrap import bootstrap as run_bootstrap
-        try:
-            run_bootstrap(spec.name)
-        except KeyboardInterrupt:
+    if not bootstrap:
+        _create(spec, yes)
+        return st.load(spec.name)
+    try:
+        return _bootstrapped(spec, yes)
+    except KeyboardInterrupt:
+        if st.exists(spec.name):  # else `_create` rolled back, and said so
             console.print(f"[yellow]{still_runs(spec)}[/]", soft_wrap=True)
-            raise
-    return st.load(spec.name)
+        raise
 
 
 def still_runs(spec: ClusterSpec) -> str:
@@ -114,6 +114,8 @@ def down(name: str, provider_name: str | None = None, region: str | None = None)
     asked (AWS unreachable), its error says so and the directory stays, so `ftc down` again retries."""
     with st.locked(name, "down", create=True):
         states, unsearched = _states_to_remove(name, provider_name, region)
+        for state in states:  # a bad tuning variable is refused before anything is removed
+            _check_settings(providers.get(state.provider))
         with shielded():
             for state in states:
                 _terminate(state, providers.get(state.provider))
@@ -138,6 +140,10 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
     console.print(f"[yellow]{escape(reason)} for {name!r}; looking for its resources in {where}[/]", soft_wrap=True)
     states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(name=name, provider=p, region=region).to_dict())
               for p in places]
+    if recorded.get("name", name) != name:  # a copied or renamed directory: the nodes are another name's
+        other = recorded["name"]
+        return states, (f"cluster {name}: nothing under this name is left running; its state records cluster "
+                        f"{other!r}, whose nodes may still run: `ftc down --name {other}` removes them")
     said_where = provider_name or recorded.get("provider") in PROVIDERS  # told, or the broken state still says
     unsearched = "" if said_where or "aws" in places else (
         f"cluster {name}: nothing of it is left running on this machine; AWS was not searched (no credentials): "

@@ -150,17 +150,18 @@ def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
 
 
 def same_servers(hosts: list[Host], addresses: list[str]) -> str:
-    """The first two hosts that are one server under two spellings (127.0.0.2, 127.000.000.002 and
-    127.2 are one address), as a refusal; '' when every host is its own. `addresses` are the hosts'
-    resolved addresses ('' where unresolved: those are left to the reachability check). Pure."""
-    seen: dict[tuple[str, int], Host] = {}
+    """The first two hosts that are one account on one server under two spellings (127.0.0.2,
+    127.000.000.002 and 127.2 are one address), as a refusal; '' when every host is its own. Two
+    accounts on one server are two nodes (each its own directory), as before. `addresses` are the
+    hosts' resolved addresses ('' where unresolved: left to the reachability check). Pure."""
+    seen: dict[tuple[str, str, int], Host] = {}
     for host, address in zip(hosts, addresses):
         if not address:
             continue
-        first = seen.setdefault((address, host.port), host)
+        first = seen.setdefault((host.user, address, host.port), host)
         if first is not host:
-            return (f"HOSTS names one server twice: {first.label} and {host.label} are both {address}:{host.port}; "
-                    "give each server once")
+            return (f"HOSTS names one server twice: {first.label} and {host.label} are both "
+                    f"{host.user}@{address}:{host.port}; give each server once")
     return ""
 
 

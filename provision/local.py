@@ -26,6 +26,7 @@ from .templates import render
 from .ui import console
 
 FIRST_ADDRESS = 2  # 127.0.0.2: leave 127.0.0.1 to whatever already listens there
+START_MARK = b"ftc: starting sshd on"  # a line ftc writes to sshd.log before each start
 
 
 def split_cores(cores: list[int], n: int) -> list[list[int]]:
@@ -110,6 +111,8 @@ def start_sshd(node: st.NodeInfo, sshd: str) -> None:
         host_key=node_dir / "ssh_host_ed25519_key", pid_file=node_dir / "sshd.pid",
         authorized_keys=node.authorized_keys, user=node.ssh_user, home=node_dir, sftp_server=_sftp_server()))
     with open(node_dir / "sshd.log", "ab") as log:
+        log.write(START_MARK + b" port %d\n" % node.ssh_port)
+        log.flush()
         proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
             [sshd, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, node.cores))
@@ -164,6 +167,11 @@ def _port_open(address: str, port: int) -> bool:
         return False
 
 
+def this_start(log: bytes) -> list[str]:
+    """The lines sshd wrote since ftc last started it (sshd.log keeps every start's). Pure."""
+    return log.rsplit(START_MARK, 1)[-1].decode(errors="replace").strip().splitlines()[1:]
+
+
 def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     pending = list(state.nodes)
@@ -173,7 +181,7 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
         for node in pending:
             if node.pid and not procs.alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"
-                lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+                lines = this_start(log.read_bytes()) if log.exists() else []
                 if any("Address already in use" in line for line in lines[-3:]) and restarts < 3:
                     # another process took the port between its choice and sshd's bind: choose again
                     restarts += 1

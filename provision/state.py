@@ -7,7 +7,6 @@ names every resource that may exist and `ftc down` can clean it up.
 
 import fcntl
 import json
-import math
 import os
 import shutil
 import time
@@ -18,6 +17,7 @@ from typing import Any, Iterator, get_args, get_origin
 
 from .errors import ClusterBusy, UsageError
 from .spec import ClusterSpec
+from .values import conforms, kind_name, value_kind
 
 
 @dataclass
@@ -83,8 +83,8 @@ class ClusterState:
         state = _from_dict(cls, data)
         spec_types = {f.name: f.type for f in fields(ClusterSpec)}
         for key, value in state.spec.items():
-            if key in spec_types and not _conforms(value, spec_types[key]):
-                raise ValueError(f"spec.{key} should be {_kind_name(spec_types[key])}, not {_json_name(value)}")
+            if key in spec_types and not conforms(value, spec_types[key]):
+                raise ValueError(f"spec.{key} should be {kind_name(spec_types[key])}, not {value_kind(value)}")
         return state
 
 
@@ -92,7 +92,7 @@ def _from_dict(cls: type, data: Any, where: str = "") -> Any:
     """A dataclass from JSON-decoded `data`, each field checked against its declared type; `where`
     ('nodes[0].') names a nested one in the message. Pure."""
     if not isinstance(data, dict):
-        raise ValueError(f"{where.rstrip('.') or 'the state'} should be an object, not {_json_name(data)}")
+        raise ValueError(f"{where.rstrip('.') or 'the state'} should be an object, not {value_kind(data)}")
     declared = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(declared))
     if unknown:
@@ -107,42 +107,11 @@ def _from_dict(cls: type, data: Any, where: str = "") -> Any:
         item = get_args(kind)[0] if get_origin(kind) is list else None
         if is_dataclass(item) and isinstance(value, list):
             values[key] = [_from_dict(item, v, f"{where}{key}[{i}].") for i, v in enumerate(value)]
-        elif not is_dataclass(item) and _conforms(value, kind):
+        elif not is_dataclass(item) and conforms(value, kind):
             values[key] = value
         else:
-            raise ValueError(f"{where}{key} should be {_kind_name(kind)}, not {_json_name(value)}")
+            raise ValueError(f"{where}{key} should be {kind_name(kind)}, not {value_kind(value)}")
     return cls(**values)
-
-
-def _conforms(value: Any, kind: Any) -> bool:
-    """Whether a JSON value has the declared type: a float field takes an int, no number field takes
-    a bool (JSON's true is Python's 1), and numbers must be finite (JSON files may hold NaN). Pure."""
-    origin, args = get_origin(kind), get_args(kind)
-    if kind is Any:
-        return True
-    if kind in (int, float):
-        number = isinstance(value, int) or (kind is float and isinstance(value, float) and math.isfinite(value))
-        return number and not isinstance(value, bool)
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
-    return isinstance(value, kind)
-
-
-def _kind_name(kind: Any) -> str:
-    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}
-    if kind in names:
-        return names[kind]
-    if get_origin(kind) is list:
-        return "a list"
-    return "an object"
-
-
-def _json_name(value: Any) -> str:
-    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false", list: "a list",
-             dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def ftc_home() -> Path:
@@ -231,14 +200,15 @@ def load(name: str) -> ClusterState:
 
 
 def recorded_place(name: str) -> dict[str, str]:
-    """What a state file that does not load may still tell `down`: the provider and region it records,
-    each only where it is a string ({} when the file is not a readable JSON object)."""
+    """What a state file that does not load may still tell `down`: the cluster name, provider and region
+    it records, each only where it is a string ({} when the file is not a readable JSON object)."""
     try:
         data = json.loads(state_path(name).read_text())
     except (OSError, ValueError):
         return {}
     spec = data.get("spec") if isinstance(data, dict) else None
-    found = {"provider": data.get("provider") if isinstance(data, dict) else None,
+    found = {"name": data.get("name") if isinstance(data, dict) else None,
+             "provider": data.get("provider") if isinstance(data, dict) else None,
              "region": spec.get("region") if isinstance(spec, dict) else None}
     return {key: value for key, value in found.items() if isinstance(value, str)}
 

@@ -1,12 +1,17 @@
 """One way to parse and validate a value, for every flag, Make variable, environment variable
 and config key. Each kind is a parser factory: `whole(1, 64)("nodes", raw)` returns the value or
 raises UsageError with one line that names the value as the user typed it (NODES='abc') and
-what is allowed. Pure (local_path reads only the working and home directories); the spec, the
-job, `ftc plan`, `ftc bench` and the FTC_* tuning variables (`from_env`) all go through here.
+what is allowed. Pure, but for local_path (it reads the working and home directories) and
+writable_dir (it tries a file in the directory); the spec, the job, `ftc plan`, `ftc bench` and
+the FTC_* tuning variables (`from_env`) all go through here.
 """
 
+import math
+import os
+import tempfile
+import types
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Union, get_args, get_origin
 
 from .errors import UsageError
 
@@ -92,8 +97,72 @@ def local_path(key: str, raw: Any) -> str:
                          "give an absolute path, or one under ~/") from None
 
 
+def writable_dir(key: str, raw: str) -> str:
+    """A directory ftc can write results into, now or once made, as an absolute path: found before
+    launch, not after the training. Tried for real (a probe file made and removed in the nearest existing directory), since
+    root passes every access() test yet cannot write under /proc; nothing is left behind. A control
+    character is refused: the runs history lists directories one per line."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
+                         "give a path without one")
+    path = Path(local_path(key, raw))
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{label(key)}={raw!r} is not writable: {existing} is not a directory; "
+                         "give a directory you can write")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".ftc-probe-")
+    except OSError as exc:
+        raise UsageError(f"{label(key)}={raw!r} is not writable: no file can be made in {existing} "
+                         f"({exc.strerror}); give a directory you can write") from None
+    os.close(fd)
+    os.unlink(probe)
+    return str(path)
+
+
 def from_env(env: Mapping[str, str], variable: str, parse: Parser, default: Any) -> Any:
     """A tuning variable (FTC_CONNECT_ATTEMPTS=...): parsed by `parse`, named as the user set it in
     a refusal; `default` when it is unset or empty."""
     raw = env.get(variable, "")
     return parse(variable.lower(), raw) if raw.strip() else default
+
+
+# ---- JSON that ftc wrote and reads back (state.json, run.json, results.json): any bytes may be on
+# disk by the time it is read, so each value is checked against the type it was written as ----
+
+KIND_NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false", list: "a list",
+              dict: "an object", type(None): "null"}
+
+
+def conforms(value: Any, kind: Any, finite: bool = True) -> bool:
+    """Whether a JSON value has the declared type (str, int, float, bool, list[X], dict[str, X],
+    X | None, Any): a float takes an int, no number takes a bool (JSON's true is Python's 1), and
+    numbers are finite unless `finite` is off (a JSON file may hold NaN or 1e999; a diverged run's
+    loss is NaN for real). Pure."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(conforms(value, option, finite) for option in args)
+    if kind in (int, float):
+        number = isinstance(value, int) or (kind is float and isinstance(value, float)
+                                            and (math.isfinite(value) or not finite))
+        return number and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(conforms(v, args[0], finite) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and conforms(v, args[1], finite)
+                                               for k, v in value.items())
+    return isinstance(value, kind)
+
+
+def kind_name(kind: Any) -> str:
+    """A declared type in words: 'a whole number', 'a list', ... Pure."""
+    if get_origin(kind) in (Union, types.UnionType):
+        return " or ".join(kind_name(option) for option in get_args(kind))
+    return KIND_NAMES.get(get_origin(kind) or kind, "an object")
+
+
+def value_kind(value: Any) -> str:
+    """What a JSON value is, in the same words. Pure."""
+    return KIND_NAMES.get(type(value), type(value).__name__)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from provision.errors import OneLineParser, UsageError
 from provision.launch import LaunchSpec, RankPlan, pick_allocator, render_launch
-from provision.values import boolean, local_path, whole, whole_list
+from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
-from .jobspec import packaged_model, writable_dir
+from .model_files import packaged_model
 from .node import facts as node_facts
 
 REPO = Path(__file__).resolve().parent.parent

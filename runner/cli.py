@@ -16,7 +16,7 @@ from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import PARSERS, load_config, resolve_spec
 from provision.ui import answer, console, duration
-from provision.values import boolean, number, one_of, whole
+from provision.values import boolean, number, one_of, whole, writable_dir
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 SPEC_HELP = {
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
     p.add_argument("--keep", default=None, help="1: keep the last cluster afterwards (KEEP=1)")
     p.add_argument("--out", default=None,
-                   help="where the table and plot go (default $FTC_HOME/runs/<cluster>/sweep-<task>)")
+                   help="where the table and plot go (default $FTC_HOME/runs/<cluster>/sweep-<task>-<UTC time>)")
 
     for verb, text in (("logs", "show (and with -f follow) the output of the last job"),
                        ("cancel", "stop the running job on every node"),
@@ -327,8 +327,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     job_spec = jobspec.job_from_args(args)
     if job_spec.results:
         raise UsageError("RESULTS is per job; a sweep writes each size's results under --out")
-    from runner.runs import runs_root
-    out = Path(jobspec.writable_dir("out", args.out or str(runs_root() / spec.name / f"sweep-{job_spec.task}")))
+    from runner.runs import runs_root, utc_stamp
+    default_out = runs_root() / spec.name / f"sweep-{job_spec.task}-{utc_stamp()}"  # a new one each time
+    out = Path(writable_dir("out", args.out or str(default_out)))
     return sweep.sweep(spec, job_spec, node_counts, out, keep=keep, yes=yes)
 
 
@@ -349,7 +350,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if out.suffix.lower() != ".png" or out.is_dir():
             what = "is a directory" if out.is_dir() else "is not a .png path"
             raise UsageError(f"OUT={str(out)!r} {what}; give a file name ending in .png")
-        from runner.jobspec import writable_dir
         writable_dir("out", str(out.parent))
         report.compare(chosen, out)
         answer.print(f"plot: {out}", markup=False, soft_wrap=True)
@@ -492,8 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         if args.command in WRITE_FTC_HOME:
-            from runner.jobspec import writable_dir
-            writable_dir("ftc_home", str(st.ftc_home()))
+                writable_dir("ftc_home", str(st.ftc_home()))
         code = COMMANDS[args.command](args)
     except FtcError as exc:
         print(f"error: {exc}", file=sys.stderr)

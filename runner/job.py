@@ -8,7 +8,6 @@ The job runs detached on the head node (setsid + nohup), so it outlives the cont
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from provision import procs
@@ -18,9 +17,10 @@ from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
 from provision.ssh import connect, put_text, run, stream
 from provision.ui import answer, console
+from provision.values import writable_dir
 
 from . import runs
-from .jobspec import JobSpec, metadata_endpoint, train_args, writable_dir
+from .jobspec import JobSpec, metadata_endpoint, train_args
 from .node import spot
 from .report import for_terminal, print_results, show_failure
 from .transfer import copy_checkpoint, fetch, home_checkpoint
@@ -38,7 +38,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
             raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
         job_id, remote_dir = state.jobs[-1].id, state.jobs[-1].remote_dir
     else:
-        job_id = f"{job.task}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+        job_id = f"{job.task}-{runs.utc_stamp()}"
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
                                   state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))

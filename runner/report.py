@@ -24,7 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CLOCK = r"(\d\d):(\d\d):(\d\d) "
 # A number as Python's float() reads it: a line with anything else in a number's place is not a
 # progress line (a log may hold any text), so reading it cannot fail.
-NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"  # one way to read each
 PROGRESS = re.compile(CLOCK + rf"epoch (\d+)/(\d+) step (\d+)/(\d+) loss ({NUMBER}) ({NUMBER}) samples/s")
 DEV = re.compile(CLOCK + rf"epoch (\d+) dev ((?:eval_\w+ {NUMBER} ?)+)$")
 LOG_LINE = re.compile(r"^" + CLOCK)

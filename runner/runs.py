@@ -10,26 +10,26 @@ listed whichever directory the command ran from and after its cluster is destroy
 import json
 import os
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from provision import state as st
 from provision.errors import FtcError, UsageError
 from provision.spec import NAME_RE
-from provision.values import label, local_path
+from provision.values import conforms, kind_name, label, local_path
 
 RECORD = "run.json"
 RESULTS_FILE = "results.json"  # the training program's
 ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS outside runs_root()
-TEXT, COUNT, NUMBER = (str,), (int,), (int, float)
-# What `ftc runs` reads from each file of a run, and what each must be when present (None aside):
-# a file holding anything else makes the run show as corrupt, not crash the listing.
+# What `ftc runs` reads from each file of a run, and the type ftc writes it as (None only where ftc
+# writes null): a file holding anything else makes the run show as corrupt, not crash the listing.
 FIELD_KINDS = {
-    RECORD: {"id": TEXT, "cluster": TEXT, "provider": TEXT, "instance_type": TEXT, "task": TEXT, "model": TEXT,
-             "precision": TEXT, "status": TEXT, "results_dir": TEXT, "nodes": COUNT, "ranks_per_node": COUNT,
-             "epochs": COUNT, "started_at": NUMBER, "ended_at": NUMBER},
-    RESULTS_FILE: {"task": TEXT, "model": TEXT, "precision": TEXT, "finished_at": TEXT, "nodes": COUNT,
-              "ranks_per_node": COUNT, "epochs": COUNT, "samples_per_second": NUMBER, "epoch_metrics": (list,)},
+    RECORD: {"id": str, "cluster": str, "provider": str, "instance_type": str, "task": str, "model": str,
+             "precision": str, "status": str, "results_dir": str, "nodes": int, "ranks_per_node": int,
+             "epochs": int | None, "started_at": float, "ended_at": float | None},
+    RESULTS_FILE: {"task": str, "model": str, "precision": str, "finished_at": str, "nodes": int,
+                   "ranks_per_node": int, "epochs": int, "samples_per_second": float,
+                   "epoch_metrics": list[dict[str, float]]},
 }
 
 
@@ -41,13 +41,19 @@ def default_results_dir(cluster: str, job_id: str) -> str:
     return str(runs_root() / cluster / job_id)
 
 
-def refuse_reuse(key: str, results_dir: str | Path) -> None:
+def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None) -> None:
     """A results directory that already holds a run is refused before launch: the new run would
-    replace the earlier one's files and keep its start time. (A resumed run continues in its own.)"""
-    record = Path(local_path(key, str(results_dir))) / RECORD
+    replace the earlier one's files and keep its start time. (A resumed run continues in its own.)
+    `run_dir`: the directory under the value the user gave (`given`) that the run would use."""
+    record = Path(local_path(key, str(run_dir or given))) / RECORD
     if record.exists():
-        raise UsageError(f"{label(key)}={str(results_dir)!r} already holds a run ({record}); give another "
+        raise UsageError(f"{label(key)}={str(given)!r} already holds a run ({record}); give another "
                          f"{label(key)}, or remove that directory first")
+
+
+def utc_stamp() -> str:
+    """Now, for names that sort by time: 20261130T120000Z."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> None:
@@ -140,14 +146,11 @@ def read_run_file(results: Path, name: str) -> tuple[dict, str]:
 
 def wrong_kinds(name: str, data: dict) -> str:
     """The first field of a run's file that holds the wrong kind of value, in words; '' when none. Pure."""
-    kinds = {**FIELD_KINDS[name], **{k: NUMBER for k in data if k.startswith("eval_")}}
-    for key, allowed in kinds.items():
-        if data.get(key) is not None and not isinstance(data[key], allowed):
-            return f"{name}: {key} is {json.dumps(data[key])[:40]}"
-    for epoch in data.get("epoch_metrics") or []:
-        if not (isinstance(epoch, dict) and isinstance(epoch.get("epoch"), NUMBER)
-                and all(isinstance(v, NUMBER) for v in epoch.values())):
-            return f"{name}: epoch_metrics holds {json.dumps(epoch)[:40]}"
+    kinds = {**FIELD_KINDS[name], **{k: float for k in data if k.startswith("eval_")}}
+    for key, kind in kinds.items():
+        measured = key == "epoch_metrics" or key.startswith("eval_")  # may be NaN: a diverged run
+        if key in data and not conforms(data[key], kind, finite=not measured):
+            return f"{name}: {key} is {json.dumps(data[key])[:40]}, not {kind_name(kind)}"
     return ""
 
 

@@ -59,7 +59,7 @@ def check_before_launch(spec, job: JobSpec, sizes: list[int], out: Path) -> None
         refuse_if_busy(st.load(spec.name))
     for nodes in sizes:
         check_ppn_fits(replace(spec, nodes=nodes), job)
-        runs.refuse_reuse("out", out / f"{nodes}-node")
+        runs.refuse_reuse("out", out, out / f"{nodes}-node")
 
 
 def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dict:

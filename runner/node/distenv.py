@@ -77,11 +77,12 @@ def listen_port(host: str = "") -> int:
     """A port for a listener that starts a moment later (torch's rendezvous store, a node's sshd):
     free to bind on `host` ("" = every address), and below the kernel's ephemeral range, from
     which bind(0) and every outgoing connection draw theirs, so no other process is handed it
-    meanwhile. Random, so two processes choosing this way rarely meet; a listener that does
-    meet another gets "address in use" and chooses again."""
+    meanwhile. Random, so two processes choosing this way rarely meet (a local node's sshd that
+    does gets "address in use", and ftc chooses again)."""
     ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
     low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    candidates = range(10000, low) if low > 11000 else range(low, 65536)
+    # a kernel whose ephemeral range starts that low leaves no room below it: then any free port
+    candidates = range(10000, low) if low > 11000 else range(1024, 65536)
     for port in random.sample(candidates, min(200, len(candidates))):
         with socket.socket() as sock:
             try:
