@@ -17,7 +17,7 @@ from typing import Any, Iterator, get_args, get_origin
 
 from .errors import ClusterBusy, UsageError
 from .spec import ClusterSpec
-from .values import conforms, kind_name, value_kind
+from .values import conforms, control_character, kind_name, value_kind
 
 
 @dataclass
@@ -123,9 +123,9 @@ def ftc_home() -> Path:
 def home_problem(home: str) -> str:
     """What in FTC_HOME the nodes' sshd and ssh configurations cannot carry, '' when nothing: they
     quote paths in double quotes, one setting a line, and ssh expands % and ${...} in paths. Pure."""
-    control = [c for c in home if ord(c) < 32 or ord(c) == 127]
+    control = control_character(home)
     if control:
-        return f"a control character ({control[0]!r})"
+        return f"a control character ({control!r})"
     if '"' in home:
         return "a double quote"
     if "%" in home:

@@ -97,12 +97,18 @@ def local_path(key: str, raw: Any) -> str:
                          "give an absolute path, or one under ~/") from None
 
 
+def control_character(text: str) -> str:
+    """The first control character in `text` (a newline, a tab, DEL, ...), '' when none. Pure."""
+    return next((c for c in text if ord(c) < 32 or ord(c) == 127), "")
+
+
 def writable_dir(key: str, raw: str) -> str:
     """A directory ftc can write results into, now or once made, as an absolute path: found before
-    launch, not after the training. Tried for real (a probe file made and removed in the nearest existing directory), since
-    root passes every access() test yet cannot write under /proc; nothing is left behind. A control
-    character is refused: the runs history lists directories one per line."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+    launch, not after the training. Tried for real (a probe file made and removed in the nearest
+    existing directory), since root passes every access() test yet cannot write under /proc;
+    nothing is left behind. A control character is refused: the runs history lists directories
+    one per line."""
+    if control_character(raw):
         raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
                          "give a path without one")
     path = Path(local_path(key, raw))

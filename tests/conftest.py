@@ -65,18 +65,23 @@ def moto_server(tmp_path_factory):
     proc.wait(10)
 
 
+def point_aws_at(url: str, monkeypatch, poll_seconds: float) -> None:
+    """boto3 here and in `ftc` subprocesses: the endpoint at `url`, test credentials, none of the
+    user's profile, and EC2 polled every `poll_seconds`."""
+    for key, value in {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": str(poll_seconds)}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+
+
 @pytest.fixture
 def aws(moto_server, ftc_home, monkeypatch):
     """boto3 (in this process and in `ftc` subprocesses) pointed at a freshly reset moto server."""
     import urllib.request
     urllib.request.urlopen(urllib.request.Request(f"{moto_server['url']}/moto-api/reset", method="POST")).read()
     moto_server["faults"].write_text("{}")
-    for key, value in {"AWS_ENDPOINT_URL": moto_server["url"], "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "FTC_AWS_POLL_SECONDS": "0.05"}.items():
-        monkeypatch.setenv(key, value)
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(key, raising=False)
+    point_aws_at(moto_server["url"], monkeypatch, poll_seconds=0.05)
 
     class Moto:
         url = moto_server["url"]

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FTC, REPO, assert_nothing_left, ftc, sshd_pids
+from conftest import FTC, REPO, assert_nothing_left, ftc, point_aws_at, sshd_pids
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
 
@@ -44,12 +44,7 @@ def start_emulator(disks: Path, **env: str) -> tuple[subprocess.Popen, str]:
 @pytest.fixture
 def ec2(emulator, ftc_home, monkeypatch):
     """boto3 and `ftc` subprocesses pointed at the emulator, as a user would."""
-    for key, value in {"AWS_ENDPOINT_URL": emulator["url"], "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "FTC_AWS_POLL_SECONDS": "0.1"}.items():
-        monkeypatch.setenv(key, value)
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(key, raising=False)
+    point_aws_at(emulator["url"], monkeypatch, poll_seconds=0.1)
     import boto3
     return boto3.client("ec2", region_name="us-east-1")
 
