@@ -18,9 +18,9 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,15 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores-per-rank", default=None, help="physical cores of each simulated node")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
-    p.add_argument("--steps", default=None, help="timed steps per configuration")
-    p.add_argument("--variants", action="store_true", help="also profile all-reduce settings at the largest rank count")
+    p.add_argument("--rows", default=None, help="MRPC training rows in every pass (default 2048; quick: 128)")
+    p.add_argument("--repeats", default=None, help="runs of each configuration, programs alternating (default 3; quick: 2)")
+    p.add_argument("--levers", default=None, metavar="A,B",
+                   help=f"also ftc's defaults against each of these alone at the largest rank count: {', '.join(LEVERS)}")
     p.add_argument("--no-peer", action="store_true", help="leave out Hugging Face Trainer (the peer)")
     p.add_argument("--bootstrap", action="store_true",
                    help="instead: bootstrap time of 1 and 8 local nodes (the steps that wait, verification apart)")
     p.add_argument("--grad-compress", default=None, choices=("none", "bf16"),
                    help="override ftc's all-reduce precision in the ftc runs (default: ftc's own choice)")
     p.add_argument("--accuracy", action="store_true",
-                   help="instead: dev accuracy of ftc and the peer (and the seed recipe with --with-seed), "
+                   help="instead: dev accuracy of ftc, ftc without dropout and the peer (and the seed recipe with --with-seed), "
                         "same epochs, pretrained weights")
     p.add_argument("--with-seed", action="store_true", help="--accuracy: also the seed recipe")
     p.add_argument("--model", default=None, help="--accuracy: pretrained model directory (default: packaged MiniLM)")
@@ -82,8 +84,15 @@ def checked(args: argparse.Namespace) -> None:
         args.ranks = whole_list(1, 256)("ranks", args.ranks)
     if args.cores_per_rank is not None:
         args.cores_per_rank = whole(1, 1024)("cores_per_rank", args.cores_per_rank)
-    if args.steps is not None:
-        args.steps = whole(1, 100_000)("steps", args.steps)
+    if args.rows is not None:
+        args.rows = whole(32, 1_000_000)("rows", args.rows)
+    if args.repeats is not None:
+        args.repeats = whole(1, 100)("repeats", args.repeats)
+    if args.levers is not None:
+        args.levers = [name.strip() for name in args.levers.split(",") if name.strip()]
+        unknown = [name for name in args.levers if name not in LEVERS]
+        if unknown or not args.levers:
+            raise UsageError(f"LEVERS={','.join(unknown)!r} is not a lever; allowed: {', '.join(LEVERS)}")
     writable_dir("out", args.out)
     if args.bootstrap:
         return
@@ -133,11 +142,12 @@ def physical_cores() -> list[int]:
     return node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))["core_cpus"]
 
 
-def make_distilbert(target: Path, vocab_from: Path) -> Path:
-    """distilbert-base-uncased's architecture, from transformers' own default config."""
+def make_distilbert(target: Path, vocab_from: Path, layers: int = 6) -> Path:
+    """distilbert-base-uncased's architecture, from transformers' own default config (6 layers;
+    the quick bench takes 2, so that a 2-core CI machine runs every configuration in minutes)."""
     from transformers import DistilBertConfig
     target.mkdir(parents=True, exist_ok=True)
-    config = DistilBertConfig(num_labels=2)
+    config = DistilBertConfig(num_labels=2, n_layers=layers)
     config.save_pretrained(target)
     for name in TOKENIZER_FILES:
         if (vocab_from / name).exists():
@@ -197,15 +207,10 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
 def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str],
                allocator: str = "") -> dict:
     """One training configuration: runner/node/train.py, its results.json."""
-    started = time.perf_counter()
     job_dir = out / "runs" / name
     job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train",
                         train_args + ["--output-dir", str(job_dir)], allocator)
-    results = json.loads((job_dir / "results.json").read_text())
-    results["wall_seconds"] = round(time.perf_counter() - started, 1)
-    print(f"  {name}: {results['steady_samples_per_second']:.1f} samples/s, {results['precision']}, "
-          f"{results['backend']}, world {results['world_size']}", flush=True)
-    return results
+    return json.loads((job_dir / "results.json").read_text())
 
 
 def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, megabytes: float) -> float:
@@ -217,29 +222,17 @@ def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: i
     return report["allreduce_seconds"]
 
 
-def concurrent_single_ranks(bench: "Bench", copies: int) -> list[dict]:
-    """`copies` independent 1-rank runs at once, each on its own core set: what one node
-    delivers while the others load the shared memory bandwidth and power budget too, with
-    no communication at all. The baseline that tells contention from communication."""
-    from concurrent.futures import ThreadPoolExecutor
-    share = bench.cores_per_rank
-
-    def one(i: int) -> dict:
-        return run_config(f"ftc-1-alongside-{i}", bench.out, 1, bench.physical[i * share:(i + 1) * share], share,
-                          bench.mpi, bench.train_args(1, "ftc"), bench.allocator)
-    with ThreadPoolExecutor(copies) as pool:
-        return list(pool.map(one, range(copies)))
-
-
-def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, peer_args: list[str]) -> dict:
-    """The peer: Hugging Face Trainer through torchrun, on the same cores as ftc's run. Its ranks
-    are not pinned each to its own share: OMP_NUM_THREADS = cores per rank within the common core
-    set measured better for it at 4 ranks (100.5 against 85.5 samples/s pinned, issue 13)."""
-    started = time.perf_counter()
+def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, peer_args: list[str],
+             pinned: bool) -> dict:
+    """The peer: Hugging Face Trainer through torchrun, on the same cores as ftc's run, with
+    OMP_NUM_THREADS = cores per rank. Pinned: each rank on its own share of the cores, as
+    `torch.backends.xeon.run_cpu` places instances; unpinned: every rank's threads free to run
+    on all of them (issue 13 measured that better at 4 ranks once). The bench runs both."""
     job_dir = out / "runs" / name
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(cores_per_rank), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(cores_per_rank), "PYTHONPATH": str(REPO),
+           "FTC_PEER_PIN": "1" if pinned else "0"}
     command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
                "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer",
                *peer_args, "--output-dir", str(job_dir)]
@@ -247,50 +240,65 @@ def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank:
     (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
-    results = json.loads((job_dir / "results.json").read_text())
-    results["wall_seconds"] = round(time.perf_counter() - started, 1)
-    print(f"  {name}: {results['steady_samples_per_second']:.1f} samples/s, {results['precision']}, "
-          f"world {results['world_size']} (Hugging Face Trainer)", flush=True)
-    return results
+    return json.loads((job_dir / "results.json").read_text())
+
+
+def whole_pass(results: dict) -> dict:
+    """A run's first pass over its rows, timed wall to wall: rows/s and real tokens/s."""
+    first = results["epoch_metrics"][0]
+    return {"rows_per_s": round(first["pass_rows"] / first["pass_seconds"], 3),
+            "tokens_per_s": round(first["pass_tokens"] / first["pass_seconds"], 3),
+            "pass_seconds": first["pass_seconds"]}
+
+
+def summary(values: list[float]) -> tuple[float, list[float]]:
+    """The median and [min, max] of repeated measurements."""
+    return round(statistics.median(values), 3), [round(min(values), 3), round(max(values), 3)]
 
 
 @dataclass
 class Bench:
-    """One bench run's fixed choices, and every configuration it has run so far, by name."""
+    """One bench run's fixed choices, and every run it has made so far, by name."""
     out: Path
     model: Path
     data_dir: Path
     physical: list[int]
     cores_per_rank: int
     mpi: str
-    steps: int  # timed
-    warmup: int  # untimed, first
-    ftc_extra: list[str]
+    rows: int  # rows in every pass, the same for every program and rank count
+    repeats: int  # runs of each configuration, programs alternating
     allocator: str = ""  # what ftc's launch preloads (tcmalloc/jemalloc), as on a cluster: pick_allocator
+    ftc_extra: list[str] = field(default_factory=list)
     runs: dict[str, dict] = field(default_factory=dict)
 
-    def rows(self, ranks: int) -> list[str]:
-        """The same rows for every program: enough for warm-up plus timed steps at 32 per rank."""
-        total = self.warmup + self.steps
+    def common(self, rows: int) -> list[str]:
+        """The same rows, model and single pass for every program."""
         return ["--model", str(self.model), "--data-dir", str(self.data_dir), "--random-init",
-                "--warmup-steps-untimed", str(self.warmup), "--max-steps", str(total),
-                "--max-train-samples", str(total * 32 * ranks)]
+                "--max-train-samples", str(rows), "--epochs", "1"]
 
-    def train_args(self, ranks: int, recipe: str, extra: list[str] = ()) -> list[str]:
-        extra = [*self.ftc_extra, *extra] if recipe == "ftc" else list(extra)
-        return ["--task", "mrpc", *self.rows(ranks), "--no-eval", "--no-save", "--log-every", "1000",
-                "--recipe", recipe, *extra]
+    def cores(self, ranks: int) -> list[int]:
+        return self.physical[:ranks * self.cores_per_rank]
 
-    def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = ()) -> dict:
-        self.runs[name] = run_config(name, self.out, ranks, self.physical[:ranks * self.cores_per_rank],
-                                     self.cores_per_rank, self.mpi, self.train_args(ranks, recipe, extra),
+    def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = (), rows: int = 0) -> dict:
+        # the timeline leaves out the first step (kernel set-up); the pass's wall time counts it
+        args = ["--task", "mrpc", *self.common(rows or self.rows), "--no-eval", "--no-save", "--log-every", "1000",
+                "--warmup-steps-untimed", "1",
+                "--recipe", recipe, *(self.ftc_extra if recipe == "ftc" else []), *extra]
+        self.runs[name] = run_config(name, self.out, ranks, self.cores(ranks), self.cores_per_rank, self.mpi, args,
                                      self.allocator)
+        self.report(name)
         return self.runs[name]
 
-    def peer(self, name: str, ranks: int) -> dict:
-        self.runs[name] = run_peer(name, self.out, ranks, self.physical[:ranks * self.cores_per_rank],
-                                   self.cores_per_rank, self.rows(ranks))
+    def peer(self, name: str, ranks: int, pinned: bool) -> dict:
+        self.runs[name] = run_peer(name, self.out, ranks, self.cores(ranks), self.cores_per_rank,
+                                   self.common(self.rows), pinned)
+        self.report(name)
         return self.runs[name]
+
+    def report(self, name: str) -> None:
+        r = whole_pass(self.runs[name])
+        print(f"  {name}: {r['rows_per_s']:.1f} rows/s, {r['tokens_per_s']:.0f} tokens/s "
+              f"({r['pass_seconds']:.1f} s pass)", flush=True)
 
 
 def measure(args: argparse.Namespace) -> int:
@@ -308,19 +316,22 @@ def measure(args: argparse.Namespace) -> int:
     if args.accuracy:
         model = Path(args.model).resolve() if args.model else args.tokenizer
         return accuracy(out, data_dir, model, physical, mpi, args.with_seed)
-    rank_counts, cores_per_rank = args.ranks, args.cores_per_rank
-    bench = Bench(out, make_distilbert(out / "distilbert-base-uncased-random", args.tokenizer),
-                  data_dir, physical, cores_per_rank, mpi, steps=args.steps or (4 if args.quick else 40),
-                  warmup=1 if args.quick else 5, ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [],
-                  allocator=pick_allocator(node_facts.gather("")))
-    print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {cores_per_rank} per simulated node, "
-          f"ranks {rank_counts}, {bench.steps} timed steps, mpirun {mpi}, allocator {bench.allocator or 'glibc'}",
-          flush=True)
-    seed = bench.ftc("seed-1", 1, "seed")
+    rank_counts = args.ranks
+    layers = 2 if args.quick else 6
+    bench = Bench(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers), data_dir,
+                  physical, args.cores_per_rank, mpi, rows=args.rows or (128 if args.quick else 2048),
+                  repeats=args.repeats or (2 if args.quick else 3), allocator=pick_allocator(node_facts.gather("")),
+                  ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
+    print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {bench.cores_per_rank} per simulated "
+          f"node, ranks {rank_counts}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
+          f"allocator {bench.allocator or 'glibc'}", flush=True)
+    # The seed recipe pads every row to 128, so its rate hardly depends on which rows: a quarter
+    # of the rows, once, is enough for the ratio.
+    seed = bench.ftc("seed-1", 1, "seed", rows=max(32, bench.rows // 4))
     scaling = measure_scaling(bench, rank_counts, with_peer=not args.no_peer)
-    variants = measure_variants(bench, max(rank_counts), scaling) if args.variants else []
-    report = make_report(bench, args, seed, scaling, variants, rank_counts)
-    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    levers = measure_levers(bench, max(rank_counts), args.levers) if args.levers else []
+    report = make_report(bench, args, seed, scaling, levers, rank_counts)
+    (out / "bench.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     (out / "bench.md").write_text(markdown(report))
     plot(report, out / "bench.png")
     print(markdown(report))
@@ -329,87 +340,124 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def measure_scaling(bench: Bench, rank_counts: list[int], with_peer: bool) -> list[dict]:
-    """ftc, then the peer, at each rank count, on the same cores: side by side in one run."""
+    """At each rank count, `repeats` rounds of ftc, the peer pinned and the peer unpinned, one
+    after the other on the same cores and rows; medians and ranges of each. At one rank the two
+    peer launches are the same thing (one process on its cores), so it runs once a round."""
     scaling = []
     for ranks in rank_counts:
-        run = bench.ftc(f"ftc-{ranks}", ranks)
-        row = {"ranks": ranks, "samples_per_s": run["steady_samples_per_second"],
-               "tokens_per_s": run["steady_tokens_per_second"]}
+        rates: dict[str, list[float]] = {"ftc": [], "pinned": [], "unpinned": []}
+        tokens = []
+        launches = ("pinned",) if ranks == 1 else ("pinned", "unpinned")
+        for repeat in range(bench.repeats):
+            run = whole_pass(bench.ftc(f"ftc-{ranks}-r{repeat}", ranks))
+            rates["ftc"].append(run["rows_per_s"])
+            tokens.append(run["tokens_per_s"])
+            for launch_kind in launches if with_peer else ():
+                rates[launch_kind].append(whole_pass(bench.peer(f"peer-{ranks}-{launch_kind}-r{repeat}", ranks,
+                                                                launch_kind == "pinned"))["rows_per_s"])
+        row = {"ranks": ranks}
+        row["ftc_rows_per_s"], row["ftc_rows_per_s_range"] = summary(rates["ftc"])
+        row["ftc_tokens_per_s"] = summary(tokens)[0]
+        row["ftc_rows_per_s_runs"] = rates["ftc"]
         if with_peer:
-            peer = bench.peer(f"peer-{ranks}", ranks)["steady_samples_per_second"]
-            row.update(peer_samples_per_s=peer, speedup_vs_peer=round(row["samples_per_s"] / peer, 3))
+            medians = {kind: summary(rates[kind])[0] for kind in launches}
+            best = max(launches, key=medians.__getitem__)
+            row["peer_rows_per_s"], row["peer_rows_per_s_range"] = summary(rates[best])
+            row["peer_launch"] = best
+            for kind in launches:
+                row[f"peer_{kind}_rows_per_s_runs"] = rates[kind]
+            row["speedup_vs_peer"] = round(row["ftc_rows_per_s"] / row["peer_rows_per_s"], 3)
         scaling.append(row)
-    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
-    peer_base = scaling[0].get("peer_samples_per_s") if base else None
+    base = scaling[0] if scaling[0]["ranks"] == 1 else None
     for row in scaling:
-        row["efficiency"] = round(row["samples_per_s"] / (row["ranks"] * base), 3) if base else None
-        if peer_base:
-            row["peer_efficiency"] = round(row["peer_samples_per_s"] / (row["ranks"] * peer_base), 3)
+        row["efficiency"] = round(row["ftc_rows_per_s"] / (row["ranks"] * base["ftc_rows_per_s"]), 3) if base else None
+        if base and with_peer:
+            row["peer_efficiency"] = round(row["peer_rows_per_s"] / (row["ranks"] * base["peer_rows_per_s"]), 3)
     return scaling
 
 
-def measure_variants(bench: Bench, top: int, scaling: list[dict]) -> list[dict]:
-    """Where the time of the top rank count goes: without the all-reduce (compute and
-    contention left), and k independent single ranks side by side (contention alone)."""
-    base = scaling[0]["samples_per_s"] if scaling[0]["ranks"] == 1 else None
-    variants = []
-    for name, setting, extra in (("dense-embedding", "all-reduce every embedding row (plain DDP)",
-                                  ["--embedding-sync", "dense"]),
-                                 ("no-grad-sync", "no gradient all-reduce (profiling)", ["--no-grad-sync"])):
-        run = bench.ftc(f"ftc-{top}-{name}", top, "ftc", extra)
-        variants.append({"ranks": top, "setting": setting, "samples_per_s": run["steady_samples_per_second"]})
-    alone = concurrent_single_ranks(bench, top)
-    variants.append({"ranks": top, "setting": f"{top} independent 1-rank runs at once (no communication)",
-                     "samples_per_s": round(sum(r["steady_samples_per_second"] for r in alone), 3)})
-    for row in variants:
-        row["efficiency"] = round(row["samples_per_s"] / (top * base), 3) if base else None
-    # Scaling efficiency against what the simulated nodes deliver side by side: on real
-    # nodes nothing is shared but the network, so this is the figure real nodes approach.
-    for row in scaling:
-        if row["ranks"] == top:
-            row["efficiency_vs_side_by_side"] = round(row["samples_per_s"] / variants[-1]["samples_per_s"], 3)
-    return variants
+# What `--levers` sets against ftc's defaults at the top rank count, each alone.
+LEVERS = {
+    "overlap": ("gradient all-reduce overlapped with backward in DDP's buckets", ["--allreduce", "overlap"]),
+    "even": ("every global batch split evenly, not by measured speed", ["--balance", "even"]),
+    "dense-embedding": ("every word-embedding row all-reduced", ["--embedding-sync", "dense"]),
+    "fp32-wire": ("gradient all-reduced in fp32", ["--grad-compress", "none"]),
+    "gloo-inherit": ("gloo's threads on the main thread's one core (what OMP_PROC_BIND leaves them)",
+                     ["--gloo-threads", "inherit"]),
+    "dropout-0": ("no dropout: attention in PyTorch's fused SDPA kernel (an option, not a default)",
+                  ["--dropout", "0"]),
+    "no-grad-sync": ("no gradient all-reduce (profiling: ranks drift apart)", ["--no-grad-sync"]),
+}
 
 
-def make_report(bench: Bench, args, seed: dict, scaling: list[dict], variants: list[dict], rank_counts: list[int]) -> dict:
+def measure_levers(bench: Bench, top: int, names: list[str]) -> list[dict]:
+    """ftc's defaults against each lever alone at `top` ranks, alternating within each round."""
+    rates: dict[str, list[float]] = {name: [] for name in ["default", *names]}
+    for repeat in range(bench.repeats):
+        for name in rates:
+            extra = LEVERS[name][1] if name != "default" else []
+            rates[name].append(whole_pass(bench.ftc(f"lever-{top}-{name}-r{repeat}", top, extra=extra))["rows_per_s"])
+    default = summary(rates["default"])[0]
+    rows = []
+    for name, values in rates.items():
+        median, spread = summary(values)
+        rows.append({"lever": name, "setting": LEVERS[name][0] if name != "default" else "ftc defaults",
+                     "ranks": top, "rows_per_s": median, "rows_per_s_range": spread, "runs": values,
+                     "vs_default": round(median / default, 3)})
+    return rows
+
+
+def make_report(bench: Bench, args, seed: dict, scaling: list[dict], levers: list[dict], rank_counts: list[int]) -> dict:
     runs, physical, quick = bench.runs, bench.physical, args.quick
-    ftc1 = runs["ftc-1"] if "ftc-1" in runs else runs[f"ftc-{rank_counts[0]}"]
-    allreduce = measure_allreduce(bench.out, scaling, physical, bench.cores_per_rank, bench.mpi, ftc1)
-    planner = planner_check(scaling, allreduce, ftc1) if scaling[0]["ranks"] == 1 else {}
+    first, top = scaling[0], max(rank_counts)
+    ftc1 = runs[f"ftc-{first['ranks']}-r0"]
     precision = ftc1["precision"]
     cores = physical[:bench.cores_per_rank]
     peak = gemm_peak(cores, "bfloat16" if precision == "bf16" else "float32", 1024 if quick else 4096)
     seed_peak = peak if precision == "fp32" else gemm_peak(cores, "float32", 1024 if quick else 4096)
-    tokens_per_sample = ftc1["steady_tokens_per_second"] / ftc1["steady_samples_per_second"]
-    flops_token = model_flops_per_token(bench.model, tokens_per_sample)
-    seed_tokens = seed["steady_tokens_per_second"] / seed["steady_samples_per_second"]
-    first = scaling[0]
+    tokens_per_row = ftc1["train_tokens"] / ftc1["train_samples"]
+    flops_token = model_flops_per_token(bench.model, tokens_per_row)
+    seed_pass = whole_pass(seed)
+    seed_tokens = seed["train_tokens"] / seed["train_samples"]
+    top_runs = sorted((runs[f"ftc-{top}-r{i}"] for i in range(bench.repeats)), key=lambda r: whole_pass(r)["rows_per_s"])
+    timeline_run = top_runs[len(top_runs) // 2]  # the median run's
+    allreduce = measure_allreduce(bench.out, scaling, physical, bench.cores_per_rank, bench.mpi, ftc1)
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
         "physical_cores": len(physical), "native_bf16": node_facts.native_bf16(node_facts.cpu_info()[1]),
         "cores_per_rank": bench.cores_per_rank, "mpi": bench.mpi, "quick": quick,
+        "method": "whole-pass", "rows_per_pass": bench.rows, "repeats": bench.repeats,
         "simulated_nodes": "each rank is one simulated node: a disjoint set of physical cores on one host, "
-                           "all-reduce over loopback, memory bandwidth shared",
-        "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary",
-        "data": "GLUE MRPC train", "steps_timed": bench.steps, "steps_untimed": bench.warmup,
+                           "all-reduce over loopback TCP (gloo), memory bandwidth shared",
+        "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary"
+                 + (", 2 of its 6 layers (quick)" if quick else ""),
+        "data": f"the first {bench.rows} rows of GLUE MRPC train, one whole pass per run, timed wall to wall",
         "peer": "Hugging Face Trainer (transformers.Trainer via torchrun): bf16 as ftc's rule decides, "
                 "group_by_length sampling, DataCollatorWithPadding(pad_to_multiple_of=8), batch 32 per rank, "
-                "ranks unpinned within the same cores, OMP_NUM_THREADS = cores per rank",
-        "seed_samples_per_s": seed["steady_samples_per_second"], "ftc_samples_per_s": ftc1["steady_samples_per_second"],
-        "speedup_vs_seed": round(ftc1["steady_samples_per_second"] / seed["steady_samples_per_second"], 3),
-        "peer_samples_per_s": first.get("peer_samples_per_s"), "speedup_vs_peer": first.get("speedup_vs_peer"),
-        "scaling": scaling, "variants": variants, "planner_check": planner, "gemm_peak_tflops": round(peak, 3),
-        "seed_gemm_peak_tflops": round(seed_peak, 3), "model_flops_per_token": round(flops_token),
-        "tokens_per_sample": round(tokens_per_sample, 1),
-        "mfu": round(ftc1["steady_tokens_per_second"] * flops_token / (peak * 1e12), 3),
-        "seed_mfu": round(seed["steady_tokens_per_second"] * model_flops_per_token(bench.model, seed_tokens)
+                "OMP_NUM_THREADS = cores per rank; launched pinned (each rank on its own cores) and unpinned "
+                "(every rank on all the run's cores), its better median taken",
+        "seed_samples_per_s": seed_pass["rows_per_s"], "seed_rows_per_pass": seed["train_samples"],
+        "ftc_samples_per_s": first["ftc_rows_per_s"], "ftc_rows_per_s": first["ftc_rows_per_s"],
+        "speedup_vs_seed": round(first["ftc_rows_per_s"] / seed_pass["rows_per_s"], 3),
+        "peer_samples_per_s": first.get("peer_rows_per_s"), "peer_rows_per_s": first.get("peer_rows_per_s"),
+        "speedup_vs_peer": first.get("speedup_vs_peer"),
+        "scaling": scaling, "levers": levers,
+        "timeline": {"ranks": top, "allreduce": timeline_run["allreduce"], "balance": timeline_run["balance"],
+                     "per_rank": timeline_run["timeline"]},
+        "allreduce_idle_s": {str(k): round(v, 4) for k, v in allreduce.items()},
+        "planner": planner_figures(timeline_run["timeline"], allreduce.get(top, 0.0)),
+        "gemm_peak_tflops": round(peak, 3), "seed_gemm_peak_tflops": round(seed_peak, 3),
+        "model_flops_per_token": round(flops_token), "tokens_per_sample": round(tokens_per_row, 1),
+        "mfu": round(first["ftc_tokens_per_s"] * flops_token / (peak * 1e12), 3),
+        "seed_mfu": round(seed_pass["tokens_per_s"] * model_flops_per_token(bench.model, seed_tokens)
                           / (seed_peak * 1e12), 3),
-        "precision": precision, "backend": runs[f"ftc-{max(rank_counts)}"]["backend"], "compile": ftc1["compile"],
+        "precision": precision, "backend": runs[f"ftc-{top}-r0"]["backend"], "compile": ftc1["compile"],
         "allocator": bench.allocator or "glibc malloc",
         "versions": ftc1["versions"], "command": "python -m runner.bench " + " ".join(sys.argv[1:]),
-        "runs": {name: {k: r.get(k) for k in ("recipe", "trainer", "precision", "backend", "grad_compress", "world_size",
-                                              "threads_per_rank", "steady_samples_per_second", "steady_tokens_per_second",
-                                              "padding", "batch_size_per_rank")} for name, r in runs.items()},
+        "runs": {name: {**{k: r.get(k) for k in ("recipe", "trainer", "precision", "backend", "grad_compress",
+                                                  "allreduce", "balance", "pinned", "world_size", "threads_per_rank",
+                                                  "padding", "batch_size_per_rank")}, **whole_pass(r)}
+                 for name, r in runs.items()},
     }
 
 
@@ -421,59 +469,55 @@ def measure_allreduce(out: Path, scaling: list[dict], physical: list[int], cores
             for row in scaling if row["ranks"] > 1}
 
 
+def planner_figures(timeline: list[dict], allreduce_idle_s: float) -> dict:
+    """What `ftc plan` takes from the top rank count, as two separate terms: the raw collective
+    (the gradient's all-reduce with idle cores) and its exposure in training (how much longer it
+    took there), and the wait for the slowest rank as a share of compute."""
+    def mean(key: str) -> float:
+        return sum(p[key] for p in timeline) / len(timeline)
+    comm, compute, wait = mean("comm_s"), mean("compute_s"), mean("wait_s")
+    return {"allreduce_idle_s": round(allreduce_idle_s, 4), "allreduce_in_training_s": round(comm, 4),
+            "exposure": round(comm / allreduce_idle_s, 3) if allreduce_idle_s else None,
+            "wait_share": round(wait / compute, 4) if compute else None, "compute_s": round(compute, 4)}
+
+
 def gradient_bytes(ftc1: dict) -> float:
     from provision.estimate import gradient_bytes as of_precision
     return of_precision(bf16=ftc1["precision"] == "bf16")
 
 
-def planner_check(scaling: list[dict], allreduce: dict[int, float], ftc1: dict) -> dict:
-    """`ftc plan`'s model against the simulated nodes. Bandwidth and hidden share are fitted at
-    the largest rank count; the smaller ones are predictions, and their error is the model's."""
-    from provision.estimate import bandwidth_from, hidden_share_from, ring_allreduce_seconds, step_seconds
-    if not allreduce:
-        return {}
-    top = max(allreduce)
-    batch, rate1 = ftc1["batch_size_per_rank"], ftc1["steady_samples_per_second"]
-    measured_top = next(row["samples_per_s"] for row in scaling if row["ranks"] == top)
-    gbps = bandwidth_from(allreduce[top], gradient_bytes(ftc1), top)
-    hidden = hidden_share_from(top * batch / measured_top, batch, rate1, allreduce[top])
-    rows = []
-    for row in scaling:
-        k = row["ranks"]
-        modelled = ring_allreduce_seconds(gradient_bytes(ftc1), k, gbps, 0.0)
-        predicted = k * batch / step_seconds(batch, rate1, modelled, hidden)
-        rows.append({"ranks": k, "fitted_here": k in (1, top), "allreduce_measured_s": round(allreduce.get(k, 0.0), 4),
-                     "allreduce_modelled_s": round(modelled, 4), "predicted_samples_per_s": round(predicted, 2),
-                     "measured_samples_per_s": row["samples_per_s"],
-                     "error": round(predicted / row["samples_per_s"] - 1, 3)})
-    return {"fitted_gbps": round(gbps, 2), "allreduce_hidden_share": round(hidden, 3), "rows": rows}
-
-
 def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], mpi: str, with_seed: bool) -> int:
-    """The other side of the speed claim: ftc and the peer (and the seed recipe), same epochs,
-    seed and learning rate, full MRPC, pretrained weights, scored on MRPC dev. They run at
-    once, each on its own share of the cores: one rank each, accuracy does not depend on cores."""
+    """The other side of the speed claim: ftc, ftc without dropout (an option), and the peer (and
+    the seed recipe), same epochs, seed and learning rate, full MRPC, pretrained weights, scored
+    on MRPC dev. They run at once, each on its own share of the cores, at 2 ranks where a share
+    has 2 cores or more, so that ftc's rank balance and after-backward all-reduce take part:
+    accuracy depends on the ranks, not on the cores."""
     from concurrent.futures import ThreadPoolExecutor
-    recipes = ["ftc", "peer"] + (["seed"] if with_seed else [])
-    share = len(physical) // len(recipes)
+    programs = ["ftc", "ftc-dropout-0", "peer"] + (["seed"] if with_seed else [])
+    share = len(physical) // len(programs)
+    ranks = 2 if share >= 2 else 1
     common = ["--model", str(pretrained), "--data-dir", str(data_dir)]
 
     def one(i: int) -> dict:
-        cores, name = physical[i * share:(i + 1) * share], recipes[i]
+        cores, name = physical[i * share:(i + 1) * share], programs[i]
         if name == "peer":
-            return run_peer("accuracy-peer", out, 1, cores, share, [*common, "--eval"])
-        return run_config(f"accuracy-{name}", out, 1, cores, share, mpi,
-                          ["--task", "mrpc", *common, "--recipe", name, "--no-save", "--log-every", "20"])
-    with ThreadPoolExecutor(len(recipes)) as pool:
-        rows = dict(zip(recipes, pool.map(one, range(len(recipes)))))
-    keys = ("precision", "epochs", "batch_size_per_rank", "lr", "padding", "eval_accuracy", "eval_f1",
-            "samples_per_second", "steady_samples_per_second", "epoch_metrics")
+            return run_peer("accuracy-peer", out, ranks, cores, share // ranks, [*common, "--eval"], pinned=True)
+        recipe, extra = ("ftc", ["--dropout", "0"]) if name == "ftc-dropout-0" else (name, [])
+        return run_config(f"accuracy-{name}", out, ranks, cores, share // ranks, mpi,
+                          ["--task", "mrpc", *common, "--recipe", recipe, *extra, "--no-save", "--log-every", "20"])
+    with ThreadPoolExecutor(len(programs)) as pool:
+        rows = dict(zip(programs, pool.map(one, range(len(programs)))))
+    keys = ("precision", "world_size", "epochs", "batch_size_per_rank", "lr", "padding", "dropout", "allreduce",
+            "balance", "eval_accuracy", "eval_f1", "epoch_metrics")
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
-              "cores_each": share, "model": str(pretrained), "data": "GLUE MRPC: full train, scored on dev",
+              "cores_each": share, "ranks_each": ranks, "model": str(pretrained),
+              "data": "GLUE MRPC: full train, scored on dev",
               **{name: {k: r[k] for k in keys if k in r} for name, r in rows.items()}}
-    report["ftc_vs_peer_accuracy_points"] = round(100 * (rows["ftc"]["eval_accuracy"] - rows["peer"]["eval_accuracy"]), 2)
-    report["ftc_vs_peer_f1_points"] = round(100 * (rows["ftc"]["eval_f1"] - rows["peer"]["eval_f1"]), 2)
-    (out / "accuracy.json").write_text(json.dumps(report, indent=2))
+    for name in ("ftc", "ftc-dropout-0"):
+        for metric in ("accuracy", "f1"):
+            report[f"{name}_vs_peer_{metric}_points".replace("-", "_")] = round(
+                100 * (rows[name][f"eval_{metric}"] - rows["peer"][f"eval_{metric}"]), 2)
+    (out / "accuracy.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     print(json.dumps(report, indent=2))
     return 0
 
@@ -525,42 +569,39 @@ def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8), repeats: int =
 
 def markdown(r: dict) -> str:
     lines = [f"Measured {r['date']} on {r['cpu']} ({r['physical_cores']} physical cores), "
-             f"{r['cores_per_rank']} cores per simulated node, mpirun: {r['mpi']}. {r['simulated_nodes']}.", "",
-             "| configuration | ranks | precision | samples/s | tokens/s | vs seed | scaling efficiency |",
-             "|---|---|---|---|---|---|---|",
-             f"| 2021 recipe (seed: fp32, pad to 128) | 1 | fp32 | {r['seed_samples_per_s']:.1f} | "
-             f"{r['runs']['seed-1']['steady_tokens_per_second']:.0f} | 1.00x | |"]
+             f"{r['cores_per_rank']} cores per simulated node, mpirun: {r['mpi']}. {r['simulated_nodes']}. "
+             f"Each run: {r['data']}; each configuration {r['repeats']} times, programs alternating: "
+             "medians, [min, max].", "",
+             f"2021 recipe (seed: fp32, pad to 128), 1 rank: {r['seed_samples_per_s']:.1f} rows/s; ftc at 1 rank: "
+             f"{r['speedup_vs_seed']:.2f}x the seed recipe.", "",
+             "| ranks | ftc rows/s | ftc tokens/s | peer rows/s | peer launch | ftc / peer | ftc efficiency | peer efficiency |",
+             "|---|---|---|---|---|---|---|---|"]
+    def spread(values: list[float]) -> str:
+        return f"[{values[0]:.1f}, {values[1]:.1f}]"
     for row in r["scaling"]:
-        eff = f"{row['efficiency']:.2f}" if row["efficiency"] is not None else ""
-        lines.append(f"| ftc defaults | {row['ranks']} | {r['precision']} | {row['samples_per_s']:.1f} | "
-                     f"{row['tokens_per_s']:.0f} | {row['samples_per_s'] / r['seed_samples_per_s']:.2f}x | {eff} |")
-    for row in r["variants"]:
-        lines.append(f"| ftc, {row['setting']} | {row['ranks']} | {r['precision']} | {row['samples_per_s']:.1f} | | "
-                     f"{row['samples_per_s'] / r['seed_samples_per_s']:.2f}x | {row['efficiency']:.2f} |")
-    if r.get("peer_samples_per_s"):
-        lines += ["", f"Against the peer, {r['peer']}, on the same cores and rows in the same run:", "",
-                  "| ranks | ftc samples/s | peer samples/s | ftc / peer | ftc efficiency | peer efficiency |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {row['ranks']} | {row['samples_per_s']:.1f} | {row['peer_samples_per_s']:.1f} | "
-                  f"{row['speedup_vs_peer']:.2f}x | {row['efficiency'] or 0:.2f} | {row.get('peer_efficiency') or 0:.2f} |"
-                  for row in r["scaling"]]
-    for row in r["scaling"]:
-        if "efficiency_vs_side_by_side" in row:
-            lines += ["", f"At {row['ranks']} ranks against {row['ranks']} independent single ranks running side by "
-                      f"side (same shared memory bandwidth and power, no communication): efficiency "
-                      f"{row['efficiency_vs_side_by_side']:.2f}."]
-    if r.get("planner_check"):
-        check = r["planner_check"]
-        lines += ["", f"`ftc plan`'s model, fitted at the largest rank count ({check['fitted_gbps']:.1f} Gbit/s, "
-                  f"{check['allreduce_hidden_share'] * 100:.0f}% of the all-reduce hidden behind backward):", "",
-                  "| ranks | all-reduce measured | modelled | predicted samples/s | measured | planner error |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {c['ranks']}{' (fitted)' if c['fitted_here'] else ''} | {c['allreduce_measured_s']:.3f} s | "
-                  f"{c['allreduce_modelled_s']:.3f} s | {c['predicted_samples_per_s']:.1f} | "
-                  f"{c['measured_samples_per_s']:.1f} | {c['error'] * 100:+.0f}% |" for c in check["rows"]]
+        peer = (f"{row['peer_rows_per_s']:.1f} {spread(row['peer_rows_per_s_range'])} | {row['peer_launch']} | "
+                f"{row['speedup_vs_peer']:.2f}x" if row.get("peer_rows_per_s") else " | | ")
+        lines.append(f"| {row['ranks']} | {row['ftc_rows_per_s']:.1f} {spread(row['ftc_rows_per_s_range'])} | "
+                     f"{row['ftc_tokens_per_s']:.0f} | {peer} | {row['efficiency'] or 0:.2f} | "
+                     f"{row.get('peer_efficiency') or 0:.2f} |")
+    t = r["timeline"]
+    lines += ["", f"Where each rank's step goes at {t['ranks']} ranks (mean seconds per step, ftc, all-reduce "
+              f"{t['allreduce']}, balance {t['balance']}, the median run):", "",
+              "| rank | compute (fwd+bwd) | waiting for the slowest | all-reduce | optimizer | step |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {p['rank']} | {p['compute_s']:.3f} | {p['wait_s']:.3f} | {p['comm_s']:.3f} | {p['optimizer_s']:.3f} | "
+              f"{p['step_s']:.3f} |" for p in t["per_rank"]]
+    if r["levers"]:
+        lines += ["", f"Levers at {r['levers'][0]['ranks']} ranks, each alone against ftc's defaults, alternating:", "",
+                  "| setting | rows/s | runs | vs defaults |", "|---|---|---|---|"]
+        lines += [f"| {x['setting']} | {x['rows_per_s']:.1f} | {', '.join(f'{v:.1f}' for v in x['runs'])} | "
+                  f"{x['vs_default']:.2f}x |" for x in r["levers"]]
+    if r["allreduce_idle_s"]:
+        lines += ["", "The gradient's all-reduce alone, cores idle: " + ", ".join(
+            f"{s:.3f} s at {k} ranks" for k, s in r["allreduce_idle_s"].items()) + "."]
     lines += ["", f"GEMM peak of {r['cores_per_rank']} cores: {r['gemm_peak_tflops']:.2f} TFLOP/s ({r['precision']}); "
               f"ftc at 1 rank: MFU {r['mfu'] * 100:.0f}% ({r['model_flops_per_token'] / 1e6:.0f} MFLOP per real token, "
-              f"{r['tokens_per_sample']:.0f} real tokens per sample); seed recipe: MFU {r['seed_mfu'] * 100:.0f}% of the "
+              f"{r['tokens_per_sample']:.0f} real tokens per row); seed recipe: MFU {r['seed_mfu'] * 100:.0f}% of the "
               f"fp32 peak ({r['seed_gemm_peak_tflops']:.2f} TFLOP/s), counting real tokens only."]
     return "\n".join(lines) + "\n"
 
@@ -571,17 +612,21 @@ def plot(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     ranks = [row["ranks"] for row in r["scaling"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(ranks, [row["samples_per_s"] for row in r["scaling"]], "o-", label="ftc defaults")
-    left.plot(ranks, [r["seed_samples_per_s"] * k for k in ranks], "k:", label="seed recipe x ranks (ideal)")
-    left.plot(ranks, [r["scaling"][0]["samples_per_s"] * k for k in ranks], "--", color="grey", label="ftc ideal")
-    left.scatter([1], [r["seed_samples_per_s"]], color="red", zorder=3, label="seed recipe, measured")
-    if r.get("peer_samples_per_s"):
-        left.plot(ranks, [row["peer_samples_per_s"] for row in r["scaling"]], "s-", color="tab:orange",
-                  label="Hugging Face Trainer (peer)")
+
+    def with_range(axis, key, style, label, color=None):
+        medians = [row[key] for row in r["scaling"]]
+        spread = [[m - row[key + "_range"][0] for m, row in zip(medians, r["scaling"])],
+                  [row[key + "_range"][1] - m for m, row in zip(medians, r["scaling"])]]
+        axis.errorbar(ranks, medians, yerr=spread, fmt=style, capsize=3, label=label, color=color)
+    with_range(left, "ftc_rows_per_s", "o-", "ftc defaults")
+    left.plot(ranks, [r["scaling"][0]["ftc_rows_per_s"] * k for k in ranks], "--", color="grey", label="ftc ideal")
+    left.scatter([1], [r["seed_samples_per_s"]], color="red", zorder=3, label="seed recipe")
+    if r.get("peer_rows_per_s"):
+        with_range(left, "peer_rows_per_s", "s-", "Hugging Face Trainer (peer, best launch)", "tab:orange")
         right.plot(ranks, [row.get("peer_efficiency") or 0 for row in r["scaling"]], "s-", color="tab:orange",
                    label="Hugging Face Trainer (peer)")
     left.set_xlabel("simulated nodes (ranks)")
-    left.set_ylabel("samples/s")
+    left.set_ylabel("rows/s over a whole pass (median)")
     left.set_xticks(ranks)
     left.legend()
     right.plot(ranks, [row["efficiency"] or 0 for row in r["scaling"]], "o-", label="ftc defaults")

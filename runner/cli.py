@@ -402,13 +402,13 @@ def _bench_figures(path: str) -> dict:
     lacks one or holds a bad one is refused in one line naming the file and the field."""
     try:
         bench = json.loads(Path(path).read_text())
-        raw = {"allreduce_hidden_share": bench["planner_check"]["allreduce_hidden_share"],
+        raw = {"exposure": bench["planner"]["exposure"], "wait_share": bench["planner"]["wait_share"],
                **{key: bench[key] for key in ("ftc_samples_per_s", "cores_per_rank", "precision", "cpu")}}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"BENCH={path!r} is not a full bench.json with a planner check "
+        raise UsageError(f"BENCH={path!r} is not a full bench.json with planner figures "
                          f"({type(exc).__name__}: {exc}); run `ftc bench --out DIR` on a multi-core host") from None
-    parsers = {"allreduce_hidden_share": number(0, 1, lo_included=True), "ftc_samples_per_s": RATE,
-               "cores_per_rank": whole(1, 1024), "precision": one_of(("bf16", "fp32")),
+    parsers = {"exposure": number(0, 100, lo_included=True), "wait_share": number(0, 10, lo_included=True),
+               "ftc_samples_per_s": RATE, "cores_per_rank": whole(1, 1024), "precision": one_of(("bf16", "fp32")),
                "cpu": lambda _key, value: str(value)}  # only shown
     try:
         return {key: parse(key, raw[key]) for key, parse in parsers.items()}
@@ -417,8 +417,9 @@ def _bench_figures(path: str) -> dict:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """The estimator: a measured per-node rate and the bench's fitted all-reduce overlap,
-    the instance's network and price, the task's size (provision/estimate.py)."""
+    """The estimator: a measured per-node rate, the bench's all-reduce exposure and wait for the
+    slowest rank, the instance's network (flow-limited) and price, the task's size
+    (provision/estimate.py)."""
     from rich.table import Table
 
     from provision import estimate
@@ -435,7 +436,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     bench = _bench_figures(args.bench)
-    hidden = bench["allreduce_hidden_share"]
     if args.samples_per_s:
         rate, source = RATE("samples_per_s", args.samples_per_s), "given"
     else:
@@ -444,9 +444,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"to {kind.physical_cores} cores")
         if bench["precision"] == "bf16" and not kind.native_bf16:
             source += f"; {kind.cpu} has no native bf16, so it will be slower: measure one node"
+    gbps = estimate.flow_limited_gbps(kind.network_gbps)
     rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32,
-                         estimate.gradient_bytes(bf16=kind.native_bf16), kind.network_gbps,
-                         hidden, kind.usd_per_hour, setup_s)
+                         estimate.gradient_bytes(bf16=kind.native_bf16), gbps, bench["exposure"],
+                         bench["wait_share"], kind.usd_per_hour, setup_s)
     table = Table(title=f"{task} x {epochs} epochs, distilbert-base-uncased, {kind_name} "
                         f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
     for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
@@ -456,8 +457,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       f"{row.allreduce_s * 1000:.0f} ms", duration(row.train_s), duration(row.wall_s),
                       f"${row.usd:.2f}")
     answer.print(table)
-    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); {hidden * 100:.0f}% of each all-reduce hidden "
-                  f"behind backward (fitted by the bench); its error on simulated nodes: see docs/bench.md. "
+    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce after backward at {gbps:g} Gbit/s "
+                  f"(one TCP flow: at most {estimate.EC2_FLOW_GBPS:g} Gbit/s in a placement group), "
+                  f"{bench['exposure']:.2f}x its idle time as measured in training, and a wait for the slowest "
+                  f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
                   f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.")
     return 0
 

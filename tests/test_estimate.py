@@ -15,21 +15,23 @@ def test_ring_allreduce_by_hand():
     assert estimate.ring_allreduce_seconds(1e9, 4, 8.0, 50e-6) == pytest.approx(1.5 + 6 * 50e-6)
     assert estimate.ring_allreduce_seconds(1e9, 2, 8.0, 0.0) == pytest.approx(1.0)
     assert estimate.ring_allreduce_seconds(1e9, 1, 8.0) == 0.0
-    assert estimate.bandwidth_from(1.5, 1e9, 4) == pytest.approx(8.0)
 
 
-def test_step_hides_part_of_the_allreduce_never_more_than_backward():
-    # compute 1 s (32 samples at 32/s); all-reduce 0.5 s of which a quarter hides -> 1.375 s
-    assert estimate.step_seconds(32, 32.0, 0.5, 0.25) == pytest.approx(1.375)
-    # all of 0.9 s would hide, but backward is only 2/3 s long
-    assert estimate.step_seconds(32, 32.0, 0.9, 1.0) == pytest.approx(1 + 0.9 - 2 / 3)
-    assert estimate.hidden_share_from(1.375, 32, 32.0, 0.5) == pytest.approx(0.25)
+def test_one_flow_caps_the_ring_at_ten_gbit_inside_a_placement_group():
+    assert estimate.flow_limited_gbps(25.0) == 10.0  # c6i/c7i.16xlarge
+    assert estimate.flow_limited_gbps(12.5, flows=2) == 12.5
+    assert estimate.flow_limited_gbps(8.0) == 8.0
+
+
+def test_step_adds_the_wait_and_the_exposed_allreduce_to_compute():
+    # compute 1 s (32 samples at 32/s), 10% waiting for the slowest, a 0.5 s all-reduce exposed 1.2x
+    assert estimate.step_seconds(32, 32.0, 0.5, 1.2, 0.1) == pytest.approx(1.1 + 0.6)
 
 
 def test_plan_rows_by_hand():
     # 2 nodes at 32 samples/s, batch 32: compute 1 s; all-reduce 1e9 B over 8 Gbit/s = 1 s, none hidden
     rows = estimate.plan([1, 2], train_samples=640, epochs=1, node_samples_per_s=32.0, batch_per_node=32,
-                         grad_bytes=1e9, gbps=8.0, hidden_share=0.0, usd_per_node_hour=3.6, setup_s=100,
+                         grad_bytes=1e9, gbps=8.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=3.6, setup_s=100,
                          latency_s=0.0)
     one, two = rows
     assert one.samples_per_s == pytest.approx(32) and one.train_s == pytest.approx(20) and one.efficiency == 1
@@ -53,7 +55,7 @@ def test_mrpc_train_size_is_the_file_s(glue_dir):
 
 def test_plan_command_prints_each_cluster_size(ftc_home, tmp_path):
     report = {"ftc_samples_per_s": 30.0, "cores_per_rank": 4, "cpu": "test cpu", "precision": "bf16",
-              "planner_check": {"allreduce_hidden_share": 0.25}}
+              "planner": {"exposure": 1.5, "wait_share": 0.05}}
     path = Path(tmp_path / "bench.json")
     path.write_text(json.dumps(report))
     proc = ftc("plan", "--task", "qqp", "--nodes", "1,2,4", "--instance-type", "c7i.16xlarge", "--bench", str(path))

@@ -226,7 +226,7 @@ def bench_with(tmp_path: Path, change) -> Path:
 
 @pytest.mark.parametrize("change, named", [
     (lambda b: b.pop("ftc_samples_per_s"), "(KeyError: 'ftc_samples_per_s')"),
-    (lambda b: b["planner_check"].update(allreduce_hidden_share="most"), "ALLREDUCE_HIDDEN_SHARE='most' is not a number"),
+    (lambda b: b["planner"].update(exposure="most"), "EXPOSURE='most' is not a number"),
     (lambda b: b.update(cores_per_rank=0), "CORES_PER_RANK=0 is out of range"),
     (lambda b: b.update(ftc_samples_per_s=-120), "FTC_SAMPLES_PER_S=-120 is out of range"),
     (lambda b: b.update(precision=["bf16"]), "PRECISION=['bf16'] is not known"),

@@ -115,7 +115,7 @@ EVERY_COMMAND = [
     (["up", "--bootstrap", "sometimes"], "BOOTSTRAP='sometimes'"),
     (["up", "--yes", "sure"], "YES='sure'"),
     (["bench", "--ranks", "1,x"], "'x' is not a whole number"),
-    (["bench", "--steps", "0"], "STEPS='0' is out of range; allowed: 1.."),
+    (["bench", "--repeats", "0"], "REPEATS='0' is out of range; allowed: 1.."),
     (["plan", "--task", "squad"], "TASK='squad'"),
     (["plan", "--nodes", "1,65"], "NODES='65'"),
     (["plan", "--instance-type", "p5.48xlarge"], "INSTANCE_TYPE='p5.48xlarge'"),

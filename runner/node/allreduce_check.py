@@ -16,10 +16,13 @@ import sys
 import time
 from datetime import timedelta
 
-import torch
-import torch.distributed as dist
+from .distenv import check_world_size, pin_self, read_env, threads_started_on
 
-from .distenv import check_world_size, read_env
+# As the training program places itself, before torch binds the main thread (see train.py)
+CORES = pin_self(read_env()) if os.environ.get("FTC_SELF_PIN") == "1" else sorted(os.sched_getaffinity(0))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def main() -> int:
@@ -27,8 +30,9 @@ def main() -> int:
     parser.add_argument("--time-mb", type=float, default=0.0)
     args = parser.parse_args()
     env = read_env()
-    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-                            rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=60))
+    with threads_started_on(CORES):  # gloo's threads as the training program starts them
+        dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=60))
     check_world_size(dist.get_world_size(), env.expected_world_size, "the process group")
     a = torch.full((2,), float(env.rank + 1))
     b = torch.arange(3, dtype=torch.float32) * (env.rank + 1)

@@ -6,6 +6,7 @@ launched: a rank whose launcher variables are missing would otherwise believe it
 is alone (world size 1) and train by itself without any error.
 """
 
+import contextlib
 import os
 import random
 import socket
@@ -71,6 +72,22 @@ def pin_self(env: DistEnv) -> list[int]:
     share = cores[env.local_rank * per_rank:(env.local_rank + 1) * per_rank] or cores[-per_rank:]
     os.sched_setaffinity(0, share)
     return share
+
+
+@contextlib.contextmanager
+def threads_started_on(cores: list[int]):
+    """Threads started inside (gloo's, by init_process_group) may run on any of `cores`.
+
+    With OMP_PROC_BIND set (ftc's launch script sets it), `import torch` binds the main thread to
+    one core, and every thread it starts later inherits that one core: gloo's I/O and worker
+    threads would all share it with compute thread 0. The main thread's own binding is restored
+    on the way out."""
+    bound = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, bound)
 
 
 def listen_port(host: str = "") -> int:

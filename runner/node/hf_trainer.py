@@ -10,7 +10,12 @@ and schedule (linear, 6% warm-up) as ftc. Several ranks through torchrun:
 
 It writes OUT/results.json with the same rate keys as ftc's training program, timed over the
 same steps: the first `--warmup-steps-untimed` left out, then wall time from one step's end to
-the next (data loading included, as in ftc's steps).
+the next (data loading included, as in ftc's steps); and each whole pass over the rows, timed
+wall to wall (`epoch_metrics`: pass_seconds, pass_rows, pass_tokens), as ftc times its own.
+
+FTC_PEER_PIN=1 pins each rank to its own equal share of the cores it was started on, before
+torch starts its threads (what `python -m torch.backends.xeon.run_cpu` does per instance);
+without it every rank's threads may run on any of those cores.
 """
 
 import argparse
@@ -20,10 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from . import glue
+from .distenv import pin_self, read_env
 from .facts import cpu_info, native_bf16
+
+if os.environ.get("FTC_PEER_PIN") == "1":  # before torch loads: its threads inherit the cores
+    pin_self(read_env())
+
+import torch  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,20 +82,28 @@ class CountingCollator:
 
 
 def step_timer(warmup: int):
-    """A TrainerCallback that notes the wall-clock time at the end of every step."""
+    """A TrainerCallback that notes the wall-clock time at the end of every step, and when each
+    epoch (a whole pass over the rows) begins and ends."""
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.ends: list[float] = []
+            self.passes: list[list[float]] = []  # [start, end] of each epoch
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.passes.append([time.perf_counter()])
 
         def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.perf_counter())
 
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.passes[-1].append(time.perf_counter())
+
         def steady(self) -> tuple[int, float]:
             """Steps after the warm-up, and their seconds."""
             timed = self.ends[warmup - 1:] if warmup else self.ends
-            return len(timed) - 1, timed[-1] - timed[0]
+            return (len(timed) - 1, timed[-1] - timed[0]) if len(timed) > 1 else (0, 0.0)
     return StepTimer()
 
 
@@ -130,7 +147,7 @@ def main(argv=None) -> int:
     trainer.train()
     metrics = evaluate(trainer, tokenizer, args) if args.eval else {}
     if rank == 0:
-        results = results_of(args, timer, collator, world, precision, native, metrics)
+        results = results_of(args, timer, collator, world, precision, native, metrics, train)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2))
         print("PEER " + json.dumps({k: v for k, v in results.items() if k != "versions"}), flush=True)
@@ -152,19 +169,23 @@ def evaluate(trainer, tokenizer, args) -> dict[str, float]:
                                 out.label_ids.astype(float).tolist())
 
 
-def results_of(args, timer, collator, world: int, precision: str, native: bool, metrics: dict) -> dict:
+def results_of(args, timer, collator, world: int, precision: str, native: bool, metrics: dict, train: Rows) -> dict:
     from importlib import metadata
     steps, seconds = timer.steady()
     first = max(0, args.warmup_steps_untimed)
     tokens = sum(collator.tokens[first:first + steps]) * world  # this rank's share, as ftc counts it
     samples = steps * args.batch_size * world
+    rows, real_tokens = len(train), sum(len(ids) for ids in train.encoded["input_ids"])
+    passes = [{"epoch": i + 1, "pass_seconds": round(end - begin, 3), "pass_rows": rows, "pass_tokens": real_tokens}
+              for i, (begin, end) in enumerate(p for p in timer.passes if len(p) == 2)]
     return {"trainer": "transformers.Trainer", "task": args.task, "model": args.model, "precision": precision,
             "native_bf16": native, "world_size": world, "threads_per_rank": torch.get_num_threads(),
             "batch_size_per_rank": args.batch_size, "lr": args.lr, "epochs": args.epochs, "sampling": "group_by_length",
             "padding": "longest, multiple of 8", "steps": len(timer.ends), "steady_steps": steps,
             "steady_samples_per_second": round(samples / seconds, 3) if seconds else 0.0,
             "steady_tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
-            **metrics,
+            "train_samples": rows, "train_tokens": real_tokens, "epoch_metrics": passes,
+            "pinned": os.environ.get("FTC_PEER_PIN") == "1", **metrics,
             "versions": {name: metadata.version(name) for name in ("torch", "transformers", "accelerate")}}
 
 

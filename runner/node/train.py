@@ -24,13 +24,13 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from importlib import metadata
 from pathlib import Path
 
 from . import glue, spot
-from .distenv import check_world_size, pin_self, read_env
+from .distenv import check_world_size, pin_self, read_env, threads_started_on
 from .facts import cpu_info, native_bf16
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -45,20 +45,38 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from .ddp import UsedRowsSync, bf16_allreduce_hook, collate, make_batches  # noqa: E402
+from .ddp import (  # noqa: E402
+    GradSync,
+    RankBalance,
+    UsedRowsSync,
+    bf16_allreduce_hook,
+    broadcast_weights,
+    collate,
+    deal,
+    even_counts,
+    global_batches,
+)
 
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
-                grad_compress="auto", embedding_sync="rows", compile="auto"),
+                grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="after-backward",
+                balance="speed", gloo_threads="rank-cores"),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
-                 grad_compress="none", embedding_sync="dense", compile="off"),
+                 grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
+                 gloo_threads="inherit"),
 }
 # --compile auto compiles from this many planned steps on. Issue 13 measured, on 4 AMX cores,
 # 116 s to compile distilbert's training step and steps 21% faster (~17% shorter) after it: that
 # pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
 # 1 rank: 345 steps, no; QQP: thousands, yes).
 COMPILE_MIN_STEPS = 1600
+
+# The dropout probabilities of the architectures ftc is tested with (BERT/MiniLM, DistilBERT):
+# --dropout sets every one. At 0, attention runs PyTorch's fused SDPA kernel; with attention
+# dropout it falls back to the unfused path.
+DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
+                "attention_dropout", "seq_classif_dropout")
 
 # Where an epoch stands: batches done, their summed loss and count. At an epoch's start, none.
 EPOCH_START = {"batch": 0, "loss": 0.0, "steps": 0}
@@ -83,9 +101,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-train-samples", type=int, default=0)
     p.add_argument("--max-eval-samples", type=int, default=0)
     p.add_argument("--grad-compress", choices=("auto", "none", "bf16"), default=None)
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient all-reduce bucket size")
+    p.add_argument("--allreduce", choices=("after-backward", "overlap"), default=None,
+                   help="average the gradient after backward, cores idle (ftc), or overlapped with it in DDP's buckets")
+    p.add_argument("--gloo-threads", choices=("rank-cores", "inherit"), default=None,
+                   help="gloo's threads may run on any of the rank's cores (ftc), or inherit the main thread's one core")
+    p.add_argument("--balance", choices=("speed", "even"), default=None,
+                   help="split each global batch among ranks by their measured speed (ftc), or evenly")
     p.add_argument("--embedding-sync", choices=("rows", "dense"), default=None,
                    help="all-reduce only the word-embedding rows some rank's batch used (ftc), or all of them")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="every dropout probability of the model (default: its config's); 0 lets attention use fused SDPA")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resume", action="store_true", help="continue from <output-dir>/checkpoints/last.pt")
     p.add_argument("--spot-watch", default="", metavar="URL",
@@ -121,6 +147,23 @@ class Setup:
     grad_compress: str  # what the gradient all-reduce sends: bf16 | none (fp32)
 
 
+# Where a rank's step goes: collate, forward and backward (with DDP's overlapped all-reduce in
+# --allreduce overlap); waiting for the slowest rank to finish its backward; the gradient
+# all-reduce; the optimizer and schedule; and the whole step.
+PHASES = ("compute_s", "wait_s", "comm_s", "optimizer_s", "step_s")
+
+
+@dataclass
+class Sync:
+    """How this rank's gradient becomes the average of every rank's: what forward runs on (the
+    model, or DDP around it), and which of ftc's parts take part (None: not used)."""
+    module: torch.nn.Module  # what forward and backward run on
+    grads: GradSync | None  # after-backward all-reduce of everything but the word embeddings
+    rows: UsedRowsSync | None  # the word embeddings' used rows
+    balance: RankBalance | None  # the split of each global batch among ranks, and the wait for the slowest
+    overlapped: bool  # DDP all-reduces during backward
+
+
 @dataclass
 class StepStats:
     """The steps this process ran: what the log and results.json report of speed and loss."""
@@ -136,6 +179,17 @@ class StepStats:
     last_loss: float | None = None
     epoch_loss: float = 0.0  # summed over the epoch's steps, also those before a mid-epoch stop
     epoch_steps: int = 0
+    phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # this rank's steady seconds in each
+
+    def record_phases(self, seconds: dict[str, float]) -> None:
+        if self.steps_run > self.warmup_steps:
+            for key in PHASES:
+                self.phases[key] += seconds[key]
+
+    def timeline(self) -> dict[str, float]:
+        """This rank's mean seconds per steady step in each phase."""
+        steady = max(1, self.steps_run - self.warmup_steps)
+        return {key: round(value / steady, 4) for key, value in self.phases.items()}
 
     def record(self, seconds: float, samples: int, tokens: int, loss: float) -> None:
         self.steps_run += 1
@@ -180,8 +234,8 @@ def main(argv=None) -> int:
 
     # ---- data -----------------------------------------------------------------------------------
     tokenizer, train, dev = load_data(args, env)
-    steps_per_epoch = len(make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank,
-                                       env.world_size, args.group_by_length, args.seed))
+    steps_per_epoch = len(global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
+                                         args.group_by_length, args.seed))
     total_steps = args.max_steps or steps_per_epoch * args.epochs
 
     # ---- model and optimizer --------------------------------------------------------------------
@@ -193,7 +247,7 @@ def main(argv=None) -> int:
         start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
 
     # ---- DDP ------------------------------------------------------------------------------------
-    ddp, rows_sync = wrap_ddp(model, args, env, setup.grad_compress)
+    sync = make_sync(model, args, env, setup.grad_compress)
     watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -201,22 +255,31 @@ def main(argv=None) -> int:
     label_dtype = torch.float32 if glue.TASKS[args.task].labels is None else torch.long
     pad_id = tokenizer.pad_token_id or 0
     for epoch in range(start_epoch, args.epochs):
-        batches = make_batches(len(train["labels"]), train["lengths"], args.batch_size, env.rank, env.world_size,
-                               args.group_by_length, args.seed + epoch)
+        batches = global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
+                                 args.group_by_length, args.seed + epoch)
         skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
         stats.start_epoch(position if skip else EPOCH_START)
-        epoch_start = time.perf_counter()
-        ddp.train()
-        for i, indices in enumerate(batches[skip:], start=skip):
+        epoch_start, epoch_rows, epoch_tokens = time.perf_counter(), 0, 0
+        sync.module.train()
+        for i, global_batch in enumerate(batches[skip:], start=skip):
             if step + 1 == args.hold_at_step:
                 hold(out_dir, step + 1, env)
             t0 = time.perf_counter()
+            counts = (sync.balance.counts(len(global_batch)) if sync.balance
+                      else even_counts(len(global_batch), env.world_size))
+            indices = deal(global_batch, counts)[env.rank]
             batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
             labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
-            loss = train_step(ddp, model, rows_sync, optimizer, scheduler, batch, labels, args, setup.precision)
+            # Each rank's mean loss, weighted by its share of the global batch: the averaged
+            # gradient is then the global batch's mean, however the rows were split.
+            share = len(indices) * env.world_size / len(global_batch)
+            loss, phases = train_step(sync, optimizer, scheduler, batch, labels, share, setup.precision,
+                                      time.perf_counter() - t0)
             step += 1
-            stats.record(time.perf_counter() - t0, len(indices) * env.world_size,
-                         int(batch["attention_mask"].sum()) * env.world_size, loss)
+            tokens = sum(train["lengths"][j] for j in global_batch)
+            epoch_rows, epoch_tokens = epoch_rows + len(global_batch), epoch_tokens + tokens
+            stats.record(phases["step_s"], len(global_batch), tokens, loss)
+            stats.record_phases(phases)
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
                 log_progress(log, stats, epoch, step, total_steps, args, env)
             if args.spot_watch and interruption_seen(watcher, env.world_size):
@@ -224,10 +287,12 @@ def main(argv=None) -> int:
                                      epoch, step, i + 1, stats.position(i + 1))
             if args.max_steps and step >= args.max_steps:
                 break
-        log.info(f"epoch {epoch + 1} trained in {time.perf_counter() - epoch_start:.1f}s")
+        epoch_seconds = time.perf_counter() - epoch_start
+        log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
         metrics = {} if args.no_eval else evaluate(model, dev, args, env, pad_id, setup.precision)
         history.append({"epoch": epoch + 1, "train_loss": round(stats.epoch_loss / max(1, stats.epoch_steps), 6),
-                        **metrics})
+                        "pass_seconds": round(epoch_seconds, 3), "pass_rows": epoch_rows,
+                        "pass_tokens": epoch_tokens, **metrics})
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if not args.no_save:
@@ -236,8 +301,12 @@ def main(argv=None) -> int:
             break
 
     # ---- results ----------------------------------------------------------------------------------
+    timeline = [stats.timeline()]
+    if env.world_size > 1:
+        timeline = [None] * env.world_size
+        dist.all_gather_object(timeline, stats.timeline())
     if env.master:
-        results = results_of(args, env, setup, stats, history, step, start_epoch, position, len(train["labels"]),
+        results = results_of(args, env, setup, stats, history, step, start_epoch, position, train, timeline,
                              compile_note, started_at)
         write_results(results, model, tokenizer, out_dir, args.no_save, log)
     if env.world_size > 1:
@@ -264,8 +333,12 @@ def start(args, env, log) -> Setup:
                                  "use the intel stack or --backend gloo") from exc
             backend = "gloo"
     if env.world_size > 1:
-        dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-                                rank=env.rank, world_size=env.world_size, timeout=timedelta(minutes=10))
+        # gloo's threads on all of this rank's cores, or (--gloo-threads inherit) on the one core
+        # the main thread is bound to
+        gloo_cores = CORES if args.gloo_threads == "rank-cores" else sorted(os.sched_getaffinity(0))
+        with threads_started_on(gloo_cores):
+            dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                                    rank=env.rank, world_size=env.world_size, timeout=timedelta(minutes=10))
         check_world_size(dist.get_world_size(), env.world_size, "the process group")
     check_world_size(env.world_size, env.expected_world_size, "the launcher")
 
@@ -324,12 +397,15 @@ def build_model(args, precision: str, total_steps: int) -> tuple:
     5 would otherwise load a bf16 checkpoint as bf16 parameters."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
     num_labels = glue.TASKS[args.task].num_labels
+    config = AutoConfig.from_pretrained(args.model, num_labels=num_labels)
+    if args.dropout is not None:
+        for key in DROPOUT_KEYS:
+            if hasattr(config, key):
+                setattr(config, key, args.dropout)
     if args.random_init:
-        config = AutoConfig.from_pretrained(args.model, num_labels=num_labels)
         model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=num_labels,
-                                                                   dtype=torch.float32)
+        model = AutoModelForSequenceClassification.from_pretrained(args.model, config=config, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=args.recipe == "ftc")
     scheduler = get_linear_schedule_with_warmup(optimizer, int(0.06 * total_steps), total_steps)
     if args.ipex:
@@ -362,45 +438,64 @@ def maybe_compile(model, mode: str, total_steps: int, out_dir: Path, log) -> str
 
 # ---- DDP --------------------------------------------------------------------------------------------
 
-def wrap_ddp(model, args, env, grad_compress: str) -> tuple:
-    """The model in DDP (several ranks), and the word embeddings' row-wise sync when ftc takes
-    them out of DDP's buckets."""
+def make_sync(model, args, env, grad_compress: str) -> Sync:
+    """How the ranks average their gradients. After backward (ftc): ftc's own buckets and rank
+    balance. Overlapped (the seed recipe, and PyTorch's default): DDP. Either way the word
+    embeddings' gradient can go as only the rows some rank used."""
     if env.world_size == 1:
-        return model, None
-    rows_sync = None
-    if args.embedding_sync == "rows":
+        return Sync(model, None, None, None, False)
+    embedding = model.get_input_embeddings().weight
+    rows = UsedRowsSync(embedding, grad_compress == "bf16") if args.embedding_sync == "rows" else None
+    balance = None if args.no_grad_sync else RankBalance(env.world_size, adapt=args.balance == "speed")
+    if args.allreduce == "after-backward":
+        broadcast_weights(model)  # every rank starts from rank 0's weights
+        params = [p for p in model.parameters() if p.requires_grad and not (rows and p is embedding)]
+        return Sync(model, GradSync(params, grad_compress == "bf16", args.bucket_mb), rows, balance, False)
+    if rows:
         # The word embeddings hold a third of distilbert's weights, but a global batch uses
         # about one row in six: their gradient is zero elsewhere. DDP would all-reduce all of
         # it as the last bucket; ftc moves only the used rows.
-        embedding = model.get_input_embeddings().weight
         DDP._set_params_and_buffers_to_ignore_for_model(
             model, [next(n for n, p in model.named_parameters() if p is embedding)])
         dist.broadcast(embedding.data, 0)  # DDP broadcasts every other weight
-        rows_sync = UsedRowsSync(embedding, grad_compress == "bf16")
     # DDP broadcasts rank 0's weights at construction: every rank starts identical.
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
     if grad_compress == "bf16":
         ddp.register_comm_hook(None, bf16_allreduce_hook)
-    return ddp, rows_sync
+    return Sync(ddp, None, rows, balance, True)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
-def train_step(ddp, model, rows_sync, optimizer, scheduler, batch: dict, labels, args, precision: str) -> float:
-    """Forward, backward (DDP averages the gradient meanwhile), optimizer step; the loss."""
-    syncing = ddp is not model and not args.no_grad_sync
-    if rows_sync is not None and syncing:
-        rows_sync.agree(batch["input_ids"])  # runs beside forward
-    with contextlib.nullcontext() if syncing or ddp is model else ddp.no_sync():
+def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: float, precision: str,
+               collate_s: float) -> tuple[float, dict[str, float]]:
+    """Forward and backward; wait for every rank; average the gradient; optimizer step. Returns
+    the loss and the seconds of each phase (PHASES)."""
+    syncing = sync.balance is not None  # none in one process, or with --no-grad-sync (profiling)
+    t0 = time.perf_counter()
+    if sync.rows and syncing:
+        sync.rows.agree(batch["input_ids"])  # its small all-reduce runs beside forward
+    no_sync = sync.overlapped and not syncing
+    with sync.module.no_sync() if no_sync else contextlib.nullcontext():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = ddp(**batch, labels=labels).loss
-        loss.backward()
-    if rows_sync is not None and syncing:
-        rows_sync.finish()
+            loss = sync.module(**batch, labels=labels).loss
+        (loss * share if share != 1 else loss).backward()
+    t1 = time.perf_counter()
+    waited = sync.balance.exchange(len(labels), collate_s + t1 - t0) if syncing else 0.0
+    t2 = time.perf_counter()
+    if syncing:
+        if sync.grads:
+            sync.grads.average()
+        if sync.rows:
+            sync.rows.finish()
+    t3 = time.perf_counter()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.item()
+    value = loss.item()
+    t4 = time.perf_counter()
+    return value, {"compute_s": collate_s + t1 - t0, "wait_s": waited, "comm_s": t3 - t2, "optimizer_s": t4 - t3,
+                   "step_s": collate_s + t4 - t0}
 
 
 def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env) -> None:
@@ -529,26 +624,31 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
 # ---- results ----------------------------------------------------------------------------------------
 
 def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: int, start_epoch: int,
-               position: dict, train_samples: int, compile_note: str, started_at: datetime) -> dict:
+               position: dict, train: dict, timeline: list[dict], compile_note: str, started_at: datetime) -> dict:
     results = {
         "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
         "backend": setup.backend, "precision": setup.precision, "native_bf16": setup.native_bf16,
         "grad_compress": setup.grad_compress, "grad_sync": not args.no_grad_sync,
         "embedding_sync": args.embedding_sync if env.world_size > 1 else "none", "compile": compile_note,
+        "allreduce": args.allreduce if env.world_size > 1 else "none",
+        "balance": args.balance if env.world_size > 1 else "none",
+        "gloo_threads": args.gloo_threads if env.world_size > 1 else "none",
         "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
         "threads_per_rank": setup.threads, "world_size": env.world_size, "epochs": args.epochs,
         "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,
-        "padding": args.pad_to, "train_samples": train_samples, "train_samples_seen": stats.samples,
+        "padding": args.pad_to, "dropout": args.dropout, "train_samples": len(train["labels"]),
+        "train_tokens": sum(train["lengths"]), "train_samples_seen": stats.samples,
         "train_tokens_seen": stats.tokens, "train_seconds": round(stats.seconds, 3), **stats.rates(),
         "first_loss": stats.first_loss, "final_loss": stats.last_loss, "steps": step,
         "resumed_from_epoch": start_epoch if args.resume else None,
         "resumed_from_batch": position["batch"] if args.resume else None,
         "epoch_metrics": history, **(history[-1] if history else {}),
+        "timeline": [{"rank": r, **phases} for r, phases in enumerate(timeline)],
         "versions": versions(), "started_at": started_at.isoformat(),
         "finished_at": datetime.now(timezone.utc).isoformat(),
     }
-    results.pop("epoch", None)
-    results.pop("train_loss", None)
+    for per_epoch in ("epoch", "train_loss", "pass_seconds", "pass_rows", "pass_tokens"):
+        results.pop(per_epoch, None)
     return results
 
 
