@@ -33,13 +33,15 @@ JOB_FLAGS = {
     "max_train_samples": "use the first N training rows (0: all)",
     "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
+    "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
+               "PyTorch's fused kernel (faster: README, Performance)",
     "ppn": "ranks per node (default: one per socket)",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }
 PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
-           "precision": one_of(("auto", "bf16", "fp32"))}
+           "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False)}
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
 
@@ -54,6 +56,7 @@ class JobSpec:
     max_train_samples: int = 0
     recipe: str = "ftc"
     precision: str = "auto"
+    dropout: float | None = None  # None: the model's own
     ppn: int = 0  # 0: one per socket
     results: str = ""
     checkpoint_s3: str = ""
@@ -189,6 +192,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
             "--stack", stack]
     if job.precision != "auto":
         args += ["--precision", job.precision]
+    if job.dropout is not None:
+        args += ["--dropout", str(job.dropout)]
     for flag, value in (("--data-dir", job.data_dir), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
                         ("--lr", job.lr), ("--max-train-samples", job.max_train_samples)):
         if value:
