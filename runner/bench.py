@@ -379,7 +379,7 @@ def measure_scaling(bench: Bench, rank_counts: list[int], with_peer: bool) -> li
 # What `--levers` sets against ftc's defaults at the top rank count, each alone.
 LEVERS = {
     "overlap": ("gradient all-reduce overlapped with backward in DDP's buckets", ["--allreduce", "overlap"]),
-    "even": ("every global batch split evenly, not by measured speed", ["--balance", "even"]),
+    "balance-speed": ("every global batch split by the ranks' measured speed", ["--balance", "speed"]),
     "dense-embedding": ("every word-embedding row all-reduced", ["--embedding-sync", "dense"]),
     "fp32-wire": ("gradient all-reduced in fp32", ["--grad-compress", "none"]),
     "gloo-inherit": ("gloo's threads on the main thread's one core (what OMP_PROC_BIND leaves them)",

@@ -41,7 +41,7 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     runs = report["runs"]
     assert runs["seed-1"]["padding"] == "max_length" and runs["ftc-1-r0"]["padding"] == "longest"
     assert runs["ftc-2-r0"]["world_size"] == 2 and report["backend"] == "gloo"
-    assert runs["ftc-2-r0"]["allreduce"] == "after-backward" and runs["ftc-2-r0"]["balance"] == "speed"
+    assert runs["ftc-2-r0"]["allreduce"] == "after-backward" and runs["ftc-2-r0"]["balance"] == "even"
     peer = runs["peer-2-unpinned-r1"]
     assert peer["trainer"] == "transformers.Trainer" and peer["world_size"] == 2 and peer["pinned"] is False
     assert runs["peer-2-pinned-r0"]["pinned"] is True
@@ -57,7 +57,7 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     ("--ranks", "1,0", "RANKS='0' is out of range; allowed: 1..256"),
     ("--repeats", "many", "REPEATS='many' is not a whole number; allowed: 1..100"),
     ("--rows", "8", "ROWS='8' is out of range; allowed: 32..1000000"),
-    ("--levers", "turbo", "LEVERS='turbo' is not a lever; allowed: overlap, even, dense-embedding, fp32-wire, "
+    ("--levers", "turbo", "LEVERS='turbo' is not a lever; allowed: overlap, balance-speed, dense-embedding, fp32-wire, "
                           "gloo-inherit, dropout-0, no-grad-sync"),
     ("--cores-per-rank", "0", "CORES_PER_RANK='0' is out of range; allowed: 1..1024"),
 ])

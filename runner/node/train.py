@@ -61,7 +61,7 @@ from .ddp import (  # noqa: E402
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
                 grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="after-backward",
-                balance="speed", gloo_threads="rank-cores"),
+                balance="even", gloo_threads="rank-cores"),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
                  grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
                  gloo_threads="inherit"),
@@ -106,8 +106,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="average the gradient after backward, cores idle (ftc), or overlapped with it in DDP's buckets")
     p.add_argument("--gloo-threads", choices=("rank-cores", "inherit"), default=None,
                    help="gloo's threads may run on any of the rank's cores (ftc), or inherit the main thread's one core")
-    p.add_argument("--balance", choices=("speed", "even"), default=None,
-                   help="split each global batch among ranks by their measured speed (ftc), or evenly")
+    # Even by default: a split that follows measured speed depends on timing, so a run (and its
+    # resume) would no longer repeat exactly; the bench measured no gain from it on equal nodes.
+    p.add_argument("--balance", choices=("even", "speed"), default=None,
+                   help="split each global batch among ranks evenly (default), or by their measured speed "
+                        "(nodes of unequal speed)")
     p.add_argument("--embedding-sync", choices=("rows", "dense"), default=None,
                    help="all-reduce only the word-embedding rows some rank's batch used (ftc), or all of them")
     p.add_argument("--dropout", type=float, default=None,
