@@ -5,7 +5,6 @@ PYTHON ?= python3
 VENV ?= .venv
 FTC := $(VENV)/bin/ftc
 STAMP := $(VENV)/.installed
-SHARED_GLUE := $(abspath ../shared/data/glue)
 
 # Variables given on the command line are data, whatever they hold: Make would expand a
 # `$(shell ...)` inside one, so each is frozen to its literal text first.

@@ -11,6 +11,7 @@ first contact, or by the local provider that generated it) and refuses any other
 import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -157,6 +158,20 @@ def verification_script(state: st.ClusterState, facts: list[NodeFacts]) -> str:
                                         "runner.node.allreduce_check", [], ppn=1))
 
 
+def hostname_script(state: st.ClusterState, facts: list[NodeFacts]) -> str:
+    """mpirun runs `hostname` once per node, launched like any job: the node's own mpirun flavour
+    (Intel MPI, MPICH or Open MPI) with the flags the launch builder gives it."""
+    wd = state.head.workdir
+    return render_launch(cluster_launch(state, facts, "bootstrap verification: mpirun hostname", f"{wd}/jobs/verify",
+                                        "", [], ppn=1, program=["hostname"]))
+
+
+def hostname_lines(output: str) -> list[str]:
+    """The hostnames in mpirun's output, without the rank tag each flavour puts before a line
+    (`[0] ` from Intel MPI and MPICH, `[1,0]<stdout>:` from Open MPI)."""
+    return [re.sub(r"^\[[0-9,]+\](<stdout>:)?\s*", "", line).strip() for line in output.splitlines() if line.strip()]
+
+
 def allreduce_result(output: str, nodes: int) -> dict:
     """The verification's result line, checked: every rank saw the right sums."""
     line = next((ln for ln in output.splitlines() if "ALLREDUCE " in ln), "")
@@ -184,8 +199,8 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
             progress("ok", "already done")
             return json.loads(previous)
         progress("mpirun", f"hostname on {n} node(s)")
-        hostnames = run(conn, head, "verify mpirun",
-                        f"{in_wd}. ./env.sh && mpirun -f hostfile -n {n} -ppn 1 hostname").split()
+        put_text(conn, hostname_script(state, facts), f"{wd}/jobs/verify-hostname.sh", 0o755)
+        hostnames = hostname_lines(run(conn, head, "verify mpirun", f"{in_wd}bash jobs/verify-hostname.sh"))
         if len(hostnames) != n:
             raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
         put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
@@ -325,14 +340,15 @@ def print_summary(state: st.ClusterState, facts: list[NodeFacts], checked: dict,
 
 
 def main(argv: list[str]) -> int:
-    """`python -m provision.bootstrap verification-script NAME`: the Ansible role's verification,
-    rendered by the same launch builder from the facts the playbook fetched."""
-    if argv[:1] != ["verification-script"] or len(argv) != 2:
-        print("usage: python -m provision.bootstrap verification-script NAME", file=sys.stderr)
+    """`python -m provision.bootstrap verification-script|hostname-script NAME`: the Ansible role's
+    verification, rendered by the same launch builder from the facts the playbook fetched."""
+    scripts = {"verification-script": verification_script, "hostname-script": hostname_script}
+    if argv[:1] not in [[name] for name in scripts] or len(argv) != 2:
+        print(f"usage: python -m provision.bootstrap {'|'.join(scripts)} NAME", file=sys.stderr)
         return 2
     state = st.load(argv[1])
     facts = [NodeFacts.from_dict(json.loads(p.read_text())) for p in facts_paths(state)]
-    print(verification_script(state, facts), end="")
+    print(scripts[argv[0]](state, facts), end="")
     return 0
 
 

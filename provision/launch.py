@@ -54,7 +54,7 @@ class LaunchSpec:
     nodes: int
     plan: RankPlan
     python: str
-    module: str  # a node program, run as `python -m module` (runner.node.train)
+    module: str  # a node program, run as `python -m module` (runner.node.train); "" with `program`
     pythonpath: str  # the directory holding the shipped `runner` package
     args: list[str] = field(default_factory=list)
     mpi: str = "impi"  # impi | mpich | openmpi
@@ -65,6 +65,7 @@ class LaunchSpec:
     allocator: str = ""
     env_file: str = ""
     as_root: bool = False
+    program: list[str] = field(default_factory=list)  # instead of the node program: this command (`hostname`)
 
 
 def render_launch(spec: LaunchSpec) -> str:
@@ -73,13 +74,14 @@ def render_launch(spec: LaunchSpec) -> str:
     exported = list(EXPORTED) + (["LD_PRELOAD"] if spec.allocator else []) + \
         (["GLOO_SOCKET_IFNAME"] if spec.gloo_iface else []) + \
         (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else [])
+    command = spec.program or [spec.python, "-m", spec.module, *spec.args]
     return render("launch.sh.j2", description=spec.description, job_dir=spec.job_dir, hostfile=spec.hostfile,
                   nodes=spec.nodes, ppn=spec.plan.ppn, threads=spec.plan.threads,
                   ccl_affinity=spec.plan.ccl_affinity, python=spec.python, module=spec.module, pythonpath=spec.pythonpath,
                   args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
                   stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
-                  as_root=spec.as_root, exported=exported)
+                  as_root=spec.as_root, exported=exported, command=command)
 
 
 def pick_allocator(facts: NodeFacts) -> str:
@@ -92,7 +94,7 @@ def pick_allocator(facts: NodeFacts) -> str:
 
 
 def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
-                   args: list[str], ppn: int | None = None) -> LaunchSpec:
+                   args: list[str], ppn: int | None = None, program: list[str] | None = None) -> LaunchSpec:
     """The launch of a node program across this cluster, from its state and node facts."""
     head, wd = facts[0], state.head.workdir
     stack = state.cluster_spec.stack
@@ -101,4 +103,4 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
         plan=plan_ranks(facts, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
         gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
-        as_root=state.head.ssh_user == "root")
+        as_root=state.head.ssh_user == "root", program=program or [])

@@ -308,7 +308,7 @@ def measure(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.bootstrap:
-        return bootstrap_scaling(out)
+        return bootstrap_scaling(out, repeats=args.repeats or 3)
     data_dir, physical = args.data_dir, physical_cores()
     mpi = node_facts.mpi_flavour()
     if mpi not in ("impi", "mpich", "openmpi"):
@@ -530,10 +530,10 @@ def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8), repeats: int =
     one node's bootstrap takes a fraction of a second and one sample of it is noisy."""
     import statistics
     import tempfile
-    ftc = [sys.executable, "-m", "provision.cli"]
+    ftc = [sys.executable, "-m", "runner.cli"]
     samples: dict[int, list[dict]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as home:
-        env = {**os.environ, "FTC_HOME": home}
+        env = {**os.environ, "FTC_HOME": home, "PYTHONPATH": str(REPO)}
         for repeat in range(repeats):
             for n in sizes:
                 name = f"bench{n}-{repeat}"

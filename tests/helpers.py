@@ -7,6 +7,8 @@ from pathlib import Path
 
 from conftest import ftc
 
+from provision.bootstrap import hostname_lines
+
 FACT_KEYS = {"physical_cores", "sockets", "numa_nodes", "flags", "native_bf16", "memory_gb", "python",
              "versions", "mpi", "allowed_cpus", "core_cpus", "interface", "cpu_model"}
 
@@ -36,7 +38,8 @@ def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
     assert hop.returncode == 0, hop.stderr
     last = state["nodes"][-1]
     assert hop.stdout.split()[2:] == [last["private_ip"], str(last["ssh_port"])]
-    mpi = ftc("ssh", "--name", name, "--", f"mpirun -f hostfile -n {nodes} -ppn 1 hostname")
+    # mpirun runs on every node, launched as the bootstrap's own check launches it
+    mpi = ftc("ssh", "--name", name, "--", "bash jobs/verify-hostname.sh")
     assert mpi.returncode == 0, mpi.stderr
-    assert len(mpi.stdout.strip().splitlines()) == nodes
+    assert len(hostname_lines(mpi.stdout)) == nodes
     return facts

@@ -2,6 +2,7 @@
 (Hugging Face Trainer through torchrun), and reports what it promises."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import ftc
@@ -66,3 +67,26 @@ def test_bench_refuses_a_bad_number_in_one_line(ftc_home, tmp_path, flag, value,
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {message}"
     assert not (tmp_path / "bench").exists()
+
+
+def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running(ftc_home, tmp_path):
+    out = tmp_path / "bench"
+    proc = ftc("bench", "--bootstrap", "--repeats", "1", "--out", str(out), timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "bootstrap.json").read_text())
+    assert [row["nodes"] for row in report["rows"]] == [1, 8]
+    for row in report["rows"]:
+        assert len(row["samples"]) == 1 and row["parallel_steps_s"] > 0 and row["second_run_s"] > 0
+    assert report["ratio_parallel_steps"] == round(report["rows"][1]["parallel_steps_s"]
+                                                   / report["rows"][0]["parallel_steps_s"], 2)
+    assert not [cmd for cmd in cmdlines() if b"sshd" in cmd and b"/clusters/bench" in cmd]  # every node is down
+
+
+def cmdlines() -> list[bytes]:
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(path.read_bytes())
+        except OSError:  # the process ended meanwhile
+            pass
+    return found

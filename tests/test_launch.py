@@ -42,10 +42,10 @@ def test_allocator_prefers_tcmalloc():
     assert pick_allocator(facts()) == ""
 
 
-def spec(nodes: int, stack: str, mpi: str, **extra) -> LaunchSpec:
+def spec(nodes: int, stack: str, mpi: str, module: str = "runner.node.train", **extra) -> LaunchSpec:
     return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
-                      plan=plan_ranks([facts(2, 32)] * nodes, stack), python="/w/venv/bin/python",
-                      module="runner.node.train", pythonpath="/w/ftc", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
+                      plan=plan_ranks([facts(2, 32)] * nodes, stack, 1 if extra.get("program") else None),
+                      python="/w/venv/bin/python", module=module, pythonpath="/w/ftc", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
                       master_addr="10.0.0.5", gloo_iface="ens5", stack=stack, env_file="/w/env.sh", **extra)
 
 
@@ -100,3 +100,22 @@ def test_paths_with_spaces_and_shell_characters_stay_data():
     for line in script.splitlines():
         if odd in line and not line.startswith("#"):
             assert f"'{odd}" in line, line  # inside single quotes: neither split nor run
+
+
+@pytest.mark.parametrize("mpi, line", [
+    ("openmpi", "--hostfile /w/hostfile -np 4 --map-by ppr:1:node --bind-to none --tag-output"),
+    ("impi", "mpirun -f /w/hostfile -n 4 -ppn 1 -prepend-rank"),
+    ("mpich", "mpirun -f /w/hostfile -n 4 -ppn 1 -prepend-rank -launcher ssh"),
+])
+def test_verification_hostname_check_uses_the_node_s_own_mpirun_flavour(mpi, line):
+    script = render_launch(spec(4, "stock", mpi, program=["hostname"], module=""))
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert line in script
+    launched = script.split("PYTHONUNBUFFERED=1")[-1]
+    assert "  hostname\nstatus=$?" in launched and "-m runner.node" not in launched
+
+
+def test_hostname_lines_drop_each_flavour_s_rank_tag():
+    from provision.bootstrap import hostname_lines
+    assert hostname_lines("[0] node-a\n[1] node-b\n") == ["node-a", "node-b"]  # Intel MPI, MPICH
+    assert hostname_lines("[1,0]<stdout>:node-a\n[1,1]<stdout>:node-b\n\n") == ["node-a", "node-b"]  # Open MPI

@@ -55,7 +55,6 @@ class Watcher(threading.Thread):
         super().__init__(name="spot-watch", daemon=True)
         self.endpoint, self.interval = node_endpoint(endpoint).rstrip("/"), interval
         self.notice: dict | None = None
-        self.errors = 0
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -63,7 +62,7 @@ class Watcher(threading.Thread):
             try:
                 self.notice = interruption_notice(self.endpoint)
             except (OSError, ValueError):
-                self.errors += 1
+                pass  # not answering, or no notice yet that parses: asked again at the next poll
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
