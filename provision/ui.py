@@ -15,12 +15,6 @@ console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty(
 answer = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-def duration(seconds: float) -> str:
-    """12m05s, or 3h07m from an hour up."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 class NodeBoard:
     """A live table with one row per node: the step it is on and how long it took.
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import PARSERS, load_config, resolve_spec
-from provision.ui import answer, console, duration
+from provision.ui import answer, console
 from provision.values import boolean, number, one_of, whole, writable_dir
+from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 SPEC_HELP = {

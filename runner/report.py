@@ -15,7 +15,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from provision.ui import answer, console, duration
+from provision.ui import answer, console
+from runner.node.units import duration
 
 from .runs import RESULTS_FILE, read_run_file, runs_root
 

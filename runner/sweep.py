@@ -10,11 +10,12 @@ from pathlib import Path
 
 from provision import cluster
 from provision import state as st
-from provision.ui import answer, console, duration
+from provision.ui import answer, console
 
 from . import runs
 from .job import finetune, refuse_if_busy
 from .jobspec import JobSpec, check_ppn_fits
+from .node.units import duration
 
 # The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
 RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},

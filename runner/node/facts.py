@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "numpy",
-             "intel-extension-for-pytorch", "oneccl-bind-pt")
+             "intel-extension-for-pytorch", "oneccl-bind-pt", "accelerate")
 ALLOCATORS = ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libjemalloc.so.2")
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import glue
 from .distenv import pin_self, read_env
-from .facts import cpu_info, native_bf16
+from .facts import cpu_info, native_bf16, versions
 
 if os.environ.get("FTC_PEER_PIN") == "1":  # before torch loads: its threads inherit the cores
     pin_self(read_env())
@@ -170,7 +170,6 @@ def evaluate(trainer, tokenizer, args) -> dict[str, float]:
 
 
 def results_of(args, timer, collator, world: int, precision: str, native: bool, metrics: dict, train: Rows) -> dict:
-    from importlib import metadata
     steps, seconds = timer.steady()
     first = max(0, args.warmup_steps_untimed)
     tokens = sum(collator.tokens[first:first + steps]) * world  # this rank's share, as ftc counts it
@@ -186,7 +185,7 @@ def results_of(args, timer, collator, world: int, precision: str, native: bool, 
             "steady_tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
             "train_samples": rows, "train_tokens": real_tokens, "epoch_metrics": passes,
             "pinned": os.environ.get("FTC_PEER_PIN") == "1", **metrics,
-            "versions": {name: metadata.version(name) for name in ("torch", "transformers", "accelerate")}}
+            "versions": versions()}
 
 
 if __name__ == "__main__":

@@ -26,12 +26,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from importlib import metadata
 from pathlib import Path
 
 from . import glue, spot
 from .distenv import check_world_size, pin_self, read_env, threads_started_on
-from .facts import cpu_info, native_bf16
+from .facts import cpu_info, native_bf16, versions
+from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
 # threads to the cores the process has when it starts (OMP_PROC_BIND/OMP_PLACES) ----
@@ -182,20 +182,21 @@ class StepStats:
     last_loss: float | None = None
     epoch_loss: float = 0.0  # summed over the epoch's steps, also those before a mid-epoch stop
     epoch_steps: int = 0
+    epoch_rows: int = 0  # all ranks', in the steps this process ran of the epoch
+    epoch_tokens: int = 0  # real tokens of those rows
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))  # this rank's steady seconds in each
 
-    def record_phases(self, seconds: dict[str, float]) -> None:
-        if self.steps_run > self.warmup_steps:
-            for key in PHASES:
-                self.phases[key] += seconds[key]
 
     def timeline(self) -> dict[str, float]:
         """This rank's mean seconds per steady step in each phase."""
         steady = max(1, self.steps_run - self.warmup_steps)
         return {key: round(value / steady, 4) for key, value in self.phases.items()}
 
-    def record(self, seconds: float, samples: int, tokens: int, loss: float) -> None:
+    def record(self, phases: dict[str, float], samples: int, tokens: int, loss: float) -> None:
+        seconds = phases["step_s"]
         self.steps_run += 1
+        self.epoch_rows += samples
+        self.epoch_tokens += tokens
         self.samples += samples
         self.tokens += tokens
         self.seconds += seconds
@@ -203,6 +204,8 @@ class StepStats:
             self.steady_samples += samples
             self.steady_tokens += tokens
             self.steady_seconds += seconds
+            for key in PHASES:
+                self.phases[key] += phases[key]
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.epoch_loss += loss
@@ -210,6 +213,7 @@ class StepStats:
 
     def start_epoch(self, position: dict) -> None:
         self.epoch_loss, self.epoch_steps = position["loss"], position["steps"]
+        self.epoch_rows = self.epoch_tokens = 0
 
     def position(self, batch: int) -> dict:
         return {"batch": batch, "loss": self.epoch_loss, "steps": self.epoch_steps}
@@ -262,27 +266,17 @@ def main(argv=None) -> int:
                                  args.group_by_length, args.seed + epoch)
         skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
         stats.start_epoch(position if skip else EPOCH_START)
-        epoch_start, epoch_rows, epoch_tokens = time.perf_counter(), 0, 0
+        epoch_start = time.perf_counter()
         sync.module.train()
         for i, global_batch in enumerate(batches[skip:], start=skip):
             if step + 1 == args.hold_at_step:
                 hold(out_dir, step + 1, env)
             t0 = time.perf_counter()
-            counts = (sync.balance.counts(len(global_batch)) if sync.balance
-                      else even_counts(len(global_batch), env.world_size))
-            indices = deal(global_batch, counts)[env.rank]
-            batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
-            labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
-            # Each rank's mean loss, weighted by its share of the global batch: the averaged
-            # gradient is then the global batch's mean, however the rows were split.
-            share = len(indices) * env.world_size / len(global_batch)
+            batch, labels, share = rank_batch(train, global_batch, sync, env, args, pad_id, label_dtype)
             loss, phases = train_step(sync, optimizer, scheduler, batch, labels, share, setup.precision,
                                       time.perf_counter() - t0)
             step += 1
-            tokens = sum(train["lengths"][j] for j in global_batch)
-            epoch_rows, epoch_tokens = epoch_rows + len(global_batch), epoch_tokens + tokens
-            stats.record(phases["step_s"], len(global_batch), tokens, loss)
-            stats.record_phases(phases)
+            stats.record(phases, len(global_batch), sum(train["lengths"][j] for j in global_batch), loss)
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
                 log_progress(log, stats, epoch, step, total_steps, args, env)
             if args.spot_watch and interruption_seen(watcher, env.world_size):
@@ -294,8 +288,8 @@ def main(argv=None) -> int:
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
         metrics = {} if args.no_eval else evaluate(model, dev, args, env, pad_id, setup.precision)
         history.append({"epoch": epoch + 1, "train_loss": round(stats.epoch_loss / max(1, stats.epoch_steps), 6),
-                        "pass_seconds": round(epoch_seconds, 3), "pass_rows": epoch_rows,
-                        "pass_tokens": epoch_tokens, **metrics})
+                        "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
+                        "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
             log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if not args.no_save:
@@ -304,17 +298,12 @@ def main(argv=None) -> int:
             break
 
     # ---- results ----------------------------------------------------------------------------------
-    timeline = [stats.timeline()]
-    if env.world_size > 1:
-        timeline = [None] * env.world_size
-        dist.all_gather_object(timeline, stats.timeline())
+    timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
         results = results_of(args, env, setup, stats, history, step, start_epoch, position, train, timeline,
                              compile_note, started_at)
         write_results(results, model, tokenizer, out_dir, args.no_save, log)
-    if env.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_group(env)
     log.info("done")
     return 0
 
@@ -501,11 +490,38 @@ def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: flo
                    "step_s": collate_s + t4 - t0}
 
 
+def rank_batch(train: dict, global_batch: list[int], sync: Sync, env, args, pad_id: int, label_dtype) -> tuple:
+    """This rank's rows of a global batch, padded, their labels, and the share of the global batch
+    they are: each rank's mean loss is weighted by it, so that the averaged gradient is the global
+    batch's mean however the rows were split."""
+    counts = sync.balance.counts(len(global_batch)) if sync.balance else even_counts(len(global_batch), env.world_size)
+    indices = deal(global_batch, counts)[env.rank]
+    batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
+    labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
+    return batch, labels, len(indices) * env.world_size / len(global_batch)
+
+
+def every_rank(value, world: int) -> list:
+    """`value` from every rank, in rank order (rank 0 writes them all into results.json)."""
+    if world == 1:
+        return [value]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def leave_group(env) -> None:
+    """Every rank at the same point, then out of the process group."""
+    if env.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env) -> None:
     rate = stats.samples / stats.seconds
     left = (total_steps - step) * args.batch_size * env.world_size / rate
     log.info(f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {stats.last_loss:.4f} "
-             f"{rate:.1f} samples/s eta {fmt_duration(left)}")
+             f"{rate:.1f} samples/s eta {duration(left)}")
 
 
 @torch.no_grad()
@@ -526,10 +542,7 @@ def evaluate(model, dev: dict, args, env, pad_id: int, precision: str) -> dict[s
         values = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1).float()
         predictions += list(zip(indices, values.tolist()))
     model.train()
-    if env.world_size > 1:
-        gathered = [None] * env.world_size
-        dist.all_gather_object(gathered, predictions)
-        predictions = [p for part in gathered for p in part]
+    predictions = [p for part in every_rank(predictions, env.world_size) for p in part]
     predictions.sort()
     pred = [p for _, p in predictions]
     gold = [dev["labels"][i] for i, _ in predictions]
@@ -568,9 +581,7 @@ def stop_for_spot(watcher, model, optimizer, scheduler, path: Path, out_dir: Pat
     if env.master:
         (out_dir / "preempted.json").write_text(json.dumps(
             {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": batch, "step": step}))
-    if env.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_group(env)
     log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
     return spot.EXIT_PREEMPTED
 
@@ -647,7 +658,7 @@ def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: i
         "resumed_from_batch": position["batch"] if args.resume else None,
         "epoch_metrics": history, **(history[-1] if history else {}),
         "timeline": [{"rank": r, **phases} for r, phases in enumerate(timeline)],
-        "versions": versions(), "started_at": started_at.isoformat(),
+        "versions": {"python": sys.version.split()[0], **versions()}, "started_at": started_at.isoformat(),
         "finished_at": datetime.now(timezone.utc).isoformat(),
     }
     for per_epoch in ("epoch", "train_loss", "pass_seconds", "pass_rows", "pass_tokens"):
@@ -675,22 +686,6 @@ def setup_logging(path: Path, master: bool) -> logging.Logger:
         console.setFormatter(formatter)
         log.addHandler(console)
     return log
-
-
-def versions() -> dict[str, str]:
-    found = {"python": sys.version.split()[0]}
-    for name in ("torch", "transformers", "tokenizers", "datasets", "impi-rt", "intel-extension-for-pytorch",
-                 "oneccl-bind-pt", "accelerate"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 if __name__ == "__main__":
