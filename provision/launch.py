@@ -6,7 +6,7 @@ The one launch builder: `ftc finetune`, the bootstrap's verification (Fabric and
 
 from dataclasses import dataclass, field
 
-from runner.node.facts import NodeFacts
+from runner.node.facts import ALLOCATORS, NodeFacts
 
 from . import state as st
 from .templates import render
@@ -86,7 +86,7 @@ def render_launch(spec: LaunchSpec) -> str:
 
 def pick_allocator(facts: NodeFacts) -> str:
     """tcmalloc, else jemalloc, when the node has one: fewer page faults for the many short tensors."""
-    for name in ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libjemalloc.so.2"):
+    for name in ALLOCATORS:  # in order of preference
         for path in facts.allocators:
             if path.endswith(name):
                 return path

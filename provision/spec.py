@@ -17,10 +17,10 @@ from typing import Any, Callable, Mapping
 
 from .catalog import INSTANCE_TYPES, REGIONS
 from .errors import UsageError
+from .stacks import STACKS
 from .values import boolean, label, local_path, number, one_of, whole
 
 PROVIDERS = ("local", "aws", "ssh")
-STACKS = ("stock", "intel")
 MAX_NODES = 64
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
 

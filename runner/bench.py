@@ -26,11 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.errors import OneLineParser, UsageError
-from provision.launch import LaunchSpec, RankPlan, pick_allocator, render_launch
+from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
 from .model_files import packaged_model
 from .node import facts as node_facts
+from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -311,7 +312,7 @@ def measure(args: argparse.Namespace) -> int:
         return bootstrap_scaling(out, repeats=args.repeats or 3)
     data_dir, physical = args.data_dir, physical_cores()
     mpi = node_facts.mpi_flavour()
-    if mpi not in ("impi", "mpich", "openmpi"):
+    if mpi not in MPI_FLAVOURS:
         raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
     if args.accuracy:
         model = Path(args.model).resolve() if args.model else args.tokenizer
@@ -607,9 +608,7 @@ def markdown(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     ranks = [row["ranks"] for row in r["scaling"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
-from provision.spec import PARSERS, load_config, resolve_spec
+from provision.spec import MAX_NODES, PARSERS, load_config, resolve_spec
 from provision.ui import answer, console
-from provision.values import boolean, number, one_of, whole, writable_dir
+from provision.values import boolean, number, one_of, whole, whole_list, writable_dir
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
@@ -322,7 +322,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from runner import jobspec, sweep
-    node_counts = [PARSERS["nodes"]("nodes", part) for part in (args.nodes or "1,2,4").split(",")]
+    node_counts = whole_list(1, MAX_NODES)("nodes", args.nodes or "1,2,4")
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
     yes, keep = _switch(args, "yes", from_env=True), _switch(args, "keep")
     job_spec = jobspec.job_from_args(args)
@@ -430,7 +430,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         task = glue.task_name(args.task)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    nodes = [PARSERS["nodes"]("nodes", part) for part in args.nodes.split(",")]
+    nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
     kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
         else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
     kind = INSTANCE_TYPES[kind_name]

@@ -316,7 +316,8 @@ def show(run: dict) -> tuple[Path, Path]:
     return md, png
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, drawing to files (no display on a controller or a CI machine)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -324,7 +325,7 @@ def _pyplot():
 
 
 def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (loss, dev, speed) = plt.subplots(1, 3, figsize=(14, 4))
     if steps:
         loss.plot([s["epoch"] for s in steps], [s["loss"] for s in steps], ".", color="lightgrey",
@@ -351,7 +352,7 @@ def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> No
 def compare(runs: list[dict], path: Path) -> None:
     """The runs side by side: the table on stdout, one plot (dev metric per epoch, throughput over time)."""
     answer.print(runs_table(runs, f"{len(runs)} runs compared", answer.width))
-    plt = _pyplot()
+    plt = pyplot()
     fig, (dev, speed) = plt.subplots(1, 2, figsize=(12, 4))
     for run in runs:
         epochs, steps = epoch_rows(Path(run["results_dir"]))

@@ -16,6 +16,7 @@ from . import runs
 from .job import finetune, refuse_if_busy
 from .jobspec import JobSpec, check_ppn_fits
 from .node.units import duration
+from .report import pyplot
 
 # The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
 RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
@@ -92,9 +93,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = report["rows"]
     nodes = [row["nodes"] for row in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
