@@ -424,9 +424,6 @@ def extend(state: st.ClusterState, hours: float) -> None:
     from .ssh import connect, run
     minutes = int(hours * 60)
     for node in state.nodes:
-        conn = connect(state, node, attempts=3)
-        try:
+        with connect(state, node, attempts=3) as conn:
             run(conn, node, "extend", f"sudo shutdown -h +{minutes} 'ftc max lifetime (extended)'")
-        finally:
-            conn.close()
     console.print(f"cluster {state.name}: nodes now power off (and terminate) in {hours:g} h")

@@ -188,8 +188,7 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
     """From node 0: mpirun runs hostname once per node; a gloo all_reduce across all nodes sums right.
     `progress(step, detail)` hears each step (the board's verification row)."""
     head, n = state.head, len(state.nodes)
-    conn = connect(state, head)
-    try:
+    with connect(state, head) as conn:
         wd = head.workdir
         checked_what = digest(json.dumps([f.to_dict() for f in facts], sort_keys=True), *node_files(state, head).values())
         marker = f"{wd}/.ftc/done/verify-{checked_what}"
@@ -213,8 +212,6 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
         put_text(conn, json.dumps(checked), marker)
         progress("ok", f"{n} hostname(s), all_reduce sums right")
         return checked
-    finally:
-        conn.close()
 
 
 def facts_paths(state: st.ClusterState) -> list[Path]:

@@ -225,12 +225,9 @@ def _check(state: st.ClusterState, host: Host, key: str) -> tuple[dict, list[str
     spec = state.cluster_spec
     node = _probe_node(host, 0, key)
     try:
-        conn = connect(state, node, attempts=CHECK_ATTEMPTS)
-        try:
+        with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
             probe = parse_probe(run(conn, node, "check", _sh(probe_script(host.label, spec.stack_python))))
             address = conn.client.get_transport().getpeername()[0]
-        finally:
-            conn.close()
     except StepFailed as exc:
         return {}, [f"host {host.label}: {str(exc).split('failed: ', 1)[-1]}"]
     one = {k: v[-1] for k, v in probe.items()}
@@ -279,12 +276,10 @@ def launch(state: st.ClusterState) -> None:
 
     def claim_dir(node: st.NodeInfo) -> None:
         wd = shlex.quote(node.workdir)
-        conn = connect(state, node, attempts=CHECK_ATTEMPTS)
-        try:  # mkdir without -p: a directory already there is another cluster's, and up stops
+        # mkdir without -p: a directory already there is another cluster's, and up stops
+        with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
             run(conn, node, "claim", f"umask 077 && mkdir -p {shlex.quote(str(Path(node.workdir).parent))} && "
                                      f"mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
-        finally:
-            conn.close()
     _each(state.nodes, claim_dir)
 
 
@@ -298,11 +293,8 @@ def terminate(state: st.ClusterState) -> None:
     the controller forgets the cluster anyway, and the next `up` there names the leftovers again."""
     def clean(node: st.NodeInfo) -> str:
         try:
-            conn = connect(state, node, attempts=3)
-            try:
+            with connect(state, node, attempts=3) as conn:
                 out = run(conn, node, "destroy", _sh(cleanup_script(state, node)))
-            finally:
-                conn.close()
         except StepFailed as exc:
             return f"host {node.id}: not cleaned ({str(exc).split('failed: ', 1)[-1]}); left there: {node.workdir} " \
                    f"and the line ending 'ftc-{state.name}-internal' in {node.authorized_keys}: remove them by hand"
@@ -324,11 +316,8 @@ def terminate(state: st.ClusterState) -> None:
 def query(state: st.ClusterState) -> list[NodeStatus]:
     def look(node: st.NodeInfo) -> NodeStatus:
         try:
-            conn = connect(state, node, attempts=CHECK_ATTEMPTS)
-            try:
+            with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
                 there = run(conn, node, "status", f"test -d {shlex.quote(node.workdir)} && echo yes || true").strip()
-            finally:
-                conn.close()
         except StepFailed as exc:
             return NodeStatus(node.id, "dead", str(exc).split("failed: ", 1)[-1][:120])
         if there != "yes":

@@ -84,8 +84,7 @@ def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | N
         state = st.load(name)
         refuse_if_busy(state)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
-        conn = connect(state, state.head)
-        try:
+        with connect(state, state.head) as conn:
             run(conn, state.head, "launch", f"mkdir -p {in_dir}/logs {in_dir}/checkpoints")
             put_text(conn, render_launch(spec), f"{remote_dir}/launch.sh", 0o755)
             if resume_from:
@@ -96,8 +95,6 @@ def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | N
                                 f"cd {in_dir} && rm -f exit_code && (setsid nohup bash launch.sh >> output.log 2>&1 "
                                 f"< /dev/null & pid=$!; echo $pid $({procs.START_OF.format(pid='$pid')}))").split()
             record.pid, record.pid_start = int(pid), int(started[0]) if started else 0
-        finally:
-            conn.close()
         record.started_at, record.pids_by_node = time.time(), {state.head.name: [record.pid]}
         state.jobs = [j for j in state.jobs if j.id != record.id] + [record]
         st.save(state)
@@ -168,13 +165,10 @@ def finish(name: str) -> int:
     with st.locked(name, "fetch"):
         state = st.load(name)
         job = state.jobs[-1]
-        conn = connect(state, state.head)
-        try:
+        with connect(state, state.head) as conn:
             code = job_exit_code(conn, state, job)
             if code is not None:
                 copy_checkpoint(conn, job)
-        finally:
-            conn.close()
         if code is None:
             raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
         if job.state == "running":
@@ -201,11 +195,8 @@ def logs(name: str, follow_output: bool = False) -> int:
     job = state.jobs[-1]
     if follow_output and job.state == "running":
         return follow(name)
-    conn = connect(state, state.head)
-    try:
+    with connect(state, state.head) as conn:
         output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log")
-    finally:
-        conn.close()
     colour = sys.stdout.isatty()
     print("".join(f"{for_terminal(line, colour)}\n" for line in output.splitlines()), end="")
     return 0
@@ -219,11 +210,8 @@ def cancel(name: str) -> int:
             console.print(f"cluster {name!r} has no running job")
             return 0
         job = running[-1]
-        conn = connect(state, state.head)
-        try:
+        with connect(state, state.head) as conn:
             run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start))
-        finally:
-            conn.close()
         job.state = "cancelled"
         st.save(state)
         runs.record_end(job.results_dir, job.state)
@@ -245,15 +233,12 @@ def describe_jobs(state: st.ClusterState) -> None:
     line = f"last job {job.id}: {job.state}"
     if job.state == "running":
         try:
-            conn = connect(state, state.head, attempts=2)
-            try:
+            with connect(state, state.head, attempts=2) as conn:
                 line += " | " + run(conn, state.head, "status",
                                     f"tail -n 1 {shlex.quote(job.remote_dir)}/output.log").strip()
                 code = job_exit_code(conn, state, job)
                 if code is not None:
                     line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"
-            finally:
-                conn.close()
         except Exception as exc:  # noqa: BLE001 - status must print even when a node is gone
             line += f" (head node unreachable: {exc})"
     answer.print(line + f"; results: {job.results_dir}", markup=False, soft_wrap=True)

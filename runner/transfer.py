@@ -67,8 +67,7 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
     target = Path(job.results_dir)
     target.mkdir(parents=True, exist_ok=True)
     for node in state.nodes if state.provider != "local" else [state.head]:
-        conn = connect(state, node)
-        try:
+        with connect(state, node) as conn:
             sftp = conn.sftp()
             for remote in _walk(sftp, job.remote_dir):
                 relative = remote[len(job.remote_dir) + 1:]
@@ -76,8 +75,6 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
                     continue
                 (target / relative).parent.mkdir(parents=True, exist_ok=True)
                 sftp.get(remote, str(target / relative))
-        finally:
-            conn.close()
     return target
 
 
