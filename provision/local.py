@@ -146,17 +146,10 @@ def sshd_config_of(cmdline: bytes) -> bytes | None:
     return title[1] if title else None
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 def _is_our_sshd(node: st.NodeInfo) -> bool:
     """The pid is ours only if it still runs sshd with exactly this node's config (pids get reused)."""
     config = shown(os.fsencode(Path(node.workdir) / "sshd_config"))
-    return bool(node.pid) and sshd_config_of(_cmdline(node.pid)) == config
+    return bool(node.pid) and sshd_config_of(procs.cmdline(node.pid)) == config
 
 
 def _port_open(address: str, port: int) -> bool:
@@ -219,10 +212,10 @@ def _sshds_under(directory: Path) -> list[int]:
     """Every sshd running a config <directory>/<index>/sshd_config, wherever its state went."""
     prefix = shown(os.fsencode(directory) + b"/")
     found = []
-    for entry in Path("/proc").iterdir():
-        config = sshd_config_of(_cmdline(int(entry.name))) if entry.name.isdigit() else None
+    for pid in procs.pids():
+        config = sshd_config_of(procs.cmdline(pid))
         if config and config.startswith(prefix) and re.fullmatch(rb"\d+/sshd_config", config[len(prefix):]):
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 

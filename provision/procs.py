@@ -25,6 +25,19 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
+def pids() -> list[int]:
+    """Every process on this machine now (any of them may end before it is looked at)."""
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def cmdline(pid: int) -> bytes:
+    """A process's command line, its arguments NUL-separated; b"" once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def start_ticks(pid: int) -> int:
     """When the process started (clock ticks since boot), 0 when there is none."""
     fields = _stat(pid)
@@ -44,11 +57,10 @@ def is_same(pid: int, started: int) -> bool:
 def descendants(pid: int) -> list[int]:
     """Every live process below pid (sessions, and what they started), from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if len(fields) > 1 and fields[1].isdigit():
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for other in pids():
+        fields = _stat(other)
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(other)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

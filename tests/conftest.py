@@ -135,16 +135,13 @@ def sshd_pids(home: Path) -> list[int]:
     """Live sshd processes whose config lies under this directory: by the path in their command line,
     or, for the nodes ftc starts, in the escaped form sshd's process title shows it (a backslash or a
     letter beyond ASCII changes it there)."""
+    from provision import procs
     from provision.local import shown, sshd_config_of
     under = shown(os.fsencode(home)) + b"/"
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            config = sshd_config_of(cmdline)
-            if (os.fsencode(home) in cmdline and b"sshd_config" in cmdline) or (config and config.startswith(under)):
-                found.append(int(entry.name))
+    for pid in procs.pids():
+        cmdline = procs.cmdline(pid)
+        config = sshd_config_of(cmdline)
+        if (os.fsencode(home) in cmdline and b"sshd_config" in cmdline) or (config and config.startswith(under)):
+            found.append(pid)
     return found

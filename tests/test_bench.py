@@ -2,10 +2,11 @@
 (Hugging Face Trainer through torchrun), and reports what it promises."""
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import ftc
+
+from provision import procs
 
 
 def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline(ftc_home, tmp_path):
@@ -79,14 +80,5 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
         assert len(row["samples"]) == 1 and row["parallel_steps_s"] > 0 and row["second_run_s"] > 0
     assert report["ratio_parallel_steps"] == round(report["rows"][1]["parallel_steps_s"]
                                                    / report["rows"][0]["parallel_steps_s"], 2)
-    assert not [cmd for cmd in cmdlines() if b"sshd" in cmd and b"/clusters/bench" in cmd]  # every node is down
-
-
-def cmdlines() -> list[bytes]:
-    found = []
-    for path in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            found.append(path.read_bytes())
-        except OSError:  # the process ended meanwhile
-            pass
-    return found
+    running = [procs.cmdline(pid) for pid in procs.pids()]
+    assert not [cmd for cmd in running if b"sshd" in cmd and b"/clusters/bench" in cmd]  # every node is down

@@ -14,13 +14,10 @@ from provision import procs
 def job_processes(home: Path) -> list[int]:
     """Live processes of a job under this FTC_HOME: the launch script, mpirun, the ranks."""
     found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
-        except OSError:
-            continue
+    for pid in procs.pids():
+        cmdline = procs.cmdline(pid)
         if str(home).encode() in cmdline and (b"launch.sh" in cmdline or b"runner.node.train" in cmdline):
-            found.append(int(entry.name))
+            found.append(pid)
     return [pid for pid in found if procs.alive(pid)]
 
 

@@ -45,7 +45,8 @@ def test_allocator_prefers_tcmalloc():
 def spec(nodes: int, stack: str, mpi: str, module: str = "runner.node.train", **extra) -> LaunchSpec:
     return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
                       plan=plan_ranks([facts(2, 32)] * nodes, stack, 1 if extra.get("program") else None),
-                      python="/w/venv/bin/python", module=module, pythonpath="/w/ftc", args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
+                      python="/w/venv/bin/python", module=module, pythonpath="/w/ftc",
+                      args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
                       master_addr="10.0.0.5", gloo_iface="ens5", stack=stack, env_file="/w/env.sh", **extra)
 
 

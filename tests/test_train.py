@@ -14,6 +14,8 @@ import pytest
 from conftest import FTC, ftc
 from helpers import wait_for
 
+from provision import procs
+
 RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
                  "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
                  "eval_accuracy", "eval_f1", "versions", "started_at", "finished_at"}
@@ -56,13 +58,6 @@ def following(proc: subprocess.Popen) -> None:
     reader.start()
     wait_for(lambda: line or proc.poll() is not None, "the follower to print the job's first line")
     assert line and line[0], proc.communicate()
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # it ended since it was listed
-        return b""
 
 
 def results_of_run(home: Path, name: str) -> dict:
@@ -163,7 +158,7 @@ def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minil
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
     job_dir = held_job(ftc_home, cluster, follower)
     node1 = state_of(ftc_home)["nodes"][1]
-    victims = [pid for pid in descendants(node1["pid"]) if b"runner.node.train" in cmdline(pid)]
+    victims = [pid for pid in descendants(node1["pid"]) if b"runner.node.train" in procs.cmdline(pid)]
     assert len(victims) == 1
     os.kill(victims[0], signal.SIGKILL)  # held, both ranks have logged their start: the tail shows it
     (job_dir / "release").touch()
@@ -224,7 +219,7 @@ def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupt
         assert interrupted.poll() is None, interrupted.communicate()
         time.sleep(0.1)
     node1 = state_of_named(ftc_home, "lost")["nodes"][1]
-    ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in cmdline(p)]
+    ranks = [p for p in descendants(node1["pid"]) if b"runner.node.train" in procs.cmdline(p)]
     assert ranks
     for pid in ranks:  # node 1 is lost
         os.kill(pid, signal.SIGKILL)
