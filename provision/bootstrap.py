@@ -209,7 +209,7 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
         except ValueError as exc:
             raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
         checked = {"hostnames": hostnames, "allreduce": result}
-        put_text(conn, json.dumps(checked), marker)
+        put_text(conn, json.dumps(checked, allow_nan=False), marker)
         progress("ok", f"{n} hostname(s), all_reduce sums right")
         return checked
 
@@ -314,7 +314,7 @@ def bootstrap(name: str) -> dict:
                                f"then `ftc bootstrap --name {name}`") from None
         timing = {"nodes": timings, "parallel_steps_s": round(waited, 3), "parallel_steps_machine_cpu_s": round(busy, 2),
                   "verify_s": round(time.monotonic() - verify_started, 3)}
-        (st.cluster_dir(name) / "bootstrap.json").write_text(json.dumps(timing, indent=2))
+        (st.cluster_dir(name) / "bootstrap.json").write_text(json.dumps(timing, indent=2, allow_nan=False))
         mark_bootstrapped(state, facts)
     print_summary(state, facts, checked, timing)
     return timing

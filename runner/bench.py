@@ -519,7 +519,7 @@ def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], m
             report[f"{name}_vs_peer_{metric}_points".replace("-", "_")] = round(
                 100 * (rows[name][f"eval_{metric}"] - rows["peer"][f"eval_{metric}"]), 2)
     (out / "accuracy.json").write_text(json.dumps(report, indent=2, allow_nan=False))
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2, allow_nan=False))
     return 0
 
 
@@ -563,8 +563,8 @@ def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8), repeats: int =
               "ratio_second_run": round(rows[-1]["second_run_s"] / rows[0]["second_run_s"], 2),
               "cpu_s_per_extra_node": round(per_node, 3),
               "cpu_floor_parallel_steps_s": round(rows[-1]["nodes"] * per_node / cores, 3)}
-    (out / "bootstrap.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    (out / "bootstrap.json").write_text(json.dumps(report, indent=2, allow_nan=False))
+    print(json.dumps(report, indent=2, allow_nan=False))
     return 0
 
 

@@ -227,11 +227,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                     f"cluster {name}: {type(exc).__name__}: {exc}"
                 print(f"error: {why}; `ftc down --name {name}` still cleans up", file=sys.stderr)
         if args.json:
-            print(json.dumps([_status_json(*pair) for pair in found], indent=2))
+            print(json.dumps([_status_json(*pair) for pair in found], indent=2, allow_nan=False))
         return 1 if failed else 0
     state, nodes = cluster.status(_cluster_name(args))
     if args.json:
-        print(json.dumps(_status_json(state, nodes), indent=2))
+        print(json.dumps(_status_json(state, nodes), indent=2, allow_nan=False))
         return 0
     _print_status(state, nodes)
     return 0
@@ -361,7 +361,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             console.print(f"{run['results_dir']}: corrupt run ({run['problem']}); fix or remove its files",
                           markup=False, soft_wrap=True)
     if args.json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(found, indent=2, allow_nan=False))
     elif found:
         answer.print(report.runs_table(found, f"{len(found)} run(s), newest first; `ftc runs show ID` for one",
                                        answer.width))

@@ -84,7 +84,7 @@ def record_end(results_dir: str | Path, status: str) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
     os.replace(tmp, path)
 
 

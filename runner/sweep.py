@@ -45,7 +45,7 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
         cluster.release(spec.name, keep)
     report = table(job.task, rows, spec.provider, spec.instance_type)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(report, indent=2))
+    (out / "sweep.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     (out / "sweep.md").write_text(markdown(report))
     plot(report, out / "sweep.png")
     answer.print(markdown(report))

@@ -93,3 +93,14 @@ def test_reader_counts_rows_of_the_wrong_width(tmp_path):
                                                  "1\t1\t2\tA.\tB.\n\n0\tshort\n")
     rows, skipped = glue.read_tsv(glue.split_file(tmp_path, "mrpc", "train"), "mrpc")
     assert rows == [("A.", "B.", 1.0)] and skipped == 2
+
+
+@pytest.mark.parametrize("score", ["inf", "-inf", "1e309", "nan"])
+def test_a_regression_label_that_is_not_finite_is_refused_naming_the_line(tmp_path, score):
+    (tmp_path / "STS-B").mkdir()
+    (tmp_path / "STS-B" / "train.tsv").write_text(
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+        "0\tg\tf\t2012\t1\ts\ts\tA.\tB.\t3.2\n"
+        f"1\tg\tf\t2012\t2\ts\ts\tC.\tD.\t{score}\n")
+    with pytest.raises(ValueError, match=f"train.tsv: line 3: label '{score}' is not a finite number"):
+        glue.read_tsv(glue.split_file(tmp_path, "stsb", "train"), "stsb")

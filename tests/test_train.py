@@ -64,7 +64,14 @@ def results_of_run(home: Path, name: str) -> dict:
     """The results.json of the one run of cluster `name` (they outlive the cluster)."""
     found = list((home / "runs" / name).glob("*/results.json"))
     assert len(found) == 1, found
-    return json.loads(found[0].read_text())
+    return strict_json(found[0].read_text())
+
+
+def strict_json(text: str):
+    """JSON as strict parsers read it: NaN, Infinity and -Infinity are refused (ftc writes none)."""
+    def refuse(constant: str):
+        raise AssertionError(f"non-standard JSON constant {constant} in {text[:200]}")
+    return json.loads(text, parse_constant=refuse)
 
 
 def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):

@@ -55,7 +55,7 @@ def main() -> int:
             seconds.append(time.perf_counter() - started)
         report["allreduce_seconds"] = sorted(seconds[2:])[len(seconds[2:]) // 2]  # median after warm-up
     if env.master:
-        print("ALLREDUCE " + json.dumps(report))
+        print("ALLREDUCE " + json.dumps(report, allow_nan=False))
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -58,7 +58,7 @@ class NodeFacts:
 
     def to_json(self) -> str:
         """The one file format of facts, on the node and on the controller."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def cpu_topology(allowed: list[int]) -> dict:

@@ -129,9 +129,12 @@ def _rows(path: Path) -> list[list[str]]:
 def label_value(task: Task, raw: str) -> float:
     if task.labels is None:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ValueError(f"label {raw!r} is not a number") from None
+        if not math.isfinite(value):  # inf or 1e309 would train to a NaN Pearson
+            raise ValueError(f"label {raw!r} is not a finite number")
+        return value
     if raw.strip() not in task.labels:
         raise ValueError(f"label {raw!r} is not one of the task's ({', '.join(task.labels)})")
     return float(task.labels.index(raw.strip()))

@@ -149,8 +149,8 @@ def main(argv=None) -> int:
     if rank == 0:
         results = results_of(args, timer, collator, world, precision, native, metrics, train)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2))
-        print("PEER " + json.dumps({k: v for k, v in results.items() if k != "versions"}), flush=True)
+        (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+        print("PEER " + json.dumps({k: v for k, v in results.items() if k != "versions"}, allow_nan=False), flush=True)
     return 0
 
 

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
         epoch_seconds = time.perf_counter() - epoch_start
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
         metrics = {} if args.no_eval else evaluate(model, dev, args, env, pad_id, setup.precision)
-        history.append({"epoch": epoch + 1, "train_loss": round(stats.epoch_loss / max(1, stats.epoch_steps), 6),
+        history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
                         "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                         "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
@@ -580,7 +581,7 @@ def stop_for_spot(watcher, model, optimizer, scheduler, path: Path, out_dir: Pat
              f" batch {batch} (spot interruption notice)")
     if env.master:
         (out_dir / "preempted.json").write_text(json.dumps(
-            {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": batch, "step": step}))
+            {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": batch, "step": step}, allow_nan=False))
     leave_group(env)
     log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
     return spot.EXIT_PREEMPTED
@@ -653,7 +654,7 @@ def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: i
         "padding": args.pad_to, "dropout": args.dropout, "train_samples": len(train["labels"]),
         "train_tokens": sum(train["lengths"]), "train_samples_seen": stats.samples,
         "train_tokens_seen": stats.tokens, "train_seconds": round(stats.seconds, 3), **stats.rates(),
-        "first_loss": stats.first_loss, "final_loss": stats.last_loss, "steps": step,
+        "first_loss": finite(stats.first_loss), "final_loss": finite(stats.last_loss), "steps": step,
         "resumed_from_epoch": start_epoch if args.resume else None,
         "resumed_from_batch": position["batch"] if args.resume else None,
         "epoch_metrics": history, **(history[-1] if history else {}),
@@ -666,12 +667,18 @@ def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: i
     return results
 
 
+def finite(value: float | None) -> float | None:
+    """A loss as results.json holds it: a run that diverged (NaN, inf) says null, since strict
+    JSON has no NaN and every JSON ftc writes is strict."""
+    return value if value is None or math.isfinite(value) else None
+
+
 def write_results(results: dict, model, tokenizer, out_dir: Path, no_save: bool, log) -> None:
     if not no_save:
         model.save_pretrained(out_dir / "model")
         tokenizer.save_pretrained(out_dir / "model")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
-    log.info("results: " + json.dumps({k: v for k, v in results.items() if k.startswith("eval_")}))
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+    log.info("results: " + json.dumps({k: v for k, v in results.items() if k.startswith("eval_")}, allow_nan=False))
 
 
 def setup_logging(path: Path, master: bool) -> logging.Logger:
