@@ -53,20 +53,27 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if render_only:
         print(render_launch(spec), end="")
         return 0
+    settings = {**job_settings(job), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
+                "threads_per_rank": spec.plan.threads}
+    if resume or resume_from:
+        runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)
     record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
                                           checkpoint_s3=job.checkpoint_s3), resume_from)
-    runs.record_start(state, record, {"task": job.task, "model": job.model, "nodes": spec.nodes,
-                                      "ranks_per_node": spec.plan.ppn, "threads_per_rank": spec.plan.threads,
-                                      "precision": job.precision, "recipe": job.recipe, "epochs": job.epochs or None,
-                                      "batch_size": job.batch_size or None, "lr": job.lr or None,
-                                      "max_train_samples": job.max_train_samples or None})
+    runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
     return follow(name, one_shot=one_shot)
+
+
+def job_settings(job: JobSpec) -> dict:
+    """What run.json records of a job's own settings (the cluster adds nodes, ranks and threads)."""
+    return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "precision": job.precision,
+            "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
+            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None}
 
 
 def refuse_if_busy(state: st.ClusterState) -> None:

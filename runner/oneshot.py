@@ -14,7 +14,7 @@ from provision.spec import ClusterSpec
 from provision.ui import console
 
 from . import runs
-from .job import finetune
+from .job import finetune, job_settings
 from .jobspec import JobSpec, check_ppn_fits
 from .node import spot
 from .transfer import home_checkpoint
@@ -25,6 +25,8 @@ MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives u
 def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
     check_ppn_fits(spec, job)
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
+    if checkpoint:  # before anything launches; finetune checks the world size once the ranks are planned
+        runs.refuse_other_job(checkpoint.parent.parent, spec.name, job_settings(job))
     cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
     code, interrupted = 1, ""
     try:

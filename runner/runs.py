@@ -51,6 +51,35 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
                          f"{label(key)}, or remove that directory first")
 
 
+# What makes a resumed job the same job as the one whose checkpoint it continues.
+SAME_JOB = ("task", "model", "data_dir", "recipe", "batch_size", "world_size")
+
+
+def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> None:
+    """Before a resume launches: the run in `results_dir` must be this cluster's, unfinished, and
+    the same job (SAME_JOB as recorded in its run.json); anything else is refused naming what
+    differs, so no finished run is written into and no other run is taken over."""
+    record, problem = read_run_file(Path(results_dir), RECORD)
+    if problem or not record:
+        return  # a checkpoint kept without ftc's record (copied by hand): nothing recorded to differ from
+    where = f"RESULTS={str(results_dir)!r} holds run {record.get('id', '?')}"
+    if record.get("cluster") != cluster:
+        raise UsageError(f"{where} of cluster {record.get('cluster')!r}, not {cluster!r}; --resume continues only "
+                         "this cluster's own run: start a new job without --resume")
+    if record.get("status") == "finished":
+        raise UsageError(f"{where}, which finished; a finished run is never written into: start a new job "
+                         "without --resume")
+    def world(run: dict) -> int | None:  # unknown until the cluster's ranks are planned
+        return run["nodes"] * run["ranks_per_node"] if run.get("nodes") and run.get("ranks_per_node") else None
+    recorded, now = {**record, "world_size": world(record)}, {**settings, "world_size": world(settings)}
+    known = [key for key in SAME_JOB if key in record and key in settings] + \
+        (["world_size"] if recorded["world_size"] and now["world_size"] else [])
+    differs = [f"{key} {recorded[key]!r} -> {now[key]!r}" for key in known if recorded[key] != now[key]]
+    if differs:
+        raise UsageError(f"{where}, another job than this one ({'; '.join(differs)}); --resume continues the "
+                         "same job only: start a new job without --resume, or resume with its settings")
+
+
 def utc_stamp() -> str:
     """Now, for names that sort by time: 20261130T120000Z."""
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -23,6 +23,14 @@ def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ft
         default = ftc("finetune", "--name", "hist", *tiny_job(minilm, glue_dir), cwd=first_cwd)
         assert default.returncode == 0, default.stderr[-2000:]
         assert "dev accuracy" in default.stdout and "results: " in default.stdout  # the answer, on stdout
+        # a finished run is never written into: a resume of it (here as another task) is refused, files untouched
+        finished = next((ftc_home / "runs" / "hist").glob("mrpc-*"))
+        before = {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()}
+        again = ftc("finetune", "--name", "hist", "--resume", *tiny_job(minilm, glue_dir)[2:], "--task", "qqp",
+                    cwd=first_cwd)
+        assert again.returncode == 2, again.stderr[-2000:]
+        assert f"holds run {finished.name}, which finished; a finished run is never written into" in again.stderr
+        assert {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()} == before
         given = ftc("finetune", "--name", "hist", "--results", str(elsewhere), *tiny_job(minilm, glue_dir),
                     cwd=other_cwd)
         assert given.returncode == 0, given.stderr[-2000:]
@@ -70,3 +78,36 @@ def test_the_demo_runs_the_settings_whose_accuracy_the_readme_states():
     for flag in ("--nodes 2", "--task mrpc", "--lr='1e-4'", "--epochs='3'", "--max-train-samples='0'",
                  "--batch-size='32'"):
         assert flag in line, line
+
+
+def test_run_resume_refuses_another_cluster_s_run_before_anything_launches(ftc_home, tmp_path, minilm, glue_dir):
+    theirs = tmp_path / "theirs" / "mrpc-20261201T000000Z"
+    (theirs / "checkpoints").mkdir(parents=True)
+    (theirs / "checkpoints" / "last.pt").write_bytes(b"a checkpoint")
+    record = {"id": theirs.name, "cluster": "other", "provider": "local", "status": "failed", "task": "mrpc",
+              "model": minilm, "nodes": 1, "ranks_per_node": 1, "results_dir": str(theirs)}
+    (theirs / "run.json").write_text(json.dumps(record))
+    proc = ftc("run", "--name", "mine", "--nodes", "1", "--resume", "--results", str(theirs), *tiny_job(minilm, glue_dir))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"holds run {theirs.name} of cluster 'other', not 'mine'" in proc.stderr
+    assert not (ftc_home / "clusters" / "mine").exists()  # nothing launched
+    assert json.loads((theirs / "run.json").read_text()) == record
+
+
+def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
+    from provision.errors import UsageError
+    from runner import runs
+    record = {"id": "mrpc-1", "cluster": "c", "status": "preempted", "task": "mrpc", "model": "m", "data_dir": "",
+              "recipe": "ftc", "batch_size": None, "nodes": 2, "ranks_per_node": 1}
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    same = {key: record[key] for key in ("task", "model", "data_dir", "recipe", "batch_size")}
+    runs.refuse_other_job(tmp_path, "c", {**same, "nodes": 2, "ranks_per_node": 1})  # the same job: resumable
+    runs.refuse_other_job(tmp_path, "c", same)  # ranks not planned yet: the rest is checked
+    for change, named in (({"task": "qqp"}, "task 'mrpc' -> 'qqp'"), ({"batch_size": 64}, "batch_size None -> 64"),
+                          ({"nodes": 4, "ranks_per_node": 1}, "world_size 2 -> 4")):
+        try:
+            runs.refuse_other_job(tmp_path, "c", {**same, **change})
+        except UsageError as exc:
+            assert f"another job than this one ({named})" in str(exc)
+        else:
+            raise AssertionError(f"{change} was not refused")
