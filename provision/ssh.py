@@ -28,8 +28,23 @@ from .values import from_env, whole
 CONNECT_ATTEMPTS = 30
 
 
+KEEPALIVE_S = 15  # every connection sends a keepalive this often, so that idle NATs and firewalls keep it
+# A follower that hears nothing, not even the node's heartbeat, for this long says the node stopped
+# answering and exits (a frozen sshd or a cut network would otherwise hang it silently, forever).
+FOLLOW_SILENCE_S = 60
+HEARTBEAT = "\x1eftc-alive"  # the line a followed node prints every few seconds; never shown
+
+
+class NodeSilent(FtcError):
+    """A followed node sent nothing, not even its heartbeat, within the silence limit."""
+
+
 def connect_attempts() -> int:
     return from_env(os.environ, "FTC_CONNECT_ATTEMPTS", whole(1, 1000), CONNECT_ATTEMPTS)
+
+
+def follow_silence_s() -> int:
+    return from_env(os.environ, "FTC_FOLLOW_SILENCE_S", whole(3, 86400), FOLLOW_SILENCE_S)
 
 
 class StepFailed(FtcError):
@@ -132,6 +147,7 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
             conn.client.get_host_keys().add(host_key_entry(node), key_type,
                                             paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64)))
             conn.open()
+            conn.client.get_transport().set_keepalive(KEEPALIVE_S)
             return conn
         except paramiko.BadHostKeyException as exc:
             raise StepFailed(node.name, "connect", _mismatch(state, node, exc.key)) from None
@@ -178,22 +194,33 @@ def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> Non
     conn.sftp().chmod(remote, mode)
 
 
-def stream(conn: Connection, command: str, on_line) -> None:
+def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
     """Run `command` on the node and hand each output line to `on_line` as it comes.
 
-    A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded."""
+    A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded. With
+    `silence_s`, the node also prints a heartbeat every silence_s/6 seconds, and NodeSilent is
+    raised once nothing at all has come for silence_s: the node (or the network to it) froze."""
+    if silence_s:
+        beat = max(1, silence_s // 6)
+        command = (f"(while sleep {beat}; do printf '%s\\n' {shlex.quote(HEARTBEAT)} || exit; done) & beat=$!; "
+                   f"{command}; status=$?; kill $beat 2>/dev/null; exit $status")
     channel = conn.client.get_transport().open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
-    buffer = b""
+    buffer, heard = b"", time.monotonic()
     while True:
         if channel.recv_ready():
             buffer += channel.recv(65536)
+            heard = time.monotonic()
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                on_line(line.decode(errors="replace"))
+                if line.decode(errors="replace") != HEARTBEAT:
+                    on_line(line.decode(errors="replace"))
         elif channel.exit_status_ready():
             break
+        elif silence_s and time.monotonic() - heard > silence_s:
+            channel.close()
+            raise NodeSilent(f"nothing from {conn.host}:{conn.port} for {silence_s} s")
         else:
             time.sleep(0.1)
     if buffer:

@@ -15,7 +15,7 @@ from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
-from provision.ssh import connect, put_text, run, stream
+from provision.ssh import NodeSilent, connect, follow_silence_s, put_text, run, stream
 from provision.ui import answer, console
 from provision.values import writable_dir
 
@@ -33,6 +33,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
     state = st.load(name)
     facts = load_facts(name)
+    follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
     if resume and not resume_from:
         if not state.jobs:
             raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
@@ -122,7 +123,11 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
             copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} "
-               f"{shlex.quote(job.remote_dir)}/output.log 2>/dev/null", on_line)
+               f"{shlex.quote(job.remote_dir)}/output.log 2>/dev/null", on_line, silence_s=follow_silence_s())
+    except NodeSilent as exc:
+        raise FtcError(f"{state.head.name} stopped answering ({exc}); job {job.id} may still be running. Reattach "
+                       f"when it answers: `ftc logs --name {name} -f`; `ftc status --name {name}` says what is up"
+                       ) from None
     except KeyboardInterrupt:
         if one_shot:
             raise

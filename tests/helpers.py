@@ -2,6 +2,8 @@
 Ansible bootstrap: real ssh between nodes, a real mpirun, the files the runner reads."""
 
 import json
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -43,3 +45,13 @@ def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
     assert mpi.returncode == 0, mpi.stderr
     assert len(hostname_lines(mpi.stdout)) == nodes
     return facts
+
+
+def following(proc: subprocess.Popen) -> None:
+    """Proof that `ftc finetune` (proc) is in its follow loop, where Ctrl-C detaches and a destroyed
+    cluster is told: it has printed a line of the job's output (its stdout holds only those)."""
+    line = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    wait_for(lambda: line or proc.poll() is not None, "the follower to print the job's first line")
+    assert line and line[0], proc.communicate()

@@ -1,12 +1,16 @@
 """A detached job is known by its pid and start time, recorded at launch: `ftc cancel` and
 `ftc down` stop it (and only it), wherever its processes were reparented."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
-from conftest import ftc
-from helpers import wait_for
+from conftest import FTC, ftc
+from helpers import following, wait_for
 
 from provision import procs
 
@@ -66,3 +70,27 @@ def test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_noth
     finally:
         assert ftc("down", "--name", "odd").returncode == 0
     assert not marker.exists()
+
+
+def test_a_follower_whose_node_freezes_says_so_and_exits_non_zero(ftc_home, minilm, glue_dir):
+    job = start_detached(ftc_home, minilm, glue_dir)
+    head = json.loads((ftc_home / "clusters" / "jp" / "state.json").read_text())["nodes"][0]
+    follower = subprocess.Popen([*FTC, "logs", "--name", "jp", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "FTC_FOLLOW_SILENCE_S": "10"})
+    frozen: list[int] = []
+    try:
+        following(follower)  # in its loop, reading the job's output through the head node's sshd
+        frozen = [head["pid"], *procs.descendants(head["pid"])]  # the node's sshd and its sessions (the job is not
+        for pid in frozen:                                       # below them: it was started detached, setsid)
+            os.kill(pid, signal.SIGSTOP)
+        _, err = follower.communicate(timeout=300)  # a hang guard only: the follower decides after 10 s of silence
+        assert follower.returncode == 1, err
+        assert f"{head['name']} stopped answering" in err and "Reattach when it answers: `ftc logs --name jp -f`" in err
+        assert "Traceback" not in err
+        assert procs.is_same(job["pid"], job["pid_start"])  # the job itself was left alone
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        follower.kill()
+        ftc("down", "--name", "jp", check=True)

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 from conftest import FTC, ftc
-from test_train import following, held_job
+from helpers import following
+from test_train import held_job
 
 from runner.report import first_bad_rank, for_terminal, progress, tracebacks
 

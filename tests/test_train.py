@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import wait_for
+from helpers import following
 
 from provision import procs
 
@@ -48,16 +47,6 @@ def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
         if jobs and (Path(jobs[-1]["remote_dir"]) / "held").exists():
             return Path(jobs[-1]["remote_dir"])
         time.sleep(0.1)
-
-
-def following(proc: subprocess.Popen) -> None:
-    """Proof that `ftc finetune` (proc) is in its follow loop, where Ctrl-C detaches and a destroyed
-    cluster is told: it has printed a line of the job's output (its stdout holds only those)."""
-    line = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    wait_for(lambda: line or proc.poll() is not None, "the follower to print the job's first line")
-    assert line and line[0], proc.communicate()
 
 
 def results_of_run(home: Path, name: str) -> dict:
