@@ -193,6 +193,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         aws.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
+    if not bootstrap:  # a job needs the stack first
+        console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s), not bootstrapped; "
+                      f"next: `make bootstrap NAME={state.name}` (or `ftc bootstrap --name {state.name}`)")
+        return 0
     from runner.jobspec import hub_reachable
     offline = "" if hub_reachable() else " MODEL=auto DATA_DIR=auto"  # the packaged MiniLM, ../shared's GLUE
     console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s); "
@@ -345,7 +349,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.runs_command == "compare":
         if len(args.run) < 2:
             raise UsageError(f"RUN={args.run[0]!r}: compare needs two or more runs; allowed: ids from `ftc runs`")
-        chosen = [runs.find(ref) for ref in args.run]
+        found = [runs.find(ref) for ref in args.run]
+        chosen = list({run["results_dir"]: run for run in found}.values())  # a run named twice is one run
+        if len(chosen) < 2:
+            raise UsageError(f"RUN={' '.join(args.run)!r} names one run; compare needs two or more different runs; "
+                             "allowed: ids from `ftc runs`")
         out = Path(args.out) if args.out else \
             runs.runs_root() / "compare" / ("_vs_".join(r["id"] for r in chosen)[:200] + ".png")
         if out.suffix.lower() != ".png" or out.is_dir():

@@ -22,7 +22,9 @@ def test_playbook_passes_syntax_check():
 
 def test_inventory_names_every_node_and_the_pinned_keys(ftc_home):
     import yaml
-    assert ftc("up", "--name", "inv", "--nodes", "2", "--no-bootstrap").returncode == 0
+    up = ftc("up", "--name", "inv", "--nodes", "2", "--no-bootstrap")
+    assert up.returncode == 0
+    assert "not bootstrapped; next: `make bootstrap NAME=inv`" in up.stderr and "make finetune" not in up.stderr
     proc = ftc("inventory", "--name", "inv")
     data = yaml.safe_load(Path(proc.stdout.strip()).read_text())
     group = data["all"]["children"]["ftc_nodes"]

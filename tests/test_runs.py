@@ -60,6 +60,10 @@ def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ft
     compared = ftc("runs", "compare", runs[0]["id"], runs[1]["id"], "--out", str(out))
     assert compared.returncode == 0 and f"plot: {out}" in compared.stdout and out.read_bytes()[:4] == b"\x89PNG"
     assert all(r["id"] in compared.stdout for r in runs)
+    twice = ftc("runs", "compare", runs[0]["id"], runs[0]["id"], runs[1]["id"], "--out", str(tmp_path / "dup.png"))
+    assert twice.returncode == 0 and twice.stdout.count(runs[0]["id"]) == 1  # a run named twice is compared once
+    alone = ftc("runs", "compare", runs[0]["id"], runs[0]["id"])
+    assert alone.returncode == 2 and "names one run; compare needs two or more different runs" in alone.stderr
 
 
 def test_an_unknown_run_is_refused_in_one_line(ftc_home):
