@@ -195,7 +195,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
     if not bootstrap:  # a job needs the stack first
         console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s), not bootstrapped; "
-                      f"next: `make bootstrap NAME={state.name}` (or `ftc bootstrap --name {state.name}`)")
+                      f"next: `make bootstrap NAME={state.name}`")
         return 0
     from runner.jobspec import hub_reachable
     offline = "" if hub_reachable() else " MODEL=auto DATA_DIR=auto"  # the packaged MiniLM, ../shared's GLUE
