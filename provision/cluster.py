@@ -7,6 +7,7 @@ first resource and a running cluster terminates whatever was created, and a
 second Ctrl-C during that cleanup is ignored until it finishes.
 """
 
+import errno
 import shutil
 import signal
 import time
@@ -102,9 +103,15 @@ def _check_settings(provider) -> None:
 
 
 def _terminate(state: st.ClusterState, provider) -> None:
-    """Mark the state first (a job's follower sees the cluster go), then delete what it names."""
+    """Mark the state first (a job's follower sees the cluster go), then delete what it names. On a
+    full disk the mark is skipped: removing the nodes (billed, on AWS) must not wait on a write."""
     state.phase = "terminating"
-    st.save(state)
+    try:
+        st.save(state)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        console.print(f"[yellow]no space left to mark {state.name} as terminating; removing its nodes anyway[/]")
     provider.terminate(state)
 
 

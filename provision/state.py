@@ -171,11 +171,15 @@ def save(state: ClusterState) -> None:
     path = state_path(state.name)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(state.to_json())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(state.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: the old state stays whole, no half-written copy beside it
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class CorruptState(Exception):
@@ -233,29 +237,42 @@ def all_names() -> list[str]:
 @contextmanager
 def locked(name: str, command: str, create: bool = False) -> Iterator[None]:
     """Hold the cluster's lock; refuse at once, naming the holder, if another command has it.
-    Only `up` and `down` may create the cluster's directory; others need the cluster to exist."""
+    Only `up` and `down` may create the cluster's directory; others need the cluster to exist.
+
+    The holder's name is written best-effort: on a full disk the lock still holds (flock needs no
+    space), so that `down` can tear the nodes down without writing first. A directory made here
+    that holds no state when the command ends (an `up` that failed) goes again."""
     directory = cluster_dir(name)
     if not create and not directory.exists():
         load(name)  # raises the one-line "no cluster of that name"
+    made = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / "lock"
-    fh = open(path, "a+")
+    fh = open(path, "a+b", buffering=0)  # unbuffered: a write that finds no space fails there, not at close
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.seek(0)
-        holder = fh.read().strip() or "another ftc command"
+        holder = fh.read().decode(errors="replace").strip() or "another ftc command"
         fh.close()
         raise ClusterBusy(f"cluster {name!r} is busy: {holder}; wait for it to finish, "
                           "or stop it (Ctrl-C) and run your command again") from None
     try:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"locked by pid {os.getpid()} (`ftc {command}`) since {time.strftime('%H:%M:%S')}")
-        fh.flush()
+        _note_holder(fh, f"locked by pid {os.getpid()} (`ftc {command}`) since {time.strftime('%H:%M:%S')}")
         yield
     finally:
-        fh.seek(0)
-        fh.truncate()
+        _note_holder(fh, "")
         fcntl.flock(fh, fcntl.LOCK_UN)
         fh.close()
+        if made and not state_path(name).exists() and [p.name for p in directory.iterdir()] == ["lock"]:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _note_holder(fh, text: str) -> None:
+    """Who holds the lock, for a command that finds it taken; skipped when the disk is full."""
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(text.encode())
+    except OSError:
+        pass

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 the work failed, 2 bad input (nothing created or changed),
 """
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -515,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"error: no space left on the disk of {exc.filename or st.ftc_home()}; free some space and run "
+              f"`ftc {args.command}` again (`ftc status` says what is up; `ftc down` works on a full disk)",
+              file=sys.stderr)
+        return 1
     return code
 
 
