@@ -4,6 +4,10 @@ config.json (and the tokenizer's JSON files) must parse, the weights must be the
 tokenizer must be there. Read cheaply and without torch: a safetensors file by its header (8 bytes
 of length, then a JSON table of tensors whose extents must fill the file), a PyTorch .bin by its
 zip directory (or, for the pre-1.6 format, its pickle mark), a sharded checkpoint by its index.
+The config must also fit the weights, read from the safetensors header alone: the architecture
+its model_type names must be the one the tensors belong to, and the input embedding's rows and
+width must be its vocab_size and hidden size (a GPT-2 config beside MiniLM weights, or a
+vocab_size of 1000 beside 30,522 rows, would otherwise fail on every rank after the launch).
 Each problem is a ValueError whose text completes "MODEL='<dir>' ...".
 """
 
@@ -18,6 +22,14 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model
 JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 MAX_SAFETENSORS_HEADER = 100 * 2**20  # the safetensors library refuses larger headers too
 PICKLE_MARK = b"\x80"  # the first byte of a pickle (protocol 2+): torch.save's format before zip
+# The input embedding's name, by the end of its tensor name, for each architecture ftc is tested with
+# and its close kin; a model_type not listed is checked for its embedding's shape only.
+EMBEDDINGS = {"bert": "word_embeddings.weight", "distilbert": "word_embeddings.weight",
+              "roberta": "word_embeddings.weight", "xlm-roberta": "word_embeddings.weight",
+              "deberta": "word_embeddings.weight", "deberta-v2": "word_embeddings.weight",
+              "electra": "word_embeddings.weight", "albert": "word_embeddings.weight", "mpnet": "word_embeddings.weight",
+              "modernbert": "tok_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
+              "mistral": "embed_tokens.weight", "qwen2": "embed_tokens.weight"}
 
 
 def check_model_dir(path: Path) -> None:
@@ -32,9 +44,12 @@ def check_model_dir(path: Path) -> None:
     for name in JSON_FILES:
         if (path / name).exists():
             _json(path / name)
-    if not isinstance(_json(path / "config.json"), dict):
+    config = _json(path / "config.json")
+    if not isinstance(config, dict):
         raise ValueError(f"cannot load: {path / 'config.json'} is JSON but not an object of settings")
-    _check_weights(weights[0])
+    tensors = _check_weights(weights[0])
+    if tensors:
+        _check_config_fits(config, tensors, path)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ValueError(f"has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
 
@@ -48,30 +63,34 @@ def _json(file: Path):
         raise ValueError(f"cannot load: {file} is not JSON ({exc})") from None
 
 
-def _check_weights(file: Path) -> None:
+def _check_weights(file: Path) -> dict[str, list[int]]:
+    """Raise ValueError if the weights would not load; the tensors' shapes by name, where the format
+    tells them without loading (safetensors), else {}."""
     if file.name.endswith(".index.json"):
         index = _json(file)
         shards = sorted(set(index.get("weight_map", {}).values())) if isinstance(index, dict) else []
         if not shards:
             raise ValueError(f"cannot load: {file} names no weight files (no weight_map)")
+        tensors: dict[str, list[int]] = {}
         for shard in shards:
             if not (file.parent / shard).exists():
                 raise ValueError(f"cannot load: {file} names {shard}, which is not there")
-            _check_weights(file.parent / shard)
-        return
+            tensors.update(_check_weights(file.parent / shard))
+        return tensors
     try:
         with open(file, "rb") as fh:
             if file.suffix == ".safetensors":
-                _check_safetensors(file, fh)
-            elif not zipfile.is_zipfile(fh):
+                return _check_safetensors(file, fh)
+            if not zipfile.is_zipfile(fh):
                 fh.seek(0)
                 if fh.read(1) != PICKLE_MARK:
                     raise ValueError(f"cannot load: {file} is not a PyTorch checkpoint (neither a zip nor a pickle)")
     except OSError as exc:
         raise ValueError(f"cannot load: {file} cannot be read ({exc.strerror})") from None
+    return {}
 
 
-def _check_safetensors(file: Path, fh) -> None:
+def _check_safetensors(file: Path, fh) -> dict[str, list[int]]:
     size = file.stat().st_size
     head = fh.read(8)
     length = int.from_bytes(head, "little") if len(head) == 8 else 0
@@ -87,6 +106,31 @@ def _check_safetensors(file: Path, fh) -> None:
     if needed != held:
         raise ValueError(f"cannot load: {file} is truncated or damaged: its tensors need {needed} "
                          f"bytes of data, it holds {held}")
+    return {key: list(entry.get("shape", [])) for key, entry in table.items() if key != "__metadata__"}
+
+
+def _check_config_fits(config: dict, tensors: dict[str, list[int]], path: Path) -> None:
+    """The config's architecture and sizes against the weights' input embedding."""
+    model_type = str(config.get("model_type", ""))
+    found = next(((name, shape) for name, shape in tensors.items()
+                  if name.endswith(tuple(set(EMBEDDINGS.values()))) and len(shape) == 2), None)
+    if found is None:
+        return  # an architecture whose input embedding ftc does not know by name: nothing to compare
+    name, (rows, width) = found
+    expected = EMBEDDINGS.get(model_type)
+    if expected and not name.endswith(expected):
+        raise ValueError(f"cannot load: config.json says model_type {model_type!r}, whose input embedding is "
+                         f"*{expected}, but the weights hold {name}: the config belongs to another architecture "
+                         "than the weights; put the model's own config.json beside them")
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and vocab != rows:
+        raise ValueError(f"cannot load: config.json's vocab_size {vocab} does not fit the weights' input embedding "
+                         f"{name} of {rows} rows; put the model's own config.json beside them")
+    hidden = next((config[key] for key in ("embedding_size", "hidden_size", "dim", "d_model", "n_embd")
+                   if isinstance(config.get(key), int)), None)
+    if hidden is not None and hidden != width:
+        raise ValueError(f"cannot load: config.json's hidden size {hidden} does not fit the weights' input "
+                         f"embedding {name} of width {width}; put the model's own config.json beside them")
 
 
 def packaged_model() -> str:

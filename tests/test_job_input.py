@@ -100,3 +100,20 @@ def test_model_directory_that_cannot_load_is_refused(ftc_home, model_copy, chang
 def test_packaged_model_and_real_mrpc_pass_the_checks(ftc_home, minilm, glue_dir):
     proc = ftc("finetune", "--name", "nowhere", "--model", minilm, "--data-dir", str(glue_dir))
     assert_refused(proc, "NAME='nowhere'", ftc_home)  # refused for the missing cluster only
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"vocab_size": 1000}, "config.json's vocab_size 1000 does not fit the weights' input embedding "
+                           "embeddings.word_embeddings.weight of 30522 rows"),
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
+     "config.json says model_type 'gpt2', whose input embedding is *wte.weight, but the weights hold "
+     "embeddings.word_embeddings.weight"),
+    ({"hidden_size": 768}, "config.json's hidden size 768 does not fit the weights' input embedding "
+                           "embeddings.word_embeddings.weight of width 384"),
+], ids=["vocab size", "another architecture", "hidden size"])
+def test_a_config_that_does_not_fit_the_weights_is_refused_before_launch(ftc_home, model_copy, change, named):
+    config = json.loads((model_copy / "config.json").read_text())
+    replace(model_copy, "config.json", json.dumps({**config, **change}).encode())
+    proc = ftc("finetune", "--name", "nowhere", "--model", str(model_copy))
+    assert_refused(proc, named, ftc_home)
+    assert f"MODEL='{model_copy}'" in proc.stderr
