@@ -199,9 +199,13 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
             return json.loads(previous)
         progress("mpirun", f"hostname on {n} node(s)")
         put_text(conn, hostname_script(state, facts), f"{wd}/jobs/verify-hostname.sh", 0o755)
-        hostnames = hostname_lines(run(conn, head, "verify mpirun", f"{in_wd}bash jobs/verify-hostname.sh"))
+        # a line that is no node's hostname (a banner a node's shell prints at each ssh hop) is not counted
+        known = {f.hostname for f in facts}
+        printed = hostname_lines(run(conn, head, "verify mpirun", f"{in_wd}bash jobs/verify-hostname.sh"))
+        hostnames = [line for line in printed if line in known]
         if len(hostnames) != n:
-            raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)}")
+            raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)} "
+                             f"(of {len(printed)} printed)")
         put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
         progress("all_reduce", f"gloo over {n} rank(s)")
         try:

@@ -168,9 +168,22 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
     raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}); is the node up? {look}")
 
 
+# Printed before every command's own output: whatever a server's shell start-up files print first
+# (an `echo` in ~/.bashrc, a banner) comes before it and is dropped, so no marker or JSON ftc reads
+# back is mistaken for it.
+OUTPUT_BEGINS = "\x1eftc-output-begins"
+
+
+def after_start_up(output: str) -> str:
+    """What a command printed after OUTPUT_BEGINS (all of it, if the marker is missing)."""
+    head, marker, rest = output.partition(OUTPUT_BEGINS + "\n")
+    return rest if marker else head
+
+
 def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:
     try:
-        return conn.run(command, hide=True, in_stream=False).stdout
+        out = conn.run(f"printf '%s\\n' {shlex.quote(OUTPUT_BEGINS)}; {command}", hide=True, in_stream=False).stdout
+        return after_start_up(out)
     except UnexpectedExit as exc:
         tail = (exc.result.stderr or exc.result.stdout).strip().splitlines()[-3:]
         raise StepFailed(node.name, step, " | ".join(tail) or f"exit code {exc.result.exited}") from None
@@ -190,8 +203,21 @@ def tar_bundle(files: dict[str, tuple[str, int]]) -> bytes:
 
 
 def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
-    conn.put(io.BytesIO(text.encode()), remote)
-    conn.sftp().chmod(remote, mode)
+    """A small file on the node, through `cat` on a command channel rather than SFTP: SFTP's stream
+    breaks on a server whose shell start-up files print a line (sshd starts its subsystem through
+    that shell), and some servers offer no SFTP at all. Written beside, then moved into place."""
+    partial = shlex.quote(f"{remote}.ftc-partial")
+    channel = conn.client.get_transport().open_session()
+    try:
+        channel.exec_command(f"cat > {partial} && chmod {mode:o} {partial} && mv -f {partial} {shlex.quote(remote)}")
+        channel.sendall(text.encode())
+        channel.shutdown_write()
+        status = channel.recv_exit_status()
+        error = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+    finally:
+        channel.close()
+    if status != 0:
+        raise FtcError(f"{conn.host}:{conn.port}: writing {remote} failed: {error.splitlines()[-1] if error else status}")
 
 
 def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
@@ -200,6 +226,7 @@ def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
     A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded. With
     `silence_s`, the node also prints a heartbeat every silence_s/6 seconds, and NodeSilent is
     raised once nothing at all has come for silence_s: the node (or the network to it) froze."""
+    command = f"printf '%s\\n' {shlex.quote(OUTPUT_BEGINS)}; {command}"
     if silence_s:
         beat = max(1, silence_s // 6)
         command = (f"(while sleep {beat}; do printf '%s\\n' {shlex.quote(HEARTBEAT)} || exit; done) & beat=$!; "
@@ -207,15 +234,16 @@ def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
     channel = conn.client.get_transport().open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
-    buffer, heard = b"", time.monotonic()
+    buffer, heard, begun = b"", time.monotonic(), False
     while True:
         if channel.recv_ready():
             buffer += channel.recv(65536)
             heard = time.monotonic()
             *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.decode(errors="replace") != HEARTBEAT:
-                    on_line(line.decode(errors="replace"))
+            for line in map(lambda raw: raw.decode(errors="replace"), lines):
+                if begun and line != HEARTBEAT:
+                    on_line(line)
+                begun = begun or line == OUTPUT_BEGINS
         elif channel.exit_status_ready():
             break
         elif silence_s and time.monotonic() - heard > silence_s:
@@ -223,7 +251,7 @@ def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
             raise NodeSilent(f"nothing from {conn.host}:{conn.port} for {silence_s} s")
         else:
             time.sleep(0.1)
-    if buffer:
+    if buffer and begun:
         on_line(buffer.decode(errors="replace"))
     channel.close()
 

@@ -275,3 +275,20 @@ def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, ser
     assert not (servers[0].home / ".ftc-node").exists()  # the other host is cleaned
     assert not (ftc_home / "clusters" / "pin").exists()
     assert os.path.exists(changed.root / "host_key")
+
+
+def test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified(ftc_home, servers, user_key):
+    """Many servers print a line from ~/.bashrc (bash reads it for commands run by sshd): no marker,
+    JSON or hostname ftc reads back is mistaken for it."""
+    for server in servers:
+        (server.home / ".bashrc").write_text('echo "Welcome to $(hostname), a server of yours"\n')
+    proof = subprocess.run(["ssh", "-i", str(user_key), "-p", str(servers[0].port), "-o", "StrictHostKeyChecking=no",
+                            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", servers[0].spec.split(":")[0],
+                            "true"], capture_output=True, text=True, timeout=60)
+    assert "Welcome to" in proof.stdout  # the shell of a command run over ssh does print it
+    up = ftc("up", "--name", "greet", *ssh_flags(servers, user_key), "--yes", "1")
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "Traceback" not in up.stderr and "verified: mpirun hostname on 2 node(s)" in up.stdout + up.stderr
+    again = ftc("bootstrap", "--name", "greet")  # the markers read back: nothing redone, nothing misread
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert ftc("down", "--name", "greet").returncode == 0
