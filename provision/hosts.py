@@ -23,6 +23,7 @@ functions; ssh happens at the edges below.
 """
 
 import getpass
+import ipaddress
 import secrets
 import shlex
 import shutil
@@ -191,9 +192,12 @@ def _each(items: list, work) -> list:
 def _resolve(host: Host) -> str:
     """The address ssh would connect to for this host ('' when the name does not resolve)."""
     try:
-        return socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0]
+        address = socket.getaddrinfo(host.address, host.port, type=socket.SOCK_STREAM)[0][4][0]
     except (OSError, UnicodeError):
         return ""
+    mapped = ipaddress.ip_address(address.split("%")[0])
+    # [::ffff:a.b.c.d] is a.b.c.d reached over IPv6's mapped form: one server, whichever way it is written
+    return str(mapped.ipv4_mapped) if mapped.version == 6 and mapped.ipv4_mapped else address
 
 
 def _read_key(host: Host) -> tuple[str, str]:

@@ -7,6 +7,7 @@ source goes through the same parser, so a bad `NODES=abc` and a bad
 `nodes = "abc"` in the config file get the same one-line refusal.
 """
 
+import getpass
 import ipaddress
 import os
 import re
@@ -124,8 +125,11 @@ def _hosts(key: str, raw: Any) -> list[str]:
         except ValueError:
             raise UsageError(f"{label(key)}={raw!r}: {str(item)!r} is not a host; allowed: a comma list of "
                              "user@host[:port] (user and port optional: yours and 22)") from None
-        if any(parse_host(s)[1:] == (host, port) for s in seen):
-            raise UsageError(f"{label(key)}={raw!r} names {host}:{port} twice; give each server once")
+        # two accounts on one server are two nodes (each its own directory); one account twice is not
+        me = getpass.getuser()
+        if any(((u or me), h, p) == ((user or me), host, port) for u, h, p in map(parse_host, seen)):
+            raise UsageError(f"{label(key)}={raw!r} names {host_label(user or me, host, port)} twice; "
+                             "give each account on a server once")
         seen.append(host_label(user, host, port))
     return seen
 

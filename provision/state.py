@@ -264,8 +264,16 @@ def locked(name: str, command: str, create: bool = False) -> Iterator[None]:
         _note_holder(fh, "")
         fcntl.flock(fh, fcntl.LOCK_UN)
         fh.close()
-        if made and not state_path(name).exists() and [p.name for p in directory.iterdir()] == ["lock"]:
+        if made and _holds_only_the_lock(directory):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _holds_only_the_lock(directory: Path) -> bool:
+    """A cluster directory with nothing in it but its lock (an `up` that failed before saving)."""
+    try:
+        return [entry.name for entry in directory.iterdir()] == ["lock"]
+    except OSError:  # already removed (a rollback), or unreadable: nothing to tidy
+        return False
 
 
 def _note_holder(fh, text: str) -> None:

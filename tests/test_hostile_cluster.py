@@ -298,7 +298,7 @@ def server(tmp_path):
     made.stop()
 
 
-@pytest.mark.parametrize("spelling", ["127.000.000.111", "127.111"])
+@pytest.mark.parametrize("spelling", ["127.000.000.111", "127.111", "[::ffff:127.0.0.111]"])
 def test_one_server_under_two_spellings_is_refused_before_anything_changes(ftc_home, server, spelling):
     before = server.listing()
     hosts = f"{server.spec},{getpass.getuser()}@{spelling}:{server.port}"

@@ -152,9 +152,12 @@ def test_hosts_parse_into_user_address_port_and_bad_ones_are_refused():
                                     Host("bob", "fd00::1", 22)]
     config = resolve_spec({}, {}, {"provider": "ssh", "hosts": ["a@h1", "a@h2:23"]})
     assert config.hosts == ["a@h1:22", "a@h2:23"]
+    two_accounts = resolve_spec({"provider": "ssh", "hosts": "alice@h1,bob@h1"}, {})  # one server, two nodes
+    assert two_accounts.hosts == ["alice@h1:22", "bob@h1:22"]
     for flags, named in [({"hosts": "-oProxyCommand=sh", "provider": "ssh"}, "HOSTS='-oProxyCommand=sh'"),
                          ({"hosts": "h:70000", "provider": "ssh"}, "HOSTS='h:70000'"),
-                         ({"hosts": "h,h:22", "provider": "ssh"}, "names h:22 twice"),
+                         ({"hosts": "h,h:22", "provider": "ssh"}, f"names {getpass.getuser()}@h:22 twice"),
+                         ({"hosts": f"h,{getpass.getuser()}@h", "provider": "ssh"}, "twice; give each account"),
                          ({"provider": "ssh"}, "PROVIDER='ssh' needs HOSTS"),
                          ({"hosts": "h"}, "HOSTS is for your own servers"),
                          ({"hosts": "h", "provider": "ssh", "nodes": "2"}, "NODES=2 but HOSTS names 1"),
