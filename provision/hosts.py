@@ -43,6 +43,7 @@ from .templates import render
 from .ui import console
 
 ROOT = ".ftc-node"  # under $HOME; not ~/.ftc, which is the controller's own state when a host is this machine
+MADE_BY_FTC = ".made-by-ftc"  # in ROOT, when ftc created ROOT: a ROOT that was there before up stays after down
 MIN_PYTHON = "3.11"
 STACK_MODULES = ("torch", "transformers", "tokenizers")  # what STACK_PYTHON must import
 FREE_GB_WITH_STACK_PYTHON = 2  # jobs, logs, checkpoints
@@ -146,6 +147,7 @@ def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
     stop_jobs = [procs.stop_group_command(pid, job.pid_start) for job in state.jobs if job.state == "running"
                  for pid in job.pids_by_node.get(node.name, [])]
     return render("host_cleanup.sh.j2", cluster=state.name, label=node.id, workdir=node.workdir, root=ROOT,
+                  made_by_ftc=MADE_BY_FTC,
                   authorized_keys=node.authorized_keys, stop_jobs=stop_jobs, claim=state.resources.get("claim", ""),
                   node_dirs=sorted({n.workdir for n in state.nodes}))
 
@@ -281,9 +283,11 @@ def launch(state: st.ClusterState) -> None:
     def claim_dir(node: st.NodeInfo) -> None:
         wd = shlex.quote(node.workdir)
         # mkdir without -p: a directory already there is another cluster's, and up stops
+        # the root (~/.ftc-node) gets MADE_BY_FTC only when ftc creates it: destroy removes it only then
+        root = shlex.quote(str(Path(node.workdir).parent))
         with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
-            run(conn, node, "claim", f"umask 077 && mkdir -p {shlex.quote(str(Path(node.workdir).parent))} && "
-                                     f"mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
+            run(conn, node, "claim", f"umask 077 && {{ [ -d {root} ] || {{ mkdir -p {root} && : > {root}/{MADE_BY_FTC}; "
+                                     f"}}; }} && mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
     _each(state.nodes, claim_dir)
 
 

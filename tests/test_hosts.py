@@ -295,3 +295,13 @@ def test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified(ftc_h
     again = ftc("bootstrap", "--name", "greet")  # the markers read back: nothing redone, nothing misread
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
     assert ftc("down", "--name", "greet").returncode == 0
+
+
+def test_down_keeps_a_ftc_node_directory_that_was_there_before_up(ftc_home, servers, user_key):
+    (servers[0].home / ".ftc-node").mkdir()  # yours, empty, before ftc came
+    before = [s.listing() for s in servers]
+    up = ftc("up", "--name", "was", *ssh_flags(servers, user_key), "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert ftc("down", "--name", "was").returncode == 0
+    assert (servers[0].home / ".ftc-node").is_dir() and not (servers[1].home / ".ftc-node").exists()
+    assert [s.listing() for s in servers] == before  # each server as it was: the one it made goes, yours stays
