@@ -297,28 +297,39 @@ def wait(state: st.ClusterState) -> None:
 
 def terminate(state: st.ClusterState) -> None:
     """On every host at once: stop, unappend, remove. A host that cannot be cleaned (unreachable,
-    or presenting another key: ftc never logs in to it again) is named with what is left there;
-    the controller forgets the cluster anyway, and the next `up` there names the leftovers again."""
+    hung, or presenting another key) is named with the reason and what is left there, and stays
+    recorded, alone, so that `ftc down` again finishes the job once it answers (and a finished
+    job's results there can still be fetched meanwhile); the cleaned ones are forgotten."""
     def clean(node: st.NodeInfo) -> str:
         try:
             with connect(state, node, attempts=3) as conn:
                 out = run(conn, node, "destroy", _sh(cleanup_script(state, node)))
         except StepFailed as exc:
-            return f"host {node.id}: not cleaned ({str(exc).split('failed: ', 1)[-1]}); left there: {node.workdir} " \
-                   f"and the line ending 'ftc-{state.name}-internal' in {node.authorized_keys}: remove them by hand"
+            left = f"host {node.id}: not cleaned ({str(exc).split('failed: ', 1)[-1]}); left there: {node.workdir} " \
+                   f"and the line ending 'ftc-{state.name}-internal' in {node.authorized_keys}"
+            # a server that presents another key is never logged in to again: only you can remove what is there
+            return (left + ": remove them by hand", False) if "host key mismatch" in str(exc) else (left, True)
         if "NOT_OURS" in out:  # launch stopped before its claim: the directory there is another's
             console.print(f"host {node.id}: {node.workdir} holds another claim than this cluster's; left as it is",
                           markup=False)
-        return "" if "CLEANED" in out or "NOT_OURS" in out else f"host {node.id}: cleanup said {out.strip()[-200:]}"
+        done = "CLEANED" in out or "NOT_OURS" in out
+        return ("", False) if done else (f"host {node.id}: cleanup said {out.strip()[-200:]}", True)
     if not state.nodes:
         console.print(f"no servers recorded for {state.name!r}; if it ran on yours, what ftc left there is "
                       f"$HOME/{ROOT}/{state.name} and the authorized_keys line ending 'ftc-{state.name}-internal'",
                       markup=False)
         return
-    left = [line for line in _each(state.nodes, clean) if line]
-    if left:
+    outcomes = _each(state.nodes, clean)  # (what is left there, whether a later down can finish it)
+    lines = [line for line, _ in outcomes if line]
+    if not lines:
+        return
+    state.nodes = [node for node, (_, retry) in zip(state.nodes, outcomes) if retry]
+    if not state.nodes:
         shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
-        raise FtcError("\nerror: ".join(left))
+        raise FtcError("\nerror: ".join(lines))
+    st.save(state)
+    raise FtcError("\nerror: ".join(lines) + f"\nerror: cluster {state.name} stays recorded with {len(state.nodes)} "
+                   f"server(s) to clean: `ftc down --name {state.name}` again once they answer finishes it")
 
 
 def query(state: st.ClusterState) -> list[NodeStatus]:

@@ -10,6 +10,7 @@ contact, or by the local provider that generated it) and refuses any other after
 import base64
 import hashlib
 import io
+import logging
 import os
 import shlex
 import tarfile
@@ -25,6 +26,8 @@ from .errors import FtcError
 from .values import from_env, whole
 
 # About a minute: a fresh EC2 node's sshd comes up well inside that. FTC_CONNECT_ATTEMPTS overrides it.
+# paramiko logs each failed handshake with a traceback of its own; ftc says what failed in one line.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 CONNECT_ATTEMPTS = 30
 
 
@@ -159,7 +162,8 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
                 raise StepFailed(node.name, "connect", f"host key not pinned ({exc})") from None
-            last = str(exc)
+            # paramiko follows a banner timeout with "No existing session": the first says what happened
+            last = last if str(exc) == "No existing session" and last else _reason(exc)
         except (OSError, EOFError) as exc:
             last = str(exc) or type(exc).__name__
         time.sleep(min(2.0, 0.2 * (attempt + 1)))
@@ -178,6 +182,13 @@ def after_start_up(output: str) -> str:
     """What a command printed after OUTPUT_BEGINS (all of it, if the marker is missing)."""
     head, marker, rest = output.partition(OUTPUT_BEGINS + "\n")
     return rest if marker else head
+
+
+def _reason(exc: Exception) -> str:
+    """A connection failure in words: a server whose sshd accepts but never speaks is hung."""
+    if "Error reading SSH protocol banner" in str(exc):
+        return "it accepted the connection but sent no SSH banner: its sshd hangs or is overloaded"
+    return str(exc)
 
 
 def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:

@@ -305,3 +305,24 @@ def test_down_keeps_a_ftc_node_directory_that_was_there_before_up(ftc_home, serv
     assert ftc("down", "--name", "was").returncode == 0
     assert (servers[0].home / ".ftc-node").is_dir() and not (servers[1].home / ".ftc-node").exists()
     assert [s.listing() for s in servers] == before  # each server as it was: the one it made goes, yours stays
+
+
+def test_down_with_a_server_that_does_not_answer_keeps_it_recorded_and_a_later_down_finishes(ftc_home, servers,
+                                                                                               user_key):
+    before = [s.listing() for s in servers]
+    up = ftc("up", "--name", "away", *ssh_flags(servers, user_key), "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr[-3000:]
+    servers[1].stop()  # down, or unreachable: its sshd does not answer
+    down = ftc("down", "--name", "away")
+    assert down.returncode == 1 and "Traceback" not in down.stderr, down.stderr
+    errors = [line for line in down.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[0].startswith(f"error: host {servers[1].spec}: not cleaned (") and "No existing session" not in errors[0]
+    assert errors[-1] == ("error: cluster away stays recorded with 1 server(s) to clean: `ftc down --name away` "
+                          "again once they answer finishes it")
+    assert servers[0].listing() == before[0]  # the one that answered is cleaned
+    status = ftc("status", "--name", "away")  # the record names what is left
+    assert status.returncode in (0, 1) and servers[1].spec.split("@")[1].split(":")[0] in status.stdout + status.stderr
+    servers[1].start()
+    again = ftc("down", "--name", "away")
+    assert again.returncode == 0, again.stderr
+    assert [s.listing() for s in servers] == before and not (ftc_home / "clusters" / "away").exists()
