@@ -283,14 +283,24 @@ def epoch_rows(results: Path) -> tuple[list[dict], list[dict]]:
     return done.get("epoch_metrics", dev), steps
 
 
+def epoch_columns(epochs: list[dict]) -> list[str]:
+    """The per-epoch columns a report shows: the dev metrics and the training loss (each pass's
+    wall time, rows and tokens, `pass_*`, are the bench's, and stay in results.json)."""
+    return sorted({k for e in epochs for k in e if k != "epoch" and not k.startswith("pass_")})
+
+
+def number(value) -> str:
+    """A metric in a table: four decimals; blank where an epoch has none (or a diverged loss, null)."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) else ""
+
+
 def markdown(run: dict, epochs: list[dict], png: Path) -> str:
     lines = [f"# Run {run['id']} ({run['cluster']})", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary_rows(run)] + [""]
-    keys = sorted({k for e in epochs for k in e if k != "epoch"})
+    keys = epoch_columns(epochs)
     if epochs:
         lines += ["| epoch | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-        lines += [f"| {e['epoch']} | " + " | ".join(f"{e[k]:.4f}" if k in e else "" for k in keys) + " |"
-                  for e in epochs]
+        lines += [f"| {e['epoch']} | " + " | ".join(number(e.get(k)) for k in keys) + " |" for e in epochs]
     else:
         lines.append("No epoch finished.")
     return "\n".join(lines + ["", f"![loss, dev metric and throughput]({png.name})", ""])
@@ -302,13 +312,13 @@ def show(run: dict) -> tuple[Path, Path]:
     epochs, steps = epoch_rows(results)
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
     if epochs:
-        keys = sorted({k for e in epochs for k in e if k != "epoch"})
+        keys = epoch_columns(epochs)
         from rich.table import Table
         table = Table(title="per epoch", title_justify="left")
         for column in ("epoch", *keys):
             table.add_column(column, justify="right")
         for e in epochs:
-            table.add_row(str(e["epoch"]), *(f"{e[k]:.4f}" if k in e else "" for k in keys))
+            table.add_row(str(e["epoch"]), *(number(e.get(k)) for k in keys))
         answer.print(table)
     md, png = results / "report.md", results / "report.png"
     plot_run(run, epochs, steps, png)
@@ -330,7 +340,7 @@ def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> No
     if steps:
         loss.plot([s["epoch"] for s in steps], [s["loss"] for s in steps], ".", color="lightgrey",
                   label="logged steps")
-    trained = [e for e in epochs if "train_loss" in e]
+    trained = [e for e in epochs if isinstance(e.get("train_loss"), (int, float))]
     loss.plot([e["epoch"] for e in trained], [e["train_loss"] for e in trained], "o-", label="epoch mean")
     loss.set(xlabel="epoch", ylabel="training loss", title="training loss")
     loss.legend()

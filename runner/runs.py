@@ -29,7 +29,7 @@ FIELD_KINDS = {
              "epochs": int | None, "started_at": float, "ended_at": float | None},
     RESULTS_FILE: {"task": str, "model": str, "precision": str, "finished_at": str, "nodes": int,
                    "ranks_per_node": int, "epochs": int, "samples_per_second": float,
-                   "epoch_metrics": list[dict[str, float]]},
+                   "epoch_metrics": list[dict[str, float | None]]},  # null: a loss that diverged
 }
 
 
