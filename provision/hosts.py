@@ -313,7 +313,7 @@ def terminate(state: st.ClusterState) -> None:
             console.print(f"host {node.id}: {node.workdir} holds another claim than this cluster's; left as it is",
                           markup=False)
         done = "CLEANED" in out or "NOT_OURS" in out
-        return ("", False) if done else (f"host {node.id}: cleanup said {out.strip()[-200:]}", True)
+        return ("", False) if done else (f"host {node.id}: cleanup said {out.strip()[-200:]}", False)
     if not state.nodes:
         console.print(f"no servers recorded for {state.name!r}; if it ran on yours, what ftc left there is "
                       f"$HOME/{ROOT}/{state.name} and the authorized_keys line ending 'ftc-{state.name}-internal'",
@@ -329,7 +329,8 @@ def terminate(state: st.ClusterState) -> None:
         raise FtcError("\nerror: ".join(lines))
     st.save(state)
     raise FtcError("\nerror: ".join(lines) + f"\nerror: cluster {state.name} stays recorded with {len(state.nodes)} "
-                   f"server(s) to clean: `ftc down --name {state.name}` again once they answer finishes it")
+                   f"server(s) to clean: `ftc down --name {state.name}` again once they answer finishes it (a server "
+                   f"gone for good: remove what is left there by hand, then {st.cluster_dir(state.name)})")
 
 
 def query(state: st.ClusterState) -> list[NodeStatus]:

@@ -196,7 +196,7 @@ def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:
         out = conn.run(f"printf '%s\\n' {shlex.quote(OUTPUT_BEGINS)}; {command}", hide=True, in_stream=False).stdout
         return after_start_up(out)
     except UnexpectedExit as exc:
-        tail = (exc.result.stderr or exc.result.stdout).strip().splitlines()[-3:]
+        tail = (exc.result.stderr or after_start_up(exc.result.stdout)).strip().splitlines()[-3:]
         raise StepFailed(node.name, step, " | ".join(tail) or f"exit code {exc.result.exited}") from None
 
 
@@ -241,7 +241,7 @@ def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
     if silence_s:
         beat = max(1, silence_s // 6)
         command = (f"(while sleep {beat}; do printf '%s\\n' {shlex.quote(HEARTBEAT)} || exit; done) & beat=$!; "
-                   f"{command}; status=$?; kill $beat 2>/dev/null; exit $status")
+                   f"{command}; rc=$?; kill $beat 2>/dev/null; exit $rc")
     channel = conn.client.get_transport().open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
@@ -254,7 +254,7 @@ def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
             for line in map(lambda raw: raw.decode(errors="replace"), lines):
                 if begun and line != HEARTBEAT:
                     on_line(line)
-                begun = begun or line == OUTPUT_BEGINS
+                begun = begun or line.endswith(OUTPUT_BEGINS)  # a start-up file's last words may precede it
         elif channel.exit_status_ready():
             break
         elif silence_s and time.monotonic() - heard > silence_s:

@@ -241,31 +241,44 @@ def locked(name: str, command: str, create: bool = False) -> Iterator[None]:
 
     The holder's name is written best-effort: on a full disk the lock still holds (flock needs no
     space), so that `down` can tear the nodes down without writing first. A directory made here
-    that holds no state when the command ends (an `up` that failed) goes again."""
+    that holds no state when the command ends (an `up` that failed) goes again, while the lock is
+    still held; a lock file removed so meanwhile is not the lock any more, and is taken anew."""
     directory = cluster_dir(name)
     if not create and not directory.exists():
         load(name)  # raises the one-line "no cluster of that name"
     made = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / "lock"
-    fh = open(path, "a+b", buffering=0)  # unbuffered: a write that finds no space fails there, not at close
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().decode(errors="replace").strip() or "another ftc command"
-        fh.close()
-        raise ClusterBusy(f"cluster {name!r} is busy: {holder}; wait for it to finish, "
-                          "or stop it (Ctrl-C) and run your command again") from None
+    fh = _take_lock(name, directory)
     try:
         _note_holder(fh, f"locked by pid {os.getpid()} (`ftc {command}`) since {time.strftime('%H:%M:%S')}")
         yield
     finally:
         _note_holder(fh, "")
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        fh.close()
         if made and _holds_only_the_lock(directory):
             shutil.rmtree(directory, ignore_errors=True)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
+def _take_lock(name: str, directory: Path):
+    """The cluster's lock file, flocked; ClusterBusy naming the holder when another has it."""
+    while True:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = directory / "lock"
+        fh = open(path, "a+b", buffering=0)  # unbuffered: a write that finds no space fails there, not at close
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().decode(errors="replace").strip() or "another ftc command"
+            fh.close()
+            raise ClusterBusy(f"cluster {name!r} is busy: {holder}; wait for it to finish, "
+                              "or stop it (Ctrl-C) and run your command again") from None
+        try:
+            if os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino:
+                return fh
+        except FileNotFoundError:
+            pass
+        fh.close()  # the file was removed (a failed up tidying its directory) after it was opened: again
 
 
 def _holds_only_the_lock(directory: Path) -> bool:

@@ -69,11 +69,17 @@ def what_is_released(name: str, keep: bool) -> str:
     return f"interrupted: tore down cluster {name} ({nodes}); no job was running"
 
 
+def finished(results_dir: Path) -> bool:
+    """The run there finished: nothing of it to resume."""
+    record, _ = runs.read_run_file(results_dir, runs.RECORD)
+    return record.get("status") == "finished"
+
+
 def latest_checkpoint(name: str, job: JobSpec) -> Path:
     """The newest checkpoint the controller holds for this cluster name and task (or in RESULTS)."""
     root = Path(job.results) if job.results else runs.runs_root() / name
     pattern = home_checkpoint("" if job.results else f"{job.task}-*")  # one job's results, or each of the task's
-    found = sorted(root.glob(str(pattern)), key=lambda p: p.stat().st_mtime)
+    found = sorted((p for p in root.glob(str(pattern)) if not finished(p.parent.parent)), key=lambda p: p.stat().st_mtime)
     if not found:
         raise UsageError(f"--resume: no checkpoint of {job.task} under {root}; run without --resume")
     console.print(f"resuming from {found[-1]}")

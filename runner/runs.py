@@ -72,7 +72,8 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
     def world(run: dict) -> int | None:  # unknown until the cluster's ranks are planned
         return run["nodes"] * run["ranks_per_node"] if run.get("nodes") and run.get("ranks_per_node") else None
     recorded, now = {**record, "world_size": world(record)}, {**settings, "world_size": world(settings)}
-    known = [key for key in SAME_JOB if key in record and key in settings] + \
+    # None is "the recipe's own" (a batch never given): not told apart from the value it stands for
+    known = [key for key in SAME_JOB if record.get(key) is not None and settings.get(key) is not None] + \
         (["world_size"] if recorded["world_size"] and now["world_size"] else [])
     differs = [f"{key} {recorded[key]!r} -> {now[key]!r}" for key in known if recorded[key] != now[key]]
     if differs:
@@ -175,7 +176,7 @@ def read_run_file(results: Path, name: str) -> tuple[dict, str]:
 
 def wrong_kinds(name: str, data: dict) -> str:
     """The first field of a run's file that holds the wrong kind of value, in words; '' when none. Pure."""
-    kinds = {**FIELD_KINDS[name], **{k: float for k in data if k.startswith("eval_")}}
+    kinds = {**FIELD_KINDS[name], **{k: float | None for k in data if k.startswith("eval_")}}  # None: diverged
     for key, kind in kinds.items():
         measured = key == "epoch_metrics" or key.startswith("eval_")  # may be NaN: a diverged run
         if key in data and not conforms(data[key], kind, finite=not measured):

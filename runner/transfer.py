@@ -10,7 +10,7 @@ from pathlib import Path
 import paramiko
 
 from provision import state as st
-from provision.ssh import connect
+from provision.ssh import connect, follow_silence_s
 from provision.ui import console
 
 # What a dropped ssh connection raises mid-copy: paramiko's "Server connection dropped" is an
@@ -31,7 +31,9 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     try:
-        copied = _copy_if_newer(conn.sftp(), f"{job.remote_dir}/checkpoints/last.pt", target, partial)
+        sftp = conn.sftp()
+        sftp.get_channel().settimeout(follow_silence_s())  # a node that freezes mid-copy does not hang the follower
+        copied = _copy_if_newer(sftp, f"{job.remote_dir}/checkpoints/last.pt", target, partial)
     except CONNECTION_LOST as exc:
         partial.unlink(missing_ok=True)
         console.print(f"copying the checkpoint of job {job.id} home failed ({type(exc).__name__}: {exc}); "

@@ -1,11 +1,14 @@
 """FTC_HOME on a full disk (a small tmpfs, filled): `down` still removes the nodes without writing
 first, `up` leaves nothing behind, and each command says what happened in one line."""
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import ftc, sshd_pids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (as the local nodes' sshd does)")
 
 
 @pytest.fixture

@@ -80,14 +80,15 @@ def test_a_follower_whose_node_freezes_says_so_and_exits_non_zero(ftc_home, mini
     frozen: list[int] = []
     try:
         following(follower)  # in its loop, reading the job's output through the head node's sshd
-        frozen = [head["pid"], *procs.descendants(head["pid"])]  # the node's sshd and its sessions (the job is not
-        for pid in frozen:                                       # below them: it was started detached, setsid)
+        # the node's sshd and all below it: the follower's session, and the rank mpirun reached through ssh
+        frozen = [head["pid"], *procs.descendants(head["pid"])]
+        for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         _, err = follower.communicate(timeout=300)  # a hang guard only: the follower decides after 10 s of silence
         assert follower.returncode == 1, err
         assert f"{head['name']} stopped answering" in err and "Reattach when it answers: `ftc logs --name jp -f`" in err
         assert "Traceback" not in err
-        assert procs.is_same(job["pid"], job["pid_start"])  # the job itself was left alone
+        assert procs.is_same(job["pid"], job["pid_start"])  # the follower left: the job's launch script runs on
     finally:
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):

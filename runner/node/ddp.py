@@ -24,7 +24,8 @@ def global_batches(n: int, lengths: list[int], batch_size: int, world: int, grou
     """
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=generator).tolist()
-    order += order[:(-len(order)) % world]
+    pad = (-len(order)) % world
+    order += (order * (pad // max(1, len(order)) + 1))[:pad]  # cyclically: fewer rows than ranks too
     step = batch_size * world
     if not group:
         return [order[i:i + step] for i in range(0, len(order), step)]

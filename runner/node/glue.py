@@ -204,5 +204,8 @@ METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews, "pe
            "spearmanr": spearman}
 
 
-def compute_metrics(name: str, pred: list[float], gold: list[float]) -> dict[str, float]:
-    return {f"eval_{metric}": round(METRICS[metric](pred, gold), 6) for metric in TASKS[name].metrics}
+def compute_metrics(name: str, pred: list[float], gold: list[float]) -> dict[str, float | None]:
+    """Each of the task's metrics, rounded; None where it is not a number (a regression that
+    diverged predicts NaN), since every JSON ftc writes is strict."""
+    scores = {f"eval_{metric}": round(METRICS[metric](pred, gold), 6) for metric in TASKS[name].metrics}
+    return {key: value if math.isfinite(value) else None for key, value in scores.items()}

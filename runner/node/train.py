@@ -292,7 +292,8 @@ def main(argv=None) -> int:
                         "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                         "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
-            log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" if v is not None else f"{k} none"
+                                                           for k, v in metrics.items()))
         if not args.no_save:
             save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log, "")
         if args.max_steps and step >= args.max_steps:
@@ -474,7 +475,8 @@ def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: flo
             loss = sync.module(**batch, labels=labels).loss
         (loss * share if share != 1 else loss).backward()
     t1 = time.perf_counter()
-    waited = sync.balance.exchange(len(labels), collate_s + t1 - t0) if syncing else 0.0
+    if syncing:
+        sync.balance.exchange(len(labels), collate_s + t1 - t0)  # waits here for the slowest rank
     t2 = time.perf_counter()
     if syncing:
         if sync.grads:
@@ -487,7 +489,7 @@ def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: flo
     optimizer.zero_grad(set_to_none=True)
     value = loss.item()
     t4 = time.perf_counter()
-    return value, {"compute_s": collate_s + t1 - t0, "wait_s": waited, "comm_s": t3 - t2, "optimizer_s": t4 - t3,
+    return value, {"compute_s": collate_s + t1 - t0, "wait_s": t2 - t1, "comm_s": t3 - t2, "optimizer_s": t4 - t3,
                    "step_s": collate_s + t4 - t0}
 
 
