@@ -27,7 +27,7 @@ SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,N
 JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,epochs) \
   $(call flag,BATCH_SIZE,batch-size) $(call flag,MAX_TRAIN_SAMPLES,max-train-samples) \
   $(call flag,DATA_DIR,data-dir) $(call flag,RESULTS,results) $(call flag,RECIPE,recipe) \
-  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
+  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
 .PHONY: setup test demo runs cluster bootstrap finetune run sweep plan destroy status ssh logs cancel fetch inventory bench lint \

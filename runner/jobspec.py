@@ -33,6 +33,8 @@ JOB_FLAGS = {
     "max_train_samples": "use the first N training rows (0: all)",
     "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
+    "allreduce": "after-backward (default: cores idle, as the bench measured) or overlap (DDP's buckets during "
+                 "backward: may hide the transfer on a real network)",
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
                "PyTorch's fused kernel (faster: README, Performance)",
     "ppn": "ranks per node (default: one per socket)",
@@ -41,7 +43,8 @@ JOB_FLAGS = {
 }
 PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
-           "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False)}
+           "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
+           "allreduce": one_of(("after-backward", "overlap"))}
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
 
@@ -57,6 +60,7 @@ class JobSpec:
     recipe: str = "ftc"
     precision: str = "auto"
     dropout: float | None = None  # None: the model's own
+    allreduce: str = ""  # "": the recipe's (ftc: after-backward, seed: overlap)
     ppn: int = 0  # 0: one per socket
     results: str = ""
     checkpoint_s3: str = ""
@@ -194,6 +198,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args += ["--precision", job.precision]
     if job.dropout is not None:
         args += ["--dropout", str(job.dropout)]
+    if job.allreduce:
+        args += ["--allreduce", job.allreduce]
     for flag, value in (("--data-dir", job.data_dir), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
                         ("--lr", job.lr), ("--max-train-samples", job.max_train_samples)):
         if value:

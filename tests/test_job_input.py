@@ -117,3 +117,16 @@ def test_a_config_that_does_not_fit_the_weights_is_refused_before_launch(ftc_hom
     proc = ftc("finetune", "--name", "nowhere", "--model", str(model_copy))
     assert_refused(proc, named, ftc_home)
     assert f"MODEL='{model_copy}'" in proc.stderr
+
+
+def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_home):
+    from runner.jobspec import train_args, validate_job
+    job = validate_job({"task": "mrpc", "dropout": "0", "allreduce": "overlap"})
+    args = train_args(job, "/w/jobs/j", "stock", resume=False)
+    assert args[args.index("--dropout") + 1] == "0.0" and args[args.index("--allreduce") + 1] == "overlap"
+    default = train_args(validate_job({"task": "mrpc"}), "/w/jobs/j", "stock", resume=False)
+    assert "--dropout" not in default and "--allreduce" not in default  # the recipe's own
+    proc = ftc("finetune", "--name", "nowhere", "--allreduce", "sideways")
+    assert_refused(proc, "ALLREDUCE='sideways' is not known; allowed: after-backward, overlap", ftc_home)
+    proc = ftc("finetune", "--name", "nowhere", "--dropout", "1")
+    assert_refused(proc, "DROPOUT='1' is out of range", ftc_home)

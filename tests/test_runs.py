@@ -102,12 +102,13 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
     from provision.errors import UsageError
     from runner import runs
     record = {"id": "mrpc-1", "cluster": "c", "status": "preempted", "task": "mrpc", "model": "m", "data_dir": "",
-              "recipe": "ftc", "batch_size": None, "nodes": 2, "ranks_per_node": 1}
+              "recipe": "ftc", "batch_size": 32, "nodes": 2, "ranks_per_node": 1}
     (tmp_path / "run.json").write_text(json.dumps(record))
     same = {key: record[key] for key in ("task", "model", "data_dir", "recipe", "batch_size")}
     runs.refuse_other_job(tmp_path, "c", {**same, "nodes": 2, "ranks_per_node": 1})  # the same job: resumable
     runs.refuse_other_job(tmp_path, "c", same)  # ranks not planned yet: the rest is checked
-    for change, named in (({"task": "qqp"}, "task 'mrpc' -> 'qqp'"), ({"batch_size": 64}, "batch_size None -> 64"),
+    runs.refuse_other_job(tmp_path, "c", {**same, "batch_size": None})  # not given: the recipe's own, not told apart
+    for change, named in (({"task": "qqp"}, "task 'mrpc' -> 'qqp'"), ({"batch_size": 64}, "batch_size 32 -> 64"),
                           ({"nodes": 4, "ranks_per_node": 1}, "world_size 2 -> 4")):
         try:
             runs.refuse_other_job(tmp_path, "c", {**same, **change})
