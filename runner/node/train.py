@@ -292,8 +292,7 @@ def main(argv=None) -> int:
                         "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                         "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
-            log.info(f"epoch {epoch + 1} dev " + " ".join(f"{k} {v:.4f}" if v is not None else f"{k} none"
-                                                           for k, v in metrics.items()))
+            log.info(f"epoch {epoch + 1} dev {metrics_line(metrics)}")
         if not args.no_save:
             save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log, "")
         if args.max_steps and step >= args.max_steps:
@@ -511,6 +510,11 @@ def every_rank(value, world: int) -> list:
     gathered = [None] * world
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def metrics_line(metrics: dict[str, float | None]) -> str:
+    """The dev metrics as the log shows them; `none` for one that is not a number (null in JSON)."""
+    return " ".join(f"{k} {v:.4f}" if v is not None else f"{k} none" for k, v in metrics.items())
 
 
 def leave_group(env) -> None:
