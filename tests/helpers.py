@@ -55,3 +55,14 @@ def following(proc: subprocess.Popen) -> None:
     reader.start()
     wait_for(lambda: line or proc.poll() is not None, "the follower to print the job's first line")
     assert line and line[0], proc.communicate()
+
+
+def on_two_gloo_ranks(rank_program, rendezvous: Path, *args) -> dict:
+    """Run rank_program(rank, rendezvous, *args, out) in two real processes; what each put in
+    `out[rank]`. A file rendezvous: a port picked free here could be taken (by the other xdist
+    worker) before rank 0 binds it."""
+    import torch.multiprocessing as mp
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(rank_program, args=(str(rendezvous), *args, out), nprocs=2, join=True)
+        return dict(out)

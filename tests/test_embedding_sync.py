@@ -4,7 +4,7 @@ two real gloo ranks, each with its own batch of token ids."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers import on_two_gloo_ranks
 
 from runner.node import ddp
 
@@ -25,11 +25,7 @@ def _rank(rank: int, rendezvous: str, compress: bool, out: dict) -> None:
 
 @pytest.mark.parametrize("compress", [False, True], ids=["fp32", "bf16"])
 def test_used_rows_allreduce_equals_the_dense_one(compress, tmp_path):
-    # a file rendezvous: a port picked free here could be taken (by the other xdist worker) before rank 0 binds it
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), compress, out), nprocs=2, join=True)
-        results = dict(out)
+    results = on_two_gloo_ranks(_rank, tmp_path / "rendezvous", compress)
     for rank in (0, 1):
         rows, dense = results[rank]
         assert torch.equal(rows, dense), rank

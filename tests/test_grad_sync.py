@@ -5,7 +5,7 @@ ranks holding 5 and 3 rows of an 8-row batch."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers import on_two_gloo_ranks
 
 from runner.node import ddp
 
@@ -44,10 +44,7 @@ def _rank(rank: int, rendezvous: str, compress: bool, out: dict) -> None:
 
 @pytest.mark.parametrize("compress", [False, True], ids=["fp32", "bf16"])
 def test_balanced_split_averages_to_the_whole_batch_gradient(compress, tmp_path):
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), compress, out), nprocs=2, join=True)
-        results = dict(out)
+    results = on_two_gloo_ranks(_rank, tmp_path / "rendezvous", compress)
     net = model()
     x, y = data()
     torch.nn.functional.cross_entropy(net(x), y).backward()
