@@ -16,14 +16,25 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 
 from runner.node.facts import NodeFacts, machine_cpu_seconds
+from runner.node.protocol import (
+    BOOTSTRAP_FACTS,
+    BOOTSTRAP_SKIP,
+    BOOTSTRAP_STEP,
+    AllreduceReport,
+    bootstrap_step_line,
+    parse_allreduce,
+    parse_bootstrap_line,
+)
 
 from . import state as st
 from .errors import FtcError, UsageError
 from .keys import keygen
 from .launch import cluster_launch, render_launch
+from .providers import traits
 from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
 from .templates import render
@@ -46,14 +57,14 @@ def stack_venv(state: st.ClusterState, node: st.NodeInfo) -> tuple[str, bool]:
     given = given_python(state)
     if given:
         return str(PurePosixPath(given).parent.parent), True
-    reuse = state.provider == "local" and not missing_from_this_python(state.cluster_spec.stack) \
+    reuse = traits(state.provider).shares_this_machine and not missing_from_this_python(state.cluster_spec.stack) \
         and reuse_allowed()
     return (sys.prefix, True) if reuse else (f"{node.workdir}/venv", False)
 
 
 def given_python(state: st.ClusterState) -> str:
     """STACK_PYTHON on your own servers: a Python that has the stack, used as it is."""
-    return state.cluster_spec.stack_python if state.provider == "ssh" else ""
+    return state.cluster_spec.stack_python if traits(state.provider).user_stack_python else ""
 
 
 def reuse_allowed() -> bool:
@@ -64,11 +75,11 @@ def reuse_allowed() -> bool:
 def render_install(state: st.ClusterState, node: st.NodeInfo) -> str:
     stack = state.cluster_spec.stack
     venv, reuse = stack_venv(state, node)
-    on_aws = state.provider == "aws"
+    downloads = not traits(state.provider).shares_this_machine  # torch's CPU wheels; this machine's pip as it is
     own = {"given_python": given_python(state), "min_minor": 11, "no_system_packages": True} \
-        if state.provider == "ssh" else {}
+        if traits(state.provider).own_hosts else {}
     return render("install.sh.j2", stack=stack, venv=venv, pins=STACKS[stack], reuse_only=reuse,
-                  torch_index=TORCH_CPU_INDEX if on_aws or own else "",
+                  torch_index=TORCH_CPU_INDEX if downloads else "",
                   extra_index=INTEL_INDEX if stack == "intel" else "", **own)
 
 
@@ -79,7 +90,7 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "ssh_config": render("ssh_config.j2", me=node, nodes=state.nodes, cluster=state.name),
         "known_hosts": render("known_hosts.j2", nodes=state.nodes),
         "hostfile": render("hostfile.j2", nodes=state.nodes),
-        "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=state.provider == "ssh"),
+        "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=traits(state.provider).own_hosts),
         "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name),
     }
     return {**files, **node_package()}
@@ -120,7 +131,8 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
     python = shlex.quote(given_python(state) or "python")
     facts_command = f"cd {shlex.quote(wd)} && . ./env.sh && {python} -m runner.node.facts {shlex.quote(node.private_ip)}"
     script = render("bootstrap_node.sh.j2", node=node.name, workdir=wd, authorized_keys=node.authorized_keys,
-                    own_host=state.provider == "ssh",
+                    own_host=traits(state.provider).own_hosts, step_line=bootstrap_step_line, skip_line=BOOTSTRAP_SKIP,
+                    facts_line=BOOTSTRAP_FACTS,
                     public_key=public_key, facts_command=facts_command,
                     files_marker=f"files-{digest(*(text for text, _ in bundle.values()))}",
                     install_marker=f"install-{digest(install)}",
@@ -132,15 +144,17 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
         channel.shutdown_write()
         lines = channel.makefile("r")
         for line in lines:
-            name = line.split()[1] if line.startswith("STEP ") else step
-            if name != step:
-                reached(name, f"stack {state.cluster_spec.stack}" if name == "install" else "")
-            elif line.strip() == "SKIP":
+            mark = parse_bootstrap_line(line)
+            if mark is None:
+                continue
+            if mark.kind == BOOTSTRAP_STEP and mark.step != step:
+                reached(mark.step, f"stack {state.cluster_spec.stack}" if mark.step == "install" else "")
+            elif mark.kind == BOOTSTRAP_SKIP:
                 board.update(node.name, step, "already done")
-            elif line.strip() == "FACTS":
+            elif mark.kind == BOOTSTRAP_FACTS:
                 break
         output = lines.read()
-        error = channel.makefile_stderr("r").read().strip()
+        error = channel.makefile_stderr("r").read().decode(errors="replace").strip()  # paramiko's read gives bytes
         if channel.recv_exit_status() != 0:
             raise StepFailed(node.name, step, error.splitlines()[-1] if error else "failed")
     finally:
@@ -172,14 +186,13 @@ def hostname_lines(output: str) -> list[str]:
     return [re.sub(r"^\[[0-9,]+\](<stdout>:)?\s*", "", line).strip() for line in output.splitlines() if line.strip()]
 
 
-def allreduce_result(output: str, nodes: int) -> dict:
+def allreduce_result(output: str, nodes: int) -> AllreduceReport:
     """The verification's result line, checked: every rank saw the right sums."""
-    line = next((ln for ln in output.splitlines() if "ALLREDUCE " in ln), "")
-    if not line:
+    result = parse_allreduce(output)
+    if result is None:
         raise ValueError(f"no result line in: {output.strip()[-200:]}")
-    result, _ = json.JSONDecoder().raw_decode(line.split("ALLREDUCE ", 1)[1])
     total = nodes * (nodes + 1) / 2
-    if result["world_size"] != nodes or result["sum"] != [total, total, 0.0, total, 2 * total]:
+    if result.world_size != nodes or result.sum != [total, total, 0.0, total, 2 * total]:
         raise ValueError(f"wrong result {result}")
     return result
 
@@ -197,6 +210,8 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
         if previous:
             progress("ok", "already done")
             return json.loads(previous)
+        progress("logins", f"cluster key to {n} node(s)")
+        check_logins(conn, state)
         progress("mpirun", f"hostname on {n} node(s)")
         put_text(conn, hostname_script(state, facts), f"{wd}/jobs/verify-hostname.sh", 0o755)
         # a line that is no node's hostname (a banner a node's shell prints at each ssh hop) is not counted
@@ -212,10 +227,34 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
             result = allreduce_result(run(conn, head, "verify all_reduce", f"{in_wd}bash jobs/verify.sh"), n)
         except ValueError as exc:
             raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
-        checked = {"hostnames": hostnames, "allreduce": result}
+        checked = {"hostnames": hostnames, "allreduce": asdict(result)}
         put_text(conn, json.dumps(checked, allow_nan=False), marker)
         progress("ok", f"{n} hostname(s), all_reduce sums right")
         return checked
+
+
+REFUSED = "ftc-login-refused"  # starts the line of each node node 0 could not log in to
+
+
+def check_logins(conn, state: st.ClusterState) -> None:
+    """Node 0 logs in to every node by name with the cluster key (bin/ssh, as mpirun reaches them),
+    so that a refusal is named here, with its likely cause, rather than met as mpirun's generic failure."""
+    head, wd = state.head, shlex.quote(state.head.workdir)
+    out = run(conn, head, "verify logins", f"for n in {' '.join(shlex.quote(n.name) for n in state.nodes)}; do "
+              f'why=$({wd}/bin/ssh "$n" true 2>&1 < /dev/null) || echo "{REFUSED} $n $(echo "$why" | tail -n 1)"; done')
+    for line in out.splitlines():
+        if not line.startswith(f"{REFUSED} "):
+            continue  # a banner a node's shell printed
+        name, _, reason = line[len(REFUSED) + 1:].partition(" ")
+        node = next(n for n in state.nodes if n.name == name)
+        if "Permission denied" in reason:
+            raise StepFailed(head.name, "verify logins", f"{node.name} ({node.ssh_user}@{node.private_ip}) refused the "
+                             f"cluster key ({reason.strip()}): its sshd likely reads keys from elsewhere than "
+                             f"{node.authorized_keys or '~/.ssh/authorized_keys'} (managed keys: AuthorizedKeysFile or "
+                             f"AuthorizedKeysCommand in its sshd_config); add the key ending 'ftc-{state.name}-internal' "
+                             f"there, then `ftc bootstrap --name {state.name}`")
+        raise StepFailed(head.name, "verify logins", f"cannot log in to {node.name} with the cluster key "
+                         f"({reason.strip() or 'no reason given'}); `ftc bootstrap --name {state.name}` tries again")
 
 
 def facts_paths(state: st.ClusterState) -> list[Path]:
@@ -225,6 +264,8 @@ def facts_paths(state: st.ClusterState) -> list[Path]:
 def load_facts(name: str) -> list[NodeFacts]:
     state = st.load(name)
     paths = facts_paths(state)
+    if st.half_made(state):
+        raise UsageError(st.half_made(state))
     if state.phase != "bootstrapped" or not all(p.exists() for p in paths):
         raise UsageError(f"NAME={name!r} is not bootstrapped (phase {state.phase}); "
                          f"run `ftc bootstrap --name {name}` first")
@@ -284,8 +325,8 @@ def bootstrap(name: str) -> dict:
     check_settings()
     with st.locked(name, "bootstrap"):
         state = st.load(name)
-        if state.phase not in ("running", "bootstrapped"):
-            raise FtcError(f"cluster {name!r} is {state.phase}; only a running cluster can be bootstrapped")
+        if st.half_made(state, holding_lock=True):
+            raise FtcError(f"only a running cluster can be bootstrapped: {st.half_made(state, holding_lock=True)}")
         ensure_internal_key(name)
         hold_for_tests()
         started, busy = time.monotonic(), machine_cpu_seconds()

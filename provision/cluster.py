@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Iterator
 
 from rich.markup import escape
@@ -20,6 +21,7 @@ from . import providers
 from . import state as st
 from .catalog import REGIONS
 from .errors import UsageError
+from .providers import traits
 from .spec import PROVIDERS, ClusterSpec
 from .ui import console
 
@@ -54,7 +56,7 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
 
 def still_runs(spec: ClusterSpec) -> str:
     """What an interrupted bootstrap leaves, and the two ways on. Pure."""
-    billed = ", billed while they run" if spec.provider == "aws" else ""
+    billed = ", billed while they run" if traits(spec.provider).billed else ""
     return (f"cluster {spec.name} still runs ({spec.nodes} {spec.provider} node(s){billed}), not bootstrapped: "
             f"`ftc bootstrap --name {spec.name}` continues, `make destroy NAME={spec.name}` removes it")
 
@@ -63,46 +65,44 @@ def _create(spec: ClusterSpec, yes: bool = False) -> None:
     """Launch the nodes and wait for them; any failure or interruption rolls back everything created."""
     if st.exists(spec.name):
         existing = st.load(spec.name)
-        raise UsageError(f"NAME={spec.name!r} already exists ({existing.provider}, {existing.phase}); "
-                         f"use it, or remove it first with `make destroy NAME={spec.name}`")
-    provider = providers.get(spec.provider)
-    _check_settings(provider)
+        raise UsageError(st.half_made(existing) or f"NAME={spec.name!r} already exists ({existing.provider}, "
+                         f"{existing.phase}); use it, or remove it first with `ftc down --name {spec.name}`")
+    _check_settings(spec.provider)
     state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
     with st.locked(spec.name, "up", create=True):
         try:
-            if hasattr(provider, "confirm"):
-                provider.confirm(state, yes=yes)
+            providers.confirm(state, yes=yes)
         except BaseException:
             shutil.rmtree(st.cluster_dir(spec.name), ignore_errors=True)  # refused: leave nothing behind
             raise
         st.save(state)
         try:
             console.print(f"launching {spec.nodes} {spec.provider} node(s) for cluster [bold]{spec.name}[/]")
-            provider.launch(state)
-            provider.wait(state)
+            record = partial(st.save, state)  # the provider calls it after each id it makes, before going on
+            providers.launch(state, record)
+            providers.wait(state, record)
             state.phase = "running"
             st.save(state)
         except BaseException as exc:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed ({type(exc).__name__}: {exc})"
             console.print(f"[red]up {why}; rolling back everything it created[/]")
             with shielded():
-                _terminate(state, provider)
+                _terminate(state)
                 shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
             console.print(f"cluster [bold]{spec.name}[/] rolled back: nothing left running")
             raise
 
 
-def _check_settings(provider) -> None:
+def _check_settings(provider: str) -> None:
     """FTC_HOME and every FTC_* tuning variable that creating and bootstrapping will read, checked
     before anything exists: a bad one is one line (exit 2), never a failure once nodes run."""
     from . import bootstrap
     st.check_home()
     bootstrap.check_settings()
-    if hasattr(provider, "check_settings"):
-        provider.check_settings()
+    providers.check_settings(provider)
 
 
-def _terminate(state: st.ClusterState, provider) -> None:
+def _terminate(state: st.ClusterState) -> None:
     """Mark the state first (a job's follower sees the cluster go), then delete what it names. On a
     full disk the mark is skipped: removing the nodes (billed, on AWS) must not wait on a write."""
     state.phase = "terminating"
@@ -112,7 +112,16 @@ def _terminate(state: st.ClusterState, provider) -> None:
         if exc.errno != errno.ENOSPC:
             raise
         console.print(f"[yellow]no space left to mark {state.name} as terminating; removing its nodes anyway[/]")
-    provider.terminate(state)
+    providers.terminate(state, partial(_record_what_is_left, state))
+
+
+def _record_what_is_left(state: st.ClusterState) -> None:
+    """After a terminate that could not remove everything: the state names what a later `down` can
+    still remove; with no node of it left, the cluster is forgotten."""
+    if state.nodes:
+        st.save(state)
+    else:
+        shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
 
 
 def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
@@ -122,10 +131,10 @@ def down(name: str, provider_name: str | None = None, region: str | None = None)
     with st.locked(name, "down", create=True):
         states, unsearched = _states_to_remove(name, provider_name, region)
         for state in states:  # a bad tuning variable is refused before anything is removed
-            _check_settings(providers.get(state.provider))
+            _check_settings(state.provider)
         with shielded():
             for state in states:
-                _terminate(state, providers.get(state.provider))
+                _terminate(state)
             shutil.rmtree(st.cluster_dir(name), ignore_errors=True)
     console.print(unsearched or f"cluster [bold]{name}[/] is gone: nothing left running", soft_wrap=True)
 
@@ -140,9 +149,8 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
         reason = "no local state" if isinstance(exc, UsageError) else str(exc)
     recorded = st.recorded_place(name)
     st.clear_unloadable(name)
-    from . import aws
-    credentials = provider_name is None and aws.has_credentials()
-    places, region = search_places(provider_name, region, recorded, credentials)
+    askable = [p for p in PROVIDERS if provider_name is None and traits(p).found_by_tag and providers.has_credentials(p)]
+    places, region = search_places(provider_name, region, recorded, askable)
     where = ", ".join(places) + (f" ({region})" if "aws" in places else "")
     console.print(f"[yellow]{escape(reason)} for {name!r}; looking for its resources in {where}[/]", soft_wrap=True)
     states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(name=name, provider=p, region=region).to_dict())
@@ -160,20 +168,16 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
 
 
 def search_places(provider_flag: str | None, region_flag: str | None, recorded: dict[str, str],
-                  aws_credentials: bool) -> tuple[list[str], str]:
+                  askable: list[str]) -> tuple[list[str], str]:
     """Where `down` looks for a cluster whose state is missing or does not load, and in which AWS region:
-    the provider it is told; else this machine's local nodes, AWS when the broken state records it or
-    credentials are configured, and your servers when it records them. The region: told, else the
-    recorded one, else the default. Pure."""
+    the provider it is told; else this machine's local nodes, the provider the broken state records,
+    and those that find a cluster by its tags and can be asked (`askable`: AWS with credentials). The
+    region: told, else the recorded one, else the default. Pure."""
     recorded_provider = recorded.get("provider") if recorded.get("provider") in PROVIDERS else None
     region = region_flag or (recorded.get("region") if recorded.get("region") in REGIONS else ClusterSpec.region)
     if provider_flag:
         return [provider_flag], region
-    places = ["local"]
-    if recorded_provider == "aws" or aws_credentials:
-        places.append("aws")
-    if recorded_provider == "ssh":
-        places.append("ssh")
+    places = [p for p in PROVIDERS if traits(p).shares_this_machine or p == recorded_provider or p in askable]
     return places, region
 
 
@@ -225,7 +229,7 @@ def release(name: str, keep: bool) -> None:
 
 def status(name: str) -> tuple[st.ClusterState, list[providers.NodeStatus]]:
     state = st.load(name)
-    return state, providers.get(state.provider).query(state)
+    return state, providers.query(state)
 
 
 def hours_up(state: st.ClusterState) -> float:

@@ -19,6 +19,7 @@ from runner.node.facts import NodeFacts
 from . import state as st
 from .bootstrap import ensure_internal_key, facts_paths, mark_bootstrapped, node_package, pin_host_keys, stack_venv
 from .errors import FtcError, UsageError
+from .providers import traits
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
 from .ui import console
 from .values import local_path
@@ -47,12 +48,12 @@ def inventory(state: st.ClusterState) -> dict:
     return {"all": {"children": {"ftc_nodes": {"hosts": hosts, "vars": {
         "ansible_ssh_private_key_file": str(st.access_key_path(state.name)),
         # Local nodes are this machine: its Python runs the modules; AWS nodes have the system's.
-        "ansible_python_interpreter": sys.executable if state.provider == "local" else "/usr/bin/python3",
+        "ansible_python_interpreter": sys.executable if traits(state.provider).shares_this_machine else "/usr/bin/python3",
         "ansible_ssh_common_args": f"-F /dev/null -o UserKnownHostsFile={st.known_hosts_path(state.name)} "
                                    "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes",
         "ftc_cluster": state.name, "ftc_stack": stack, "ftc_pins": STACKS[stack],
         "ftc_node_files": sorted(node_package()),
-        "ftc_torch_index": TORCH_CPU_INDEX if state.provider == "aws" else "",
+        "ftc_torch_index": "" if traits(state.provider).shares_this_machine else TORCH_CPU_INDEX,  # as bootstrap's
         "ftc_extra_index": INTEL_INDEX if stack == "intel" else "",
         "ftc_internal_key": str(internal),
         "ftc_internal_pub": internal.with_suffix(".pub").read_text().strip() if internal.exists() else "",

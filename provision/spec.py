@@ -117,13 +117,14 @@ def host_label(user: str, host: str, port: int) -> str:
 
 
 def _hosts(key: str, raw: Any) -> list[str]:
-    items = raw if isinstance(raw, list) else [h for h in str(raw).replace(" ", "").split(",") if h]
+    items = raw if isinstance(raw, list) else [h.strip() for h in str(raw).split(",") if h.strip()]
     seen: list[str] = []
     for item in items:
         try:
             user, host, port = parse_host(str(item))
         except ValueError:
-            raise UsageError(f"{label(key)}={raw!r}: {str(item)!r} is not a host; allowed: a comma list of "
+            comma = " (hosts are separated by commas, not spaces)" if len(str(item).split()) > 1 else ""
+            raise UsageError(f"{label(key)}={raw!r}: {str(item)!r} is not a host{comma}; allowed: a comma list of "
                              "user@host[:port] (user and port optional: yours and 22)") from None
         # two accounts on one server are two nodes (each its own directory); one account twice is not
         me = getpass.getuser()

@@ -23,6 +23,7 @@ from invoke.exceptions import UnexpectedExit
 
 from . import state as st
 from .errors import FtcError
+from .providers import traits
 from .values import from_env, whole
 
 # About a minute: a fresh EC2 node's sshd comes up well inside that. FTC_CONNECT_ATTEMPTS overrides it.
@@ -83,7 +84,7 @@ def fetch_host_key(node: st.NodeInfo, timeout: float = 10) -> str:
 def login_key(state: st.ClusterState) -> str:
     """The private key ftc logs in with: the cluster's access key, or on your own servers SSH_KEY
     ('' there: your ssh agent and ~/.ssh keys, as your own ssh would)."""
-    if state.provider == "ssh":
+    if traits(state.provider).user_login:
         return state.cluster_spec.ssh_key
     return str(st.access_key_path(state.name))
 
@@ -120,7 +121,7 @@ def fingerprint(host_key: str) -> str:
 
 def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> str:
     presented = f"the node presents {key.get_name()} {key.get_base64()[:16]}..., not the key pinned at first contact"
-    if state.provider == "ssh":  # node.id is the host as you gave it
+    if traits(state.provider).own_hosts:  # node.id is the host as you gave it
         now = fingerprint(f"{key.get_name()} {key.get_base64()}")
         return (f"host key mismatch: {node.id} presents {key.get_name()} {now}, not the key pinned at first contact "
                 f"({fingerprint(node.host_key)}); "
@@ -131,14 +132,16 @@ def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> 
             f"`make destroy NAME={state.name}` and start anew")
 
 
-def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None) -> Connection:
+def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None,
+            next_step: str | None = None) -> Connection:
     """An open Fabric connection that accepts only the pinned host key; bounded retries
-    (FTC_CONNECT_ATTEMPTS unless `attempts` says)."""
+    (FTC_CONNECT_ATTEMPTS unless `attempts` says). `next_step`: what the failure tells the user to
+    do, in place of looking at `ftc status` ('' for nothing: the caller says it)."""
     attempts = connect_attempts() if attempts is None else attempts
     last = ""
     for attempt in range(attempts):
         try:
-            if not node.host_key and state.provider == "ssh":  # your servers: pinned only after you confirmed
+            if not node.host_key and traits(state.provider).own_hosts:  # your servers: pinned only after you confirmed
                 raise StepFailed(node.name, "connect", f"no pinned host key for {host_key_entry(node)}")
             if not node.host_key:
                 node.host_key = fetch_host_key(node)
@@ -155,7 +158,7 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
         except paramiko.BadHostKeyException as exc:
             raise StepFailed(node.name, "connect", _mismatch(state, node, exc.key)) from None
         except paramiko.AuthenticationException as exc:
-            if state.provider == "ssh":  # a server that exists refuses the key: waiting will not change that
+            if traits(state.provider).own_hosts:  # a server that exists refuses the key: waiting will not change that
                 raise StepFailed(node.name, "connect", f"{node.ssh_user}@{host_key_entry(node)} refused the login "
                                  f"({exc}); check SSH_KEY, or that your ssh agent holds a key it accepts") from None
             last = str(exc)
@@ -169,7 +172,8 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
         time.sleep(min(2.0, 0.2 * (attempt + 1)))
     # Before `up` records the cluster (your servers' checks) there is no status to look at yet.
     look = f"`ftc status --name {state.name}`" if st.exists(state.name) else "check the address, the port and sshd there"
-    raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}); is the node up? {look}")
+    advice = f"; is the node up? {look}" if next_step is None else f"; {next_step}" if next_step else ""
+    raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}){advice}")
 
 
 # Printed before every command's own output: whatever a server's shell start-up files print first

@@ -5,6 +5,10 @@
 oneCCL bindings for PyTorch (oneccl_bind_pt) are deprecated; 2.7.0 is the last release of
 the pair that matches one torch (IPEX 2.8.0 has no oneccl_bind_pt to go with it), and
 oneccl_bind_pt is only on Intel's own wheel index.
+`ipex`: the intel stack's parts that PyPI carries (IPEX 2.7.0 and its torch), all-reduce over gloo:
+ipex.optimize without oneCCL, for where Intel's index is out of reach (`make test-intel` runs it).
+PyPI's Linux torch 2.7.0 is the CUDA build (about 5 GB with its nvidia-* wheels; AWS and your
+own servers get the CPU build from PyTorch's index instead).
 """
 
 import functools
@@ -12,11 +16,12 @@ from importlib import metadata
 
 # impi-rt 2021.19.0 needs a libfabric that PyPI lacks; 2021.18.1 bundles its own.
 _COMMON = {"transformers": "5.24.0", "tokenizers": "0.23.3", "datasets": "5.2.0", "numpy": "2.4.6",
-           "impi-rt": "2021.18.1"}
+           "tensorboard": "2.21.0", "impi-rt": "2021.18.1"}
 
 STACKS: dict[str, dict[str, str]] = {
     "stock": {"torch": "2.13.0", **_COMMON},
     "intel": {"torch": "2.7.0", "intel-extension-for-pytorch": "2.7.0", "oneccl-bind-pt": "2.7.0", **_COMMON},
+    "ipex": {"torch": "2.7.0", "intel-extension-for-pytorch": "2.7.0", **_COMMON},
 }
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, get_args, get_origin
 
 from .errors import ClusterBusy, UsageError
+from .providers.records import TRAITS, Resources, traits
 from .spec import ClusterSpec
 from .values import conforms, control_character, kind_name, value_kind
 
@@ -57,12 +58,17 @@ class ClusterState:
     provider: str
     spec: dict[str, Any]
     phase: str = "launching"  # launching -> running -> bootstrapped; terminating; `down` starts from any
-    resources: dict[str, Any] = field(default_factory=dict)  # every id created, by kind
+    # every id the provider created, what it checked (providers/records.py): the provider's own record
+    resources: Resources | None = None  # None only until __post_init__ gives a new cluster its empty record
     nodes: list[NodeInfo] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     bootstrapped_at: float = 0.0
     stack_python: str = ""  # the Python of the installed stack, same path on every node
     jobs: list[JobInfo] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.resources is None:
+            self.resources = traits(self.provider).resources()
 
     @property
     def cluster_spec(self) -> ClusterSpec:
@@ -80,7 +86,12 @@ class ClusterState:
         """Raises ValueError for anything but the shape `to_json` writes (any JSON may be on disk):
         every field of the state, its nodes, its jobs and its spec of the type declared here."""
         data = json.loads(text)
+        provider = data.get("provider") if isinstance(data, dict) else None
+        if isinstance(provider, str) and provider not in TRAITS:
+            raise ValueError(f"provider should be one of {', '.join(TRAITS)}, not {provider!r}")
+        resources = data.pop("resources", {}) if isinstance(data, dict) else {}
         state = _from_dict(cls, data)
+        state.resources = _from_dict(traits(state.provider).resources, resources, "resources.")  # the provider's record
         spec_types = {f.name: f.type for f in fields(ClusterSpec)}
         for key, value in state.spec.items():
             if key in spec_types and not conforms(value, spec_types[key]):
@@ -105,8 +116,11 @@ def _from_dict(cls: type, data: Any, where: str = "") -> Any:
     for key, value in data.items():
         kind = declared[key].type
         item = get_args(kind)[0] if get_origin(kind) is list else None
+        record = next((t for t in (kind, *get_args(kind)) if is_dataclass(t)), None) if item is None else None
         if is_dataclass(item) and isinstance(value, list):
             values[key] = [_from_dict(item, v, f"{where}{key}[{i}].") for i, v in enumerate(value)]
+        elif record and isinstance(value, dict):  # a record inside a record (X, or X | None)
+            values[key] = _from_dict(record, value, f"{where}{key}.")
         elif not is_dataclass(item) and conforms(value, kind):
             values[key] = value
         else:
@@ -118,6 +132,22 @@ def ftc_home() -> Path:
     """Absolute (made so lexically, from the working directory): every path ftc records, and every
     sshd command line it later proves a node by, must name one directory wherever ftc runs from."""
     return Path(os.path.abspath(os.environ.get("FTC_HOME") or Path.home() / ".ftc"))
+
+
+# Where ftc keeps your own servers' clusters on each server ($HOME/.ftc-node/<cluster>/): every
+# directory there is a cluster's, so the controller's own state must never lie under one.
+NODE_ROOT = ".ftc-node"
+
+
+def refuse_home_in_node_root() -> None:
+    """Before any command: an FTC_HOME under a server's ~/.ftc-node is refused, in one line, rather
+    than its directories taken for clusters (and removing them advised)."""
+    home = ftc_home()
+    inside = next((p for p in (home, *home.parents) if p.name == NODE_ROOT), None)
+    if inside:
+        raise UsageError(f"FTC_HOME={str(home)!r} lies under {str(inside)!r}, where ftc keeps the clusters of your own "
+                         "servers (each directory there is one cluster's); keep the controller's state elsewhere: "
+                         "another FTC_HOME (the default is ~/.ftc)")
 
 
 def home_problem(home: str) -> str:
@@ -297,3 +327,34 @@ def _note_holder(fh, text: str) -> None:
         fh.write(text.encode())
     except OSError:
         pass
+
+
+def lock_holder(name: str) -> str:
+    """Who holds the cluster's lock now ('' when nobody does: a killed command releases it, though
+    its note stays in the file)."""
+    try:
+        fh = open(cluster_dir(name) / "lock", "rb")
+    except OSError:
+        return ""
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fh.read().decode(errors="replace").strip() or "another ftc command"
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return ""
+
+
+def half_made(state: ClusterState, holding_lock: bool = False) -> str:
+    """For a cluster that an `up` or a `down` left part-way (killed, or still at work): what it is
+    and the one command that moves on; '' once its nodes run. `up` does not resume a launch (it
+    refuses an existing cluster), so what a stopped one recorded is removed by `down`. `holding_lock`:
+    the caller has the lock, so no other command is at work."""
+    if state.phase in ("running", "bootstrapped"):
+        return ""
+    holder = "" if holding_lock else lock_holder(state.name)
+    if holder:
+        return f"cluster {state.name!r} is {state.phase}: {holder}; wait for it to finish"
+    stopped = "up" if state.phase == "launching" else "down"
+    return (f"cluster {state.name!r} is {state.phase}: its `ftc {stopped}` stopped part-way; "
+            f"`ftc down --name {state.name}` removes whatever it created (then `ftc up` starts afresh)")

@@ -31,6 +31,7 @@ from provision.values import boolean, local_path, whole, whole_list, writable_di
 
 from .model_files import packaged_model
 from .node import facts as node_facts
+from .node.protocol import RESULTS_FILE, TrainResults, parse_allreduce
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -207,20 +208,22 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
 
 def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str],
                allocator: str = "") -> dict:
-    """One training configuration: runner/node/train.py, its results.json."""
+    """One training configuration: runner/node/train.py, its results (as the file holds them: the
+    bench reads ftc's and the peer's records side by side, by their shared keys)."""
     job_dir = out / "runs" / name
     job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train",
                         train_args + ["--output-dir", str(job_dir)], allocator)
-    return json.loads((job_dir / "results.json").read_text())
+    return TrainResults.read(job_dir).to_dict()
 
 
 def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, megabytes: float) -> float:
     """Median time of one gloo all_reduce of `megabytes` of bf16 across `ranks` simulated nodes."""
     _, stdout = launch(f"allreduce-{ranks}", out, ranks, cores, cores_per_rank, mpi, "allreduce_check",
                        ["--time-mb", str(megabytes)])
-    line = next(ln for ln in stdout.splitlines() if "ALLREDUCE " in ln)
-    report, _ = json.JSONDecoder().raw_decode(line.split("ALLREDUCE ", 1)[1])
-    return report["allreduce_seconds"]
+    report = parse_allreduce(stdout)
+    if report is None or report.allreduce_seconds is None:
+        raise SystemExit(f"bench allreduce-{ranks}: no timed ALLREDUCE line in its output:\n{stdout[-3000:]}")
+    return report.allreduce_seconds
 
 
 def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, peer_args: list[str],
@@ -241,7 +244,7 @@ def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank:
     (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
-    return json.loads((job_dir / "results.json").read_text())
+    return json.loads((job_dir / RESULTS_FILE).read_text())
 
 
 def whole_pass(results: dict) -> dict:

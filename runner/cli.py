@@ -34,7 +34,7 @@ SPEC_HELP = {
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
     "allow_open_ssh": "1: allow SSH_CIDR=0.0.0.0/0",
     "max_hours": "AWS: the nodes power off after this many hours (default 4)",
-    "stack": "software on the nodes: stock (default) or intel",
+    "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
     "owner": "AWS: the ftc:owner tag (default: your user name)",
     "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
     "ssh_key": "ssh: the private key that logs in to HOSTS (default: your agent and ~/.ssh keys)",
@@ -130,8 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     _name_flag(p)
     p.add_argument("--out", default=None, help="file to write (default: the cluster's state dir)")
 
+    _plan_parser(sub)
+    _runs_parser(sub)
+
+    p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
+    return parser
+
+
+def _plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="predicted time and cost of a job per cluster size, before launching")
     p.add_argument("--task", default="mrpc", help="GLUE task (its training set size)")
+    p.add_argument("--model", default=None,
+                   help="a local model directory: its size, from its safetensors header, scales the rate and the "
+                        "all-reduce (default: distilbert-base-uncased's)")
     p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
     p.add_argument("--instance-type", default=None, help="default: the cluster spec's (c6i.16xlarge)")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
@@ -139,12 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
     p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
-
-    _runs_parser(sub)
-
-    p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
-    return parser
 
 
 def _runs_parser(sub) -> None:
@@ -188,10 +194,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     bootstrap = boolean("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
     yes = _switch(args, "yes", from_env=True)
     if args.dry_run:
-        if spec.provider != "aws":
+        from provision import providers
+        if not providers.supports(spec.provider, "dry_run"):
             raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
-        from provision import aws
-        aws.dry_run(spec)
+        providers.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
     if not bootstrap:  # a job needs the stack first
@@ -246,6 +252,7 @@ def _status_json(state: st.ClusterState, nodes) -> dict:
     data = json.loads(state.to_json())
     for node, live in zip(data["nodes"], nodes):
         node["live"] = live.state
+    data["launched_not_joined"] = [{"id": live.id, "live": live.state} for live in nodes[len(state.nodes):]]
     return data
 
 
@@ -253,15 +260,17 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     from rich.table import Table
 
     from provision.cluster import hours_up
+    from provision.providers import traits
     spec = state.cluster_spec
     hours = hours_up(state)
     cost = ""
-    if state.provider == "aws":
+    if traits(state.provider).billed:
         from provision.catalog import INSTANCE_TYPES
         kind = INSTANCE_TYPES.get(spec.instance_type)  # state on disk may name any type
-        cost = f", about ${hours * len(state.nodes) * kind.usd_per_hour:.2f} so far" if kind else \
+        billing = [live for live in nodes if live.state in ("running", "unknown")]  # unknown: it may run
+        cost = f", {len(billing)} billed, about ${hours * len(billing) * kind.usd_per_hour:.2f} so far" if kind else \
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
-    elif state.provider == "ssh":
+    elif traits(state.provider).own_hosts:
         cost = ", your servers: no cost"
     table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
                   title_justify="left")
@@ -270,21 +279,27 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     for node, live in zip(state.nodes, nodes):
         table.add_row(node.name, node.id, f"{node.public_ip} / {node.private_ip}",
                       f"{node.ssh_user}@:{node.ssh_port}", live.state, live.detail)
+    for live in nodes[len(state.nodes):]:  # launched, never joined: the `up` that made it stopped
+        table.add_row("(not joined)", live.id, "-", "-", live.state, live.detail)
     answer.print(table)
+    unfinished = st.half_made(state)
+    if unfinished:
+        console.print(unfinished, style="yellow", markup=False, soft_wrap=True)
     differs = [f"{n.name} is {live.state}" for n, live in zip(state.nodes, nodes) if live.state != "running"]
     if differs and state.phase in ("running", "bootstrapped"):
         console.print(f"[yellow]state says {state.phase}, but {'; '.join(differs)}[/]: "
-                      f"`make destroy NAME={state.name}` cleans up")
+                      f"`ftc down --name {state.name}` removes the cluster; `ftc up` then makes it anew")
     from runner.job import describe_jobs
-    describe_jobs(state)
+    describe_jobs(state, nodes)
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     name = _cluster_name(args)
     if args.bootstrapper not in ("fabric", "ansible"):
         raise UsageError(f"BOOTSTRAPPER={args.bootstrapper!r} is not known; allowed: fabric, ansible")
+    from provision.providers import traits
     state = st.load(name)
-    if args.bootstrapper == "ansible" and state.provider == "ssh":
+    if args.bootstrapper == "ansible" and traits(state.provider).user_login:
         raise UsageError("BOOTSTRAPPER='ansible' is not available for your own servers (PROVIDER=ssh): its inventory "
                          "logs in with a cluster key they do not have; use BOOTSTRAPPER=fabric (the default)")
     if args.bootstrapper == "ansible":
@@ -374,6 +389,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif found:
         answer.print(report.runs_table(found, f"{len(found)} run(s), newest first; `ftc runs show ID` for one",
                                        answer.width))
+        # every run writes event files into its results directory's tensorboard/
+        console.print(f"every run's curves side by side: `tensorboard --logdir {runs.runs_root()}`", markup=False,
+                      soft_wrap=True)
     else:
         console.print(f"no runs under {runs.runs_root()} yet; `make demo` makes one")
     return 0
@@ -395,12 +413,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_extend(args: argparse.Namespace) -> int:
-    from provision import aws
+    from provision import providers
     hours = PARSERS["max_hours"]("hours", args.hours)
     state = st.load(_cluster_name(args))
-    if state.provider != "aws":
+    if not providers.supports(state.provider, "extend"):
         raise UsageError(f"NAME={state.name!r} is a {state.provider} cluster; only aws nodes have a lifetime watchdog")
-    aws.extend(state, hours)
+    providers.extend(state, hours)
     return 0
 
 
@@ -446,19 +464,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     bench = _bench_figures(args.bench)
+    model, params = _plan_model(args.model)
     if args.samples_per_s:
         rate, source = RATE("samples_per_s", args.samples_per_s), "given"
     else:
         rate = bench["ftc_samples_per_s"] * kind.physical_cores / bench["cores_per_rank"]
-        source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}) "
-                  f"to {kind.physical_cores} cores")
+        rate *= estimate.DISTILBERT_PARAMS / params  # a step's work grows with the weights
+        source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}, "
+                  f"distilbert) to {kind.physical_cores} cores and {params / 1e6:.1f}M parameters")
         if bench["precision"] == "bf16" and not kind.native_bf16:
             source += f"; {kind.cpu} has no native bf16, so it will be slower: measure one node"
     gbps = estimate.flow_limited_gbps(kind.network_gbps)
     rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32,
-                         estimate.gradient_bytes(bf16=kind.native_bf16), gbps, bench["exposure"],
+                         estimate.gradient_bytes(bf16=kind.native_bf16, params=params), gbps, bench["exposure"],
                          bench["wait_share"], kind.usd_per_hour, setup_s)
-    table = Table(title=f"{task} x {epochs} epochs, distilbert-base-uncased, {kind_name} "
+    table = Table(title=f"{task} x {epochs} epochs, {model}, {kind_name} "
                         f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
     for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
         table.add_column(column, justify="right")
@@ -473,6 +493,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
                   f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.")
     return 0
+
+
+def _plan_model(raw: str | None) -> tuple[str, int]:
+    """The model `ftc plan` sizes the job by, and its parameters: a local directory's from its
+    safetensors header (checked as a job's model is); anything else is taken for distilbert-base-uncased."""
+    from provision.estimate import DISTILBERT_PARAMS
+    from runner.jobspec import resolve_model
+    from runner.model_files import parameter_count
+    if not raw:
+        return "distilbert-base-uncased", DISTILBERT_PARAMS
+    model = resolve_model(raw)
+    if not Path(model).is_dir():
+        raise UsageError(f"MODEL={raw!r}: ftc plan sizes a model from a local directory (its safetensors header); "
+                         "give one, or leave MODEL out for distilbert-base-uncased's size")
+    params = parameter_count(Path(model))
+    if not params:
+        raise UsageError(f"MODEL={raw!r} has no safetensors weights, whose header gives its size; save it with "
+                         "save_pretrained (safetensors is the default)")
+    return raw, params
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
@@ -504,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
     try:
+        st.refuse_home_in_node_root()
         if args.command in WRITE_FTC_HOME:
                 writable_dir("ftc_home", str(st.ftc_home()))
         code = COMMANDS[args.command](args)

@@ -21,9 +21,9 @@ from provision.values import writable_dir
 
 from . import runs
 from .jobspec import JobSpec, metadata_endpoint, train_args
-from .node import spot
+from .node.protocol import CHECKPOINT_FILE, EXIT_PREEMPTED, PREEMPTED_FILE, parse_checkpoint
 from .report import for_terminal, print_results, show_failure
-from .transfer import copy_checkpoint, fetch, home_checkpoint
+from .transfer import copy_checkpoint, data_files_on_nodes, fetch, home_checkpoint, send_data_files
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
@@ -33,6 +33,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
     state = st.load(name)
     facts = load_facts(name)
+    if not render_only:
+        refuse_dead_nodes(state)
     follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
     if resume and not resume_from:
         if not state.jobs:
@@ -43,10 +45,12 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
                                   state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))
+    on_nodes, data_copies = data_files_on_nodes(job, state.provider, remote_dir)  # run.json keeps your own paths
     try:
-        spec = cluster_launch(state, facts, f"fine-tune {job.model} on GLUE {job.task.upper()}", remote_dir,
+        what = Path(job.train_file).name if job.train_file else f"GLUE {job.task.upper()}"
+        spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
                               "runner.node.train",
-                              train_args(job, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
+                              train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
                                          metadata_endpoint() if state.cluster_spec.spot else ""),
                               ppn=job.ppn or None)
     except ValueError as exc:
@@ -60,7 +64,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)
     record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                                          checkpoint_s3=job.checkpoint_s3), resume_from)
+                                          checkpoint_s3=job.checkpoint_s3), resume_from, data_copies)
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
@@ -70,11 +74,22 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     return follow(name, one_shot=one_shot)
 
 
+def refuse_dead_nodes(state: st.ClusterState) -> None:
+    """One connect attempt per node before a job launches: a node that does not answer is one line
+    now, not a launch followed by minutes of retries."""
+    advice = f"`ftc down --name {state.name}`, then `ftc up` makes the cluster anew"
+    for node in state.nodes:
+        with connect(state, node, attempts=1, next_step=advice):
+            pass
+
+
 def job_settings(job: JobSpec) -> dict:
     """What run.json records of a job's own settings (the cluster adds nodes, ranks and threads)."""
-    return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "precision": job.precision,
+    return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "train_file": job.train_file or None,
+            "validation_file": job.validation_file or None, "precision": job.precision,
             "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
-            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None}
+            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None,
+            "max_eval_samples": job.max_eval_samples or None}
 
 
 def refuse_if_busy(state: st.ClusterState) -> None:
@@ -85,18 +100,21 @@ def refuse_if_busy(state: st.ClusterState) -> None:
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
-def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None) -> st.JobInfo:
-    """Put the launch script (and a checkpoint to resume from) on the head node and start it
-    detached, under the cluster's lock and only if no other job runs; record it in the state."""
+def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None,
+          data_copies: dict[str, str]) -> st.JobInfo:
+    """Put the data files on every node, the launch script (and a checkpoint to resume from) on the
+    head node and start it detached, under the cluster's lock and only if no other job runs; record
+    it in the state."""
     with st.locked(name, "finetune"):
         state = st.load(name)
         refuse_if_busy(state)
+        send_data_files(state, data_copies)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         with connect(state, state.head) as conn:
             run(conn, state.head, "launch", f"mkdir -p {in_dir}/logs {in_dir}/checkpoints")
             put_text(conn, render_launch(spec), f"{remote_dir}/launch.sh", 0o755)
             if resume_from:
-                conn.put(str(resume_from), f"{remote_dir}/checkpoints/last.pt")
+                conn.put(str(resume_from), f"{remote_dir}/{CHECKPOINT_FILE}")
             # The pid and its start time: only that process is ever signalled (a pid may be reused).
             # No start time: the script had already ended, and nothing of it is left to signal.
             pid, *started = run(conn, state.head, "launch",
@@ -119,7 +137,7 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
 
     def on_line(line: str) -> None:
         print(for_terminal(line, colour), flush=True)
-        if "checkpoint saved: epoch" in line:
+        if parse_checkpoint(line):
             copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} "
@@ -159,16 +177,16 @@ def destroyed(name: str) -> bool:
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     """The launch script's exit code; None while it runs; -1 if it died without writing one;
     EXIT_PREEMPTED when the job stopped itself for a spot interruption (mpirun's own code
-    for that varies by MPI, so the program's preempted.json decides)."""
+    for that varies by MPI, so the program's PREEMPTED_FILE decides)."""
     in_dir = shlex.quote(job.remote_dir)
     out = run(conn, state.head, "status", f"cat {in_dir}/exit_code 2>/dev/null; "
-              f"test -e {in_dir}/preempted.json && echo PREEMPTED; "
+              f"test -e {in_dir}/{PREEMPTED_FILE} && echo PREEMPTED; "
               f'[ "$({procs.START_OF.format(pid=job.pid)} 2>/dev/null)" = "{job.pid_start}" ] && echo RUNNING || true'
               ).split()
     if "RUNNING" in out:
         return None
     if "PREEMPTED" in out:
-        return spot.EXIT_PREEMPTED
+        return EXIT_PREEMPTED
     return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
 
 
@@ -184,11 +202,12 @@ def finish(name: str) -> int:
         if code is None:
             raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
         if job.state == "running":
-            job.state = {0: "finished", spot.EXIT_PREEMPTED: "preempted"}.get(code, "failed")
+            job.state = {0: "finished", EXIT_PREEMPTED: "preempted"}.get(code, "failed")
             st.save(state)
+        runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
         results = fetch(state, job)
         runs.record_end(results, job.state)
-    if code == spot.EXIT_PREEMPTED:
+    if code == EXIT_PREEMPTED:
         console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
                       f"({home_checkpoint(results)}); `ftc run --resume` continues it on a new cluster[/]")
         return code
@@ -238,12 +257,17 @@ def fetch_last(name: str) -> int:
     return finish(name)
 
 
-def describe_jobs(state: st.ClusterState) -> None:
+def describe_jobs(state: st.ClusterState, live: list) -> None:
+    """The last job's line of `ftc status`; `live`: the provider's NodeStatus per node, head first."""
     if not state.jobs:
         return
     job = state.jobs[-1]
     line = f"last job {job.id}: {job.state}"
-    if job.state == "running":
+    head_now = live[0].state if live and state.nodes else "missing"
+    if job.state == "running" and head_now not in ("running", "unknown"):  # its mpirun ran there: no one finishes it
+        line = (f"last job {job.id}: lost (recorded running, but head node "
+                f"{state.head.name if state.nodes else '-'} is {head_now})")
+    elif job.state == "running":
         try:
             with connect(state, state.head, attempts=2) as conn:
                 line += " | " + run(conn, state.head, "status",

@@ -12,25 +12,33 @@ from pathlib import Path
 from provision.catalog import INSTANCE_TYPES
 from provision.errors import UsageError
 from provision.launch import plan_ranks
-from provision.local import split_cores
+from provision.providers import traits
+from provision.providers.local import split_cores
+from provision.stacks import STACKS
 from provision.ui import console
 from provision.values import local_path, number, one_of, whole, writable_dir
 
 from . import runs
 from .model_files import check_model_dir, packaged_model
-from .node import glue, spot
+from .node import datafiles, glue, spot
 from .node.facts import NodeFacts, cpu_topology
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
 JOB_FLAGS = {
-    "task": "GLUE task: " + ", ".join(glue.TASKS),
+    "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own TRAIN_FILE and VALIDATION_FILE)",
+    "train_file": "custom: your training rows, CSV, TSV or JSON lines (README: Your own data)",
+    "validation_file": "custom: your dev rows, in the same layout",
+    "text_columns": "custom: one or two text columns, comma-separated (default sentence1,sentence2 when the "
+                    "file has both, else text)",
+    "label_column": "custom: the label column (default label); float labels mean regression",
     "model": "hub id or local directory (default distilbert-base-uncased; 'auto': offline fallback)",
     "data_dir": "local GLUE directory (<dir>/<task>/train.tsv, dev.tsv); default: the hub; 'auto'",
     "epochs": "epochs (default: the recipe's, 3)",
     "batch_size": "per rank (default 32)",
     "lr": "learning rate (default 2e-5)",
     "max_train_samples": "use the first N training rows (0: all)",
+    "max_eval_samples": "evaluate on the first N dev rows (0: all)",
     "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
     "allreduce": "after-backward (default: cores idle, as the bench measured) or overlap (DDP's buckets during "
@@ -42,6 +50,7 @@ JOB_FLAGS = {
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }
 PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
+           "max_eval_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap"))}
@@ -53,10 +62,15 @@ class JobSpec:
     task: str = "mrpc"
     model: str = "distilbert-base-uncased"
     data_dir: str = ""  # empty: the hub
+    train_file: str = ""  # custom: absolute paths, read on the nodes at the same path as here
+    validation_file: str = ""
+    text_columns: str = ""  # custom: "" is datafiles' default
+    label_column: str = ""
     epochs: int = 0  # 0: the recipe's
     batch_size: int = 0
     lr: float = 0.0
     max_train_samples: int = 0
+    max_eval_samples: int = 0
     recipe: str = "ftc"
     precision: str = "auto"
     dropout: float | None = None  # None: the model's own
@@ -78,15 +92,20 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
     """Every job setting checked before any rank starts. Pure but for the file checks. `resume`: the
     job continues an earlier run, so its RESULTS may hold that run."""
     job = JobSpec()
+    task = str(values.get("task") or (datafiles.CUSTOM if values.get("train_file") else job.task))
     try:
-        job.task = glue.task_name(str(values.get("task") or job.task))
+        job.task = task if task == datafiles.CUSTOM else glue.task_name(task)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc}, custom") from None
     for key, parse in PARSERS.items():
         if values.get(key) is not None:
             setattr(job, key, parse(key, values[key]))
     job.model = resolve_model(values.get("model"))
-    job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
+    if job.task == datafiles.CUSTOM:
+        resolve_data_files(job, values)
+    else:
+        refuse_data_files(values, job.task)
+        job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
     if values.get("results"):  # absolute: `ftc fetch` from another directory brings them to the same place
         job.results = writable_dir("results", values["results"])
         if not resume:
@@ -111,7 +130,7 @@ def check_ppn_fits(spec, job: JobSpec) -> None:
     if not job.ppn or smallest is None:
         return
     index, cores = smallest
-    where = spec.instance_type if spec.provider == "aws" else "its share of this machine's cores"
+    where = spec.instance_type if traits(spec.provider).instance_types else "its share of this machine's cores"
     node = NodeFacts(hostname=f"{spec.name}-{index} ({where})", cpu_model="", flags=[], native_bf16=False,
                      allowed_cpus=[], physical_cores=cores, core_cpus=list(range(cores)), sockets=1,
                      cores_by_socket={}, numa_nodes=1, memory_gb=0.0, python="", python_executable="", versions={},
@@ -126,9 +145,9 @@ def planned_smallest_node(spec) -> tuple[int, int] | None:
     """The index and physical cores of the smallest node of a cluster not yet launched: the EC2
     catalog's cores (aws), this machine's cores split per node as local nodes get them (local); None
     for your own servers, whose cores only their probe in `up` finds."""
-    if spec.provider == "aws":
+    if traits(spec.provider).instance_types:
         return 0, INSTANCE_TYPES[spec.instance_type].physical_cores
-    if spec.provider == "local":
+    if traits(spec.provider).shares_this_machine:
         shares = split_cores(sorted(os.sched_getaffinity(0)), spec.nodes)
         cores = [cpu_topology(share)["physical_cores"] for share in shares]
         return cores.index(min(cores)), min(cores)
@@ -191,6 +210,48 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
     return str(path)
 
 
+def refuse_data_files(values: dict, task: str) -> None:
+    for key in ("train_file", "validation_file", "text_columns", "label_column"):
+        if values.get(key):
+            raise UsageError(f"{key.upper()}={values[key]!r} is for TASK=custom, not the GLUE task {task}; "
+                             f"give TASK=custom, or leave {key.upper()} out")
+
+
+def resolve_data_files(job: JobSpec, values: dict) -> None:
+    """TASK=custom: both files read here with the nodes' own reader (datafiles.check) before anything
+    launches. Every problem is one line naming the file, line and column."""
+    if values.get("data_dir"):
+        raise UsageError(f"DATA_DIR={values['data_dir']!r} is for GLUE tasks; TASK=custom reads TRAIN_FILE "
+                         "and VALIDATION_FILE")
+    for key in ("train_file", "validation_file"):
+        raw = values.get(key)
+        if not raw:
+            raise UsageError(f"TASK=custom needs {key.upper()}: a CSV, TSV or JSON-lines file "
+                             f"({', '.join(datafiles.FORMATS)})")
+        path = Path(local_path(key, raw)).resolve()
+        if not path.is_file():
+            what = "is not a file" if path.exists() else "does not exist"
+            raise UsageError(f"{key.upper()}={raw!r} {what}; give a CSV, TSV or JSON-lines file")
+        if path.suffix.lower() not in datafiles.FORMATS:
+            raise UsageError(f"{key.upper()}={raw!r}: {path.suffix or 'no extension'!r} is not a format ftc reads; "
+                             f"allowed: {', '.join(datafiles.FORMATS)} (the extension says which)")
+        setattr(job, key, str(path))
+    job.text_columns = str(values.get("text_columns") or "")
+    job.label_column = str(values.get("label_column") or "")
+    names = [c.strip() for c in job.text_columns.split(",")] if job.text_columns else []
+    if job.text_columns and not (1 <= len(names) <= 2 and all(names)):
+        raise UsageError(f"TEXT_COLUMNS={job.text_columns!r}: give one or two column names, comma-separated")
+    try:
+        task = datafiles.check(Path(job.train_file), Path(job.validation_file), job.text_columns, job.label_column)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename}: cannot be read ({exc.strerror})") from None
+    except datafiles.DataProblems as exc:
+        raise UsageError(str(exc)) from None
+    kind = f"classes {', '.join(task.labels)}" if task.labels else "regression (float labels)"
+    console.print(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
+                  f"label from {task.label}: {kind}", markup=False, soft_wrap=True)
+
+
 def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:
     args = ["--task", job.task, "--model", job.model, "--output-dir", output_dir, "--recipe", job.recipe,
             "--stack", stack]
@@ -200,11 +261,14 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args += ["--dropout", str(job.dropout)]
     if job.allreduce:
         args += ["--allreduce", job.allreduce]
-    for flag, value in (("--data-dir", job.data_dir), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
-                        ("--lr", job.lr), ("--max-train-samples", job.max_train_samples)):
+    for flag, value in (("--data-dir", job.data_dir), ("--train-file", job.train_file),
+                        ("--validation-file", job.validation_file), ("--text-columns", job.text_columns),
+                        ("--label-column", job.label_column), ("--epochs", job.epochs), ("--batch-size", job.batch_size),
+                        ("--lr", job.lr), ("--max-train-samples", job.max_train_samples),
+                        ("--max-eval-samples", job.max_eval_samples)):
         if value:
             args += [flag, str(value)]
-    if stack == "intel":
+    if "intel-extension-for-pytorch" in STACKS[stack]:
         args.append("--ipex")
     if resume:
         args.append("--resume")

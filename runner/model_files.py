@@ -8,11 +8,16 @@ The config must also fit the weights, read from the safetensors header alone: th
 its model_type names must be the one the tensors belong to, and the input embedding's rows and
 width must be its vocab_size and hidden size (a GPT-2 config beside MiniLM weights, or a
 vocab_size of 1000 beside 30,522 rows, would otherwise fail on every rank after the launch).
+The architecture must be one AutoModelForSequenceClassification loads (BERT, RoBERTa, DeBERTa-v2,
+DistilBERT, MiniLM, ModernBERT, ...): the ones ftc knows are decided here at once, any other by
+transformers' own table where transformers is installed (importing it costs seconds: it loads torch).
+The same header gives the model's size: `parameter_count`, what `ftc plan` scales its figures by.
 Each problem is a ValueError whose text completes "MODEL='<dir>' ...".
 """
 
 import importlib.util
 import json
+import math
 import zipfile
 from pathlib import Path
 
@@ -30,6 +35,8 @@ EMBEDDINGS = {"bert": "word_embeddings.weight", "distilbert": "word_embeddings.w
               "electra": "word_embeddings.weight", "albert": "word_embeddings.weight", "mpnet": "word_embeddings.weight",
               "modernbert": "tok_embeddings.weight", "gpt2": "wte.weight", "llama": "embed_tokens.weight",
               "mistral": "embed_tokens.weight", "qwen2": "embed_tokens.weight"}
+# Each of those has a *ForSequenceClassification class that AutoModelForSequenceClassification maps it to.
+SEQUENCE_CLASSIFIERS = frozenset(EMBEDDINGS)
 
 
 def check_model_dir(path: Path) -> None:
@@ -47,11 +54,36 @@ def check_model_dir(path: Path) -> None:
     config = _json(path / "config.json")
     if not isinstance(config, dict):
         raise ValueError(f"cannot load: {path / 'config.json'} is JSON but not an object of settings")
+    _check_architecture(config, path)
     tensors = _check_weights(weights[0])
     if tensors:
         _check_config_fits(config, tensors, path)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ValueError(f"has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
+
+
+def _check_architecture(config: dict, path: Path) -> None:
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(f"cannot load: {path / 'config.json'} names no model_type; put the model's own config.json "
+                         "(saved with save_pretrained) beside the weights")
+    if model_type in SEQUENCE_CLASSIFIERS:
+        return
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as known
+    except ImportError:
+        return  # a controller without the training packages: the nodes' from_pretrained decides
+    if model_type not in known:
+        raise ValueError(f"is a {model_type!r} model, which AutoModelForSequenceClassification cannot load; give a "
+                         "sequence-classification architecture (bert, roberta, deberta-v2, distilbert, modernbert, ...)")
+
+
+def parameter_count(path: Path) -> int | None:
+    """The weights' number of values, from the safetensors header (or its shards' headers); None when
+    the weights are in another format (a PyTorch .bin tells its shapes only when loaded)."""
+    weights = [path / name for name in WEIGHTS if (path / name).exists()]
+    tensors = _check_weights(weights[0]) if weights else {}
+    return sum(math.prod(shape) for shape in tensors.values()) or None
 
 
 def _json(file: Path):

@@ -16,7 +16,7 @@ from provision.ui import console
 from . import runs
 from .job import finetune, job_settings
 from .jobspec import JobSpec, check_ppn_fits
-from .node import spot
+from .node.protocol import EXIT_PREEMPTED
 from .transfer import home_checkpoint
 
 MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives up
@@ -33,7 +33,7 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
         bootstrap(spec.name)  # inside: a failed or interrupted bootstrap releases the nodes too
         code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
         for reclaim in range(1, MAX_RECLAIMS + 1):
-            if code != spot.EXIT_PREEMPTED:
+            if code != EXIT_PREEMPTED:
                 break
             checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
             console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {spec.name} "

@@ -5,30 +5,24 @@ from output.log: the rank logs never hold a traceback), and a run's report (mark
 comparison. Reads only files on the controller.
 
 output.log is what mpirun collected from every rank: Intel MPI and MPICH prefix each line with
-`[rank] `, Open MPI with `[job,rank]<stdout>:`. Rank 0 logs `HH:MM:SS epoch E/N step S/T loss L
-R samples/s ...` while it trains and `HH:MM:SS epoch E dev eval_x V ...` after each evaluation.
+`[rank] `, Open MPI with `[job,rank]<stdout>:`. What follows is the training program's log line,
+as runner/node/protocol.py writes and parses it: rank 0's progress while it trains and its dev
+metrics after each evaluation.
 """
 
-import json
 import re
 from pathlib import Path
 
 from rich.markup import escape
 
 from provision.ui import answer, console
+from runner.node.protocol import RESULTS_FILE, TrainResults, ended, parse_dev, parse_progress, split_clock
 from runner.node.units import duration
 
-from .runs import RESULTS_FILE, read_run_file, runs_root
+from .runs import read_run_file, runs_root
 
 RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\](?:<std(?:out|err)>:)?\s?")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-CLOCK = r"(\d\d):(\d\d):(\d\d) "
-# A number as Python's float() reads it: a line with anything else in a number's place is not a
-# progress line (a log may hold any text), so reading it cannot fail.
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"  # one way to read each
-PROGRESS = re.compile(CLOCK + rf"epoch (\d+)/(\d+) step (\d+)/(\d+) loss ({NUMBER}) ({NUMBER}) samples/s")
-DEV = re.compile(CLOCK + rf"epoch (\d+) dev ((?:eval_\w+ {NUMBER} ?)+)$")
-LOG_LINE = re.compile(r"^" + CLOCK)
 TRACEBACK_LINES = 8  # of the failing rank's traceback, shown on failure
 
 
@@ -52,10 +46,9 @@ def for_terminal(line: str, colour: bool) -> str:
 
 # ---- what output.log tells ----------------------------------------------------------------------------
 
-def _seconds(match: re.Match, clock: dict) -> float:
-    """Seconds since the first timed line. The log's clock has no date: a time earlier than the line
-    before it is on the next day."""
-    t = int(match.group(1)) * 3600 + int(match.group(2)) * 60 + int(match.group(3))
+def _seconds(t: int, clock: dict) -> float:
+    """Seconds since the first timed line, from a line's clock (seconds since midnight). The log's
+    clock has no date: a time earlier than the line before it is on the next day."""
     if not clock:
         clock.update(first=t, last=t, days=0)
     clock["days"] += t < clock["last"]
@@ -71,14 +64,15 @@ def progress(output: str) -> tuple[list[dict], list[dict]]:
         rank, text = split_rank(line)
         if rank not in (None, 0):
             continue
-        if found := PROGRESS.match(text):
-            epochs, step, total = int(found.group(5)), int(found.group(6)), int(found.group(7))
-            steps.append({"seconds": _seconds(found, clock), "epoch": step / max(1, total) * epochs,
-                          "loss": float(found.group(8)), "samples_per_second": float(found.group(9))})
-        elif found := DEV.match(text.rstrip()):
-            _seconds(found, clock)
-            pairs = found.group(5).split()
-            dev[int(found.group(4))] = {k: float(v) for k, v in zip(pairs[::2], pairs[1::2])}
+        at, message = split_clock(text)
+        if at is None:
+            continue
+        if found := parse_progress(message):
+            steps.append({"seconds": _seconds(at, clock), "epoch": found.step / max(1, found.total_steps) * found.epochs,
+                          "loss": found.loss, "samples_per_second": found.samples_per_second})
+        elif found := parse_dev(message):
+            _seconds(at, clock)
+            dev[found.epoch] = found.metrics
     return steps, [{"epoch": e, **m} for e, m in sorted(dev.items())]
 
 
@@ -96,7 +90,7 @@ def tracebacks(output: str) -> dict[int, list[str]]:
         if not starts:
             continue
         block = lines[starts[-1]:]
-        end = next((i for i, text in enumerate(block) if i and LOG_LINE.match(text)), len(block))
+        end = next((i for i, text in enumerate(block) if i and split_clock(text)[0] is not None), len(block))
         block = [text for text in block[:end] if text]
         frames = [i for i, text in enumerate(block) if text.startswith(" ")]
         last = frames[-1] + 1 if frames else len(block) - 1  # the exception line; its message may go on
@@ -154,7 +148,7 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
     those that did not finish) and mpirun's verdict."""
     logs = sorted((results / "logs").glob("rank*.log"), key=lambda p: int(p.stem[4:]))
     failing = [p for p in logs if p.stem == f"rank{first}"] or \
-        [p for p in logs if not p.read_text().rstrip().endswith("done")] or logs
+        [p for p in logs if not ended(p.read_text())] or logs
     for log in failing[:2]:
         console.print(f"[bold]--- tail of {log.name} ---[/]")
         console.print("\n".join(log.read_text().rstrip().splitlines()[-15:]), markup=False, soft_wrap=True)
@@ -164,14 +158,14 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
     console.print(f"full log of every rank: {results / 'output.log'}", markup=False, soft_wrap=True)
 
 
-def results_rows(data: dict) -> list[tuple[str, str]]:
-    rows = [("task", data["task"].upper()), ("model", data["model"]),
-            ("world size", f"{data['world_size']} ({data['nodes']} node(s) x {data['ranks_per_node']})"),
-            ("recipe / precision / backend", f"{data['recipe']} / {data['precision']} / {data['backend']}"),
-            ("train", f"{data['train_samples']} samples x {data['epochs']} epochs in {data['train_seconds']:.0f}s"),
-            ("samples/s", f"{data['samples_per_second']:.1f}"),
-            ("loss", f"{data['first_loss']:.4f} -> {data['final_loss']:.4f}")]
-    return rows + [(f"dev {k[5:]}", f"{v:.4f}") for k, v in data.items() if k.startswith("eval_")]
+def results_rows(r: TrainResults) -> list[tuple[str, str]]:
+    rows = [("task", r.task.upper()), ("model", r.model),
+            ("world size", f"{r.world_size} ({r.nodes} node(s) x {r.ranks_per_node})"),
+            ("recipe / precision / backend", f"{r.recipe} / {r.precision} / {r.backend}"),
+            ("train", f"{r.train_samples} samples x {r.epochs} epochs in {r.train_seconds:.0f}s"),
+            ("samples/s", f"{r.samples_per_second:.1f}"),
+            ("loss", f"{r.first_loss:.4f} -> {r.final_loss:.4f}")]
+    return rows + [(f"dev {k[5:]}", f"{v:.4f}") for k, v in r.metrics.items()]
 
 
 def key_value_table(title: str, rows: list[tuple[str, str]]):
@@ -186,9 +180,9 @@ def key_value_table(title: str, rows: list[tuple[str, str]]):
 
 
 def print_results(results: Path) -> None:
-    data = json.loads((results / "results.json").read_text())
-    answer.print(key_value_table(f"{data['task'].upper()} results", results_rows(data)))
-    answer.print(f"results: {results}/results.json, model: {results}/model", soft_wrap=True)
+    done = TrainResults.read(results)
+    answer.print(key_value_table(f"{done.task.upper()} results", results_rows(done)))
+    answer.print(f"results: {results}/{RESULTS_FILE}, model: {results}/model", soft_wrap=True)
 
 
 # ---- runs: listed, shown, compared --------------------------------------------------------------------

@@ -15,21 +15,23 @@ from pathlib import Path
 
 from provision import state as st
 from provision.errors import FtcError, UsageError
+from provision.providers import TRAITS, traits
 from provision.spec import NAME_RE
 from provision.values import conforms, kind_name, label, local_path
 
+from .node.protocol import RESULTS_FILE, TrainResults
+
 RECORD = "run.json"
-RESULTS_FILE = "results.json"  # the training program's
 ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS outside runs_root()
 # What `ftc runs` reads from each file of a run, and the type ftc writes it as (None only where ftc
-# writes null): a file holding anything else makes the run show as corrupt, not crash the listing.
+# writes null; the training program's as its TrainResults declares): a file holding anything else
+# makes the run show as corrupt, not crash the listing.
 FIELD_KINDS = {
     RECORD: {"id": str, "cluster": str, "provider": str, "instance_type": str, "task": str, "model": str,
              "precision": str, "status": str, "results_dir": str, "nodes": int, "ranks_per_node": int,
              "epochs": int | None, "started_at": float, "ended_at": float | None},
-    RESULTS_FILE: {"task": str, "model": str, "precision": str, "finished_at": str, "nodes": int,
-                   "ranks_per_node": int, "epochs": int, "samples_per_second": float,
-                   "epoch_metrics": list[dict[str, float | None]]},  # null: a loss that diverged
+    RESULTS_FILE: TrainResults.kinds(("task", "model", "precision", "finished_at", "nodes", "ranks_per_node", "epochs",
+                                      "samples_per_second", "epoch_metrics")),
 }
 
 
@@ -52,7 +54,7 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
 
 
 # What makes a resumed job the same job as the one whose checkpoint it continues.
-SAME_JOB = ("task", "model", "data_dir", "recipe", "batch_size", "world_size")
+SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "world_size")
 
 
 def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> None:
@@ -66,6 +68,9 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
     if record.get("cluster") != cluster:
         raise UsageError(f"{where} of cluster {record.get('cluster')!r}, not {cluster!r}; --resume continues only "
                          "this cluster's own run: start a new job without --resume")
+    if record.get("status") == "incomplete":  # the job ended; only its fetch did not
+        raise UsageError(f"{where}, which ended but whose results are not all home; `ftc fetch --name {cluster}` "
+                         "copies the rest (a run that ended is never written into)")
     if record.get("status") == "finished":
         raise UsageError(f"{where}, which finished; a finished run is never written into: start a new job "
                          "without --resume")
@@ -93,7 +98,7 @@ def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> Non
     earlier, _ = read_run_file(results, RECORD)
     spec = state.cluster_spec
     record = {"id": job.id, "cluster": state.name, "provider": state.provider,
-              "instance_type": spec.instance_type if state.provider == "aws" else "",
+              "instance_type": spec.instance_type if traits(state.provider).instance_types else "",
               "started_at": earlier.get("started_at") or time.time(), "ended_at": None, "status": "running",
               "results_dir": str(results), "remote_dir": job.remote_dir, **settings}
     _write_json(results / RECORD, record)
@@ -114,7 +119,11 @@ def record_end(results_dir: str | Path, status: str) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
+    try:
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=False))
+    except BaseException:  # a full disk: the old record stays whole, no half-written copy beside it
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -139,7 +148,8 @@ def summary(results: Path) -> dict:
     problem = bad_record or bad_done
     if problem:
         record, done = {}, {}  # the other file alone could mislead: a corrupt run shows only where it is
-    status = "corrupt" if problem else live_status(record)
+    # "incomplete": a fetch that did not bring every file home, whatever the cluster says of the job
+    status = "corrupt" if problem else "incomplete" if record.get("status") == "incomplete" else live_status(record)
     started = record.get("started_at") or 0.0
     ended = _finished_at(done) or record.get("ended_at") or (time.time() if status == "running" else None)
     wall = round(ended - started, 1) if ended and started else None
@@ -210,7 +220,7 @@ def _finished_at(done: dict) -> float | None:
 def cost(provider: str, instance_type: str, nodes, wall_seconds) -> float | None:
     """The nodes' price over the job's wall time (the cluster's own setup and idle time not counted);
     local nodes cost nothing."""
-    if provider != "aws":
+    if provider not in TRAITS or not TRAITS[provider].billed:  # a record on disk may name anything
         return 0.0
     from provision.catalog import INSTANCE_TYPES
     kind = INSTANCE_TYPES.get(instance_type)

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from provision import cluster
 from provision import state as st
+from provision.providers import traits
 from provision.ui import answer, console
 
 from . import runs
 from .job import finetune, refuse_if_busy
 from .jobspec import JobSpec, check_ppn_fits
+from .node.protocol import RESULTS_FILE
 from .node.units import duration
 from .report import pyplot
 
@@ -37,7 +39,7 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
                 console.print(f"[red]sweep: the job on {nodes} node(s) failed (exit {code}); "
                               f"its logs: {results_dir}[/]")
                 return code
-            results = json.loads((results_dir / "results.json").read_text())
+            results = json.loads((results_dir / RESULTS_FILE).read_text())
             rows.append({"nodes": nodes, "train_seconds": results["train_seconds"],
                          "samples_per_second": results["samples_per_second"],
                          "eval": {k: v for k, v in results.items() if k.startswith("eval_")}})
@@ -74,8 +76,9 @@ def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dic
         row["efficiency"] = round(row["speedup"] / n, 3) if base else None
         row["recipe_2021_seconds"] = recipe.get(n)
         row["recipe_2021_speedup"] = round(recipe[1] / recipe[n], 3) if n in recipe else None
-    where = "c6i.16xlarge" if provider == "aws" and instance_type == "c6i.16xlarge" else \
-        f"{provider} nodes" + (f" ({instance_type})" if provider == "aws" else " (one machine, simulated)")
+    kind = f" ({instance_type})" if traits(provider).instance_types else " (one machine, simulated)"
+    where = "c6i.16xlarge" if traits(provider).instance_types and instance_type == "c6i.16xlarge" else \
+        f"{provider} nodes" + kind
     return {"task": task, "provider": provider, "instance_type": instance_type, "where": where, "rows": rows}
 
 

@@ -3,24 +3,58 @@ asked), and the results once the job is over (results.json, the model, output.lo
 rank logs).
 """
 
+import errno
 import os
+import shlex
+import shutil
 import stat
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import paramiko
 
 from provision import state as st
-from provision.ssh import connect, follow_silence_s
+from provision.errors import FtcError
+from provision.providers import traits
+from provision.ssh import connect, follow_silence_s, run
 from provision.ui import console
+
+from .jobspec import JobSpec
+from .node.protocol import CHECKPOINT_FILE
 
 # What a dropped ssh connection raises mid-copy: paramiko's "Server connection dropped" is an
 # SSHException, not an OSError.
 CONNECTION_LOST = (OSError, EOFError, paramiko.SSHException)
+# Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
+SPACE_MARGIN = 2**20
+
+
+def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[JobSpec, dict[str, str]]:
+    """Where the nodes read a custom job's data files, and what must be copied there (node path ->
+    controller path). Local nodes are this machine: they read the controller's own files. Any other
+    node gets a copy in the job's directory, at the same path on every node (as the job directory
+    and the stack's Python are), named by role: both files may have the same name."""
+    if not job.train_file or traits(provider).shares_this_machine:
+        return job, {}
+    copies = {f"{remote_dir}/data/{role}{Path(local).suffix}": local
+              for role, local in (("train", job.train_file), ("validation", job.validation_file))}
+    train, validation = copies
+    return replace(job, train_file=train, validation_file=validation), copies
+
+
+def send_data_files(state: st.ClusterState, copies: dict[str, str]) -> None:
+    """Copy each file to every node (the copy is whole before the job starts)."""
+    for node in state.nodes if copies else []:
+        with connect(state, node) as conn:
+            run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in copies})))
+            for remote, local in copies.items():
+                conn.put(local, remote)
 
 
 def home_checkpoint(results_dir: str | Path) -> Path:
     """Where the controller keeps a job's last checkpoint: what `ftc run --resume` starts from."""
-    return Path(results_dir) / "checkpoints" / "last.pt"
+    return Path(results_dir) / CHECKPOINT_FILE
 
 
 def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
@@ -29,13 +63,11 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     that is said, and the job goes on (the next checkpoint, or the copy at the job's end, brings it)."""
     target = home_checkpoint(job.results_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
     try:
         sftp = conn.sftp()
         sftp.get_channel().settimeout(follow_silence_s())  # a node that freezes mid-copy does not hang the follower
-        copied = _copy_if_newer(sftp, f"{job.remote_dir}/checkpoints/last.pt", target, partial)
+        copied = _copy_if_newer(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target)
     except CONNECTION_LOST as exc:
-        partial.unlink(missing_ok=True)
         console.print(f"copying the checkpoint of job {job.id} home failed ({type(exc).__name__}: {exc}); "
                       "the next checkpoint, or the copy when the job ends, brings it", style="yellow", markup=False)
         return None
@@ -44,17 +76,36 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     return copied
 
 
-def _copy_if_newer(sftp, remote: str, target: Path, partial: Path) -> Path | None:
+def _copy_if_newer(sftp, remote: str, target: Path) -> Path | None:
     try:
         info = sftp.stat(remote)
     except FileNotFoundError:
         return None  # no epoch has ended yet
-    if target.exists() and (target.stat().st_size, int(target.stat().st_mtime)) == (info.st_size, info.st_mtime):
-        return target  # already home: copied when its epoch ended (the copy carries the node's mtime)
-    sftp.get(remote, str(partial))
-    os.utime(partial, (info.st_atime, info.st_mtime))
-    partial.replace(target)
+    if not _is_home(target, info):  # else copied when its epoch ended
+        _copy_whole(sftp, remote, target, info)
     return target
+
+
+def _is_home(target: Path, info) -> bool:
+    """The node's file is already at `target`: a finished copy carries the node's size and mtime."""
+    try:
+        here = target.stat()
+    except FileNotFoundError:
+        return False
+    return (here.st_size, int(here.st_mtime)) == (info.st_size, info.st_mtime)
+
+
+def _copy_whole(sftp, remote: str, target: Path, info) -> None:
+    """`remote` to `target` through `<target>.partial`: a copy cut short (a full disk, a lost
+    connection, an interrupt) leaves nothing behind that looks complete."""
+    partial = target.with_name(target.name + ".partial")
+    try:
+        sftp.get(remote, str(partial))
+        os.utime(partial, (info.st_atime, info.st_mtime))
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
 
 
 def _upload(checkpoint: Path, job: st.JobInfo) -> None:
@@ -65,22 +116,44 @@ def _upload(checkpoint: Path, job: st.JobInfo) -> None:
 
 
 def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
-    """Copy results.json, the model, output.log and every node's rank logs (not checkpoints)."""
+    """Copy results.json, the model, output.log and every node's rank logs (not checkpoints) that are
+    not home yet. What is missing is measured, by the sizes the nodes report, against the free space
+    first: too little is refused before anything is copied. Each file arrives whole or not at all
+    (_copy_whole), so a fetch cut short is finished by `ftc fetch`, which copies only what is missing."""
     target = Path(job.results_dir)
     target.mkdir(parents=True, exist_ok=True)
-    for node in state.nodes if state.provider != "local" else [state.head]:
-        with connect(state, node) as conn:
-            sftp = conn.sftp()
-            for remote in _walk(sftp, job.remote_dir):
+    again = f"`ftc fetch --name {state.name}` copies what is missing"
+    with ExitStack() as connections:
+        missing = []
+        for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
+            sftp = connections.enter_context(connect(state, node)).sftp()
+            for remote, info in _walk(sftp, job.remote_dir):
                 relative = remote[len(job.remote_dir) + 1:]
                 if relative.startswith("checkpoints/") or (node is not state.head and not relative.startswith("logs/")):
                     continue
-                (target / relative).parent.mkdir(parents=True, exist_ok=True)
-                sftp.get(remote, str(target / relative))
+                if not _is_home(target / relative, info):
+                    missing.append((node, sftp, remote, target / relative, info))
+        needed, free = sum(info.st_size for *_, info in missing) + SPACE_MARGIN, shutil.disk_usage(target).free
+        if needed > free:
+            raise FtcError(f"the results of job {job.id} need {_mb(needed)} in {target}, which has {_mb(free)} free: "
+                           f"nothing copied, the run is marked incomplete; free some space, then {again}")
+        for node, sftp, remote, local, info in missing:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                _copy_whole(sftp, remote, local, info)
+            except CONNECTION_LOST as exc:
+                why = "no space left" if getattr(exc, "errno", None) == errno.ENOSPC else f"{type(exc).__name__}: {exc}"
+                raise FtcError(f"copying {remote} from {node.name} to {local} failed ({why}); the run is marked "
+                               f"incomplete and no file is left half-copied: {again}") from None
     return target
 
 
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.1f} MB"
+
+
 def _walk(sftp, directory: str):
+    """Every file under `directory` on the node, with its attributes (size, mtime)."""
     try:
         entries = sftp.listdir_attr(directory)
     except OSError:
@@ -90,4 +163,4 @@ def _walk(sftp, directory: str):
         if stat.S_ISDIR(entry.st_mode):
             yield from _walk(sftp, path)
         else:
-            yield path
+            yield path, entry

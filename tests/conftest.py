@@ -1,5 +1,6 @@
 """Shared fixtures: a private FTC_HOME per test, the `ftc` command, a moto server with
-ftc's EC2 additions, local clusters of real sshd nodes, and the offline model and data."""
+ftc's EC2 additions, a local cluster of real sshd nodes, the offline model and data, and the
+check after every test that nothing it started is left running."""
 
 import json
 import os
@@ -44,6 +45,59 @@ def ftc(*args: str, env: dict | None = None, timeout: float = 600, check: bool =
 @pytest.fixture
 def run_ftc(ftc_home):
     return ftc
+
+
+@pytest.fixture
+def cluster(ftc_home):
+    """A bootstrapped local cluster of two nodes, named "tr"; removed after the test."""
+    proc = ftc("up", "--name", "tr", "--nodes", "2")
+    assert proc.returncode == 0, proc.stderr
+    yield "tr"
+    ftc("down", "--name", "tr")
+
+
+def processes_under(directory: Path) -> list[int]:
+    """Live processes of this machine that belong to `directory`: sshd nodes whose config lies under
+    it, and any process whose command line names a path under it or whose working directory is
+    there (a job's launch script, mpirun and ranks run in a node's directory). The test process
+    itself is left out: it works in its own tmp_path."""
+    from provision import procs
+    under = os.fsencode(directory)
+    found = set(sshd_pids(directory))
+    for pid in procs.pids():
+        if pid == os.getpid():
+            continue
+        try:
+            cwd = os.fsencode(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            cwd = b""
+        cmdline = procs.cmdline(pid)
+        named = under + b"/" in cmdline or under in cmdline.split(b"\0")
+        if named or cwd == under or cwd.startswith(under + b"/"):
+            found.add(pid)
+    return sorted(pid for pid in found if procs.alive(pid))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(request):
+    """After a test that has a tmp_path (where its FTC_HOME, nodes, servers and jobs live): none of
+    the processes it started there survives it. Survivors are stopped, then the test fails naming
+    them. Scoped to the test's own directory, so a test on the other xdist worker is never seen.
+    The wait is for processes already told to stop (a node's sshd, a job's ranks) to be gone."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    directory = request.getfixturevalue("tmp_path")
+    yield
+    from provision import procs
+    deadline = time.monotonic() + 30
+    while processes_under(directory) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = processes_under(directory)
+    if left:
+        shown = [procs.cmdline(pid).replace(b"\0", b" ").decode(errors="replace")[:200] for pid in left]
+        procs.stop(left)
+        pytest.fail(f"processes the test started are still running: {shown}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -136,7 +190,7 @@ def sshd_pids(home: Path) -> list[int]:
     or, for the nodes ftc starts, in the escaped form sshd's process title shows it (a backslash or a
     letter beyond ASCII changes it there)."""
     from provision import procs
-    from provision.local import shown, sshd_config_of
+    from provision.providers.local import shown, sshd_config_of
     under = shown(os.fsencode(home)) + b"/"
     found = []
     for pid in procs.pids():

@@ -20,7 +20,8 @@ instance RunInstances launches is, besides moto's record, a node of this machine
     processes are pointed at by the standard AWS_EC2_METADATA_SERVICE_ENDPOINT;
   - terminated (TerminateInstances, the watchdog, a spot reclaim): every process in its
     namespace is stopped, its files removed.
-Ctrl-C or SIGTERM stops every node. Environment:
+Ctrl-C, SIGTERM or SIGHUP (its terminal closed) stops every node; nodes an emulator could not stop
+(it was killed) are stopped by the next one that starts on this machine. Environment:
   FTC_EMULATOR_MINUTE_S   seconds a `shutdown +N` minute lasts (default 60; tests make it short)
   FTC_EMULATOR_NOTICE_S   seconds from a spot notice to the reclaim (default 120)
   FTC_EMULATOR_DIR        where the nodes' disks live (default: a fresh temporary directory)
@@ -48,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import moto_ext  # noqa: E402
+import paramiko  # noqa: E402
 from fake_imds import SPOT_ACTION, IMDSv2Handler, serve  # noqa: E402
 from moto.ec2.models.instances import Instance  # noqa: E402
 from moto.ec2.responses import EC2Response  # noqa: E402
@@ -56,6 +58,10 @@ from moto.server import DomainDispatcherApplication, create_backend_app  # noqa:
 from werkzeug.serving import make_server  # noqa: E402
 
 SSH_USER = "ec2-user"  # the AMI's user, as for Amazon Linux
+# Shared by every emulator on this machine: the lock under which nodes choose addresses, and one
+# record per live node (its owner, its namespace), by which a new emulator stops what a killed one left.
+LOCK = Path(tempfile.gettempdir()) / "ftc-ec2-emulator.lock"
+REGISTRY = Path(tempfile.gettempdir()) / "ftc-ec2-emulator-nodes"
 MINUTE_S = float(os.environ.get("FTC_EMULATOR_MINUTE_S", "60"))
 NOTICE_S = float(os.environ.get("FTC_EMULATOR_NOTICE_S", "120"))
 SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if Path(p).exists()),
@@ -126,11 +132,17 @@ class Node:
         log.close()
         try:
             self.namespace = self._wait_for_namespace()
+            check_own_sshd(self.address, 22, self.dir / "ssh_host_ed25519_key.pub")
             self.imds = self._serve_imds()
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, paramiko.SSHException):
+            stop_namespace(getattr(self, "namespace", ""))
             self.proc.kill()
             self.proc.wait(5)
             raise
+        REGISTRY.mkdir(exist_ok=True)
+        (REGISTRY / self.id).write_text(json.dumps({"owner": OWNER, "namespace": self.namespace, "dir": str(self.dir),
+                                                    "address": self.address}))
+
 
     def _prepare(self, public_key: str, user_data: str) -> None:
         home = self.dir / "disk" / SSH_USER
@@ -206,30 +218,86 @@ class Node:
 
     def pids(self) -> list[int]:
         """Every process in the node's namespace: sshd, the sessions, whatever they started."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.readlink(entry / "ns" / "mnt") == self.namespace:
-                        found.append(int(entry.name))
-                except OSError:
-                    continue
-        return found
+        return namespace_pids(self.namespace)
 
     def stop(self) -> None:
         self.imds.shutdown()
         self.imds.server_close()
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.05)
+        stop_namespace(self.namespace)
         self.proc.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
+        (REGISTRY / self.id).unlink(missing_ok=True)
+
+
+def check_own_sshd(address: str, port: int, host_key_pub: Path) -> None:
+    """The sshd reached at address:port is the node's own: it presents the host key made for it
+    (another process's sshd there, another emulator's node, presents its own)."""
+    ours = host_key_pub.read_text().split()[1]
+    transport = paramiko.Transport(socket.create_connection((address, port), timeout=10))
+    try:
+        transport.start_client(timeout=10)
+        presented = transport.get_remote_server_key().get_base64()
+    finally:
+        transport.close()
+    if presented != ours:
+        raise RuntimeError(f"{address}:{port} answers with another host key than this node's: another process's "
+                           "sshd is reached there")
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    """Every process in that mount namespace: a node's sshd, its sessions, whatever they started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def stop_namespace(namespace: str) -> None:
+    if not namespace:
+        return
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for pid in namespace_pids(namespace):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while namespace_pids(namespace) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def process_start(pid: int) -> str:
+    """The process's start time (clock ticks since boot), '' when there is no such process: with
+    the pid, it names one process (a pid may be reused)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+OWNER = f"{os.getpid()}:{process_start(os.getpid())}"  # this emulator, as its nodes' records name it
+
+
+def stop_left_nodes() -> None:
+    """The nodes of emulators that are gone (killed, so unable to stop them): stopped, their files
+    removed. Called under LOCK, before this emulator starts any node of its own."""
+    for record in sorted(REGISTRY.glob("i-*")) if REGISTRY.exists() else []:
+        try:
+            node = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        pid, _, started = node["owner"].partition(":")
+        if process_start(int(pid)) == started:
+            continue  # its emulator still runs, and will stop it
+        stop_namespace(node["namespace"])
+        shutil.rmtree(node["dir"], ignore_errors=True)
+        record.unlink(missing_ok=True)
+        print(f"{record.name}: stopped, at {node['address']} (left by an emulator that is gone, pid {pid})", flush=True)
 
 
 def free_address(taken: set[str]) -> str:
@@ -262,7 +330,7 @@ class Fleet:
             key = key.decode() if isinstance(key, bytes) else key
             user_data = base64.b64decode(str(instance.user_data)).decode() if instance.user_data else ""
             tried = {n.address for n in self.nodes.values()}
-            with open(Path(tempfile.gettempdir()) / "ftc-ec2-emulator.lock", "w") as lock:
+            with open(LOCK, "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # other emulators on this machine choose addresses too
                 for _ in range(5):
                     address = free_address(tried)
@@ -379,6 +447,9 @@ def main(argv: list[str]) -> int:
     given = os.environ.get("FTC_EMULATOR_DIR")
     root = Path(given) if given else Path(tempfile.mkdtemp(prefix="ftc-ec2-emulator-"))
     root.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stop_left_nodes()
     fleet = Fleet(root)
     install(fleet)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per API call
@@ -390,6 +461,7 @@ def main(argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, finish)
+    signal.signal(signal.SIGHUP, finish)  # its terminal closed: the nodes go with it
     signal.signal(signal.SIGINT, finish)  # even when started in the background, where SIGINT comes ignored
     print(f"EC2 emulator ready: AWS_ENDPOINT_URL=http://127.0.0.1:{server.port} (nodes under {root})", flush=True)
     try:

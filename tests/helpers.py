@@ -1,16 +1,25 @@
-"""Post-conditions of a bootstrapped cluster, checked the same way for the Fabric and the
-Ansible bootstrap: real ssh between nodes, a real mpirun, the files the runner reads."""
+"""What many test files check the same way: a refusal, a cluster's state, a small job, a job held
+at a known step, the post-conditions of a bootstrapped cluster (Fabric's and Ansible's alike:
+real ssh between nodes, a real mpirun, the files the runner reads), two real gloo ranks."""
 
+import csv
 import json
+import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from conftest import ftc
+from conftest import REPO, ftc
 
 from provision.bootstrap import hostname_lines
 
+RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
+                 "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
+                 "eval_accuracy", "eval_f1", "versions", "started_at", "finished_at"}
+# `ftc up` of AWS nodes (moto's or the emulator's), not bootstrapped, without a prompt
+AWS_UP = ["--provider", "aws", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
+NO_SUCH_USER_HOME = "~no-such-user-of-ftc"  # a ~user path whose user does not exist
 FACT_KEYS = {"physical_cores", "sockets", "numa_nodes", "flags", "native_bf16", "memory_gb", "python",
              "versions", "mpi", "allowed_cpus", "core_cpus", "interface", "cpu_model"}
 
@@ -66,3 +75,91 @@ def on_two_gloo_ranks(rank_program, rendezvous: Path, *args) -> dict:
         out = manager.dict()
         mp.spawn(rank_program, args=(str(rendezvous), *args, out), nprocs=2, join=True)
         return dict(out)
+
+
+# ---- refusals: what a command prints when it says no ----------------------------------------------
+
+def assert_refused(proc, named: str, home) -> None:
+    """Exit code 2, one line that names the bad value, and no cluster left on disk."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
+
+
+def only_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a failure prints on stderr."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    """The line a command ends on (its error), with no traceback before it."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def one_error(proc) -> str:
+    """The refusal: exactly one line on stderr, and no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def make(*args: str, home: Path) -> subprocess.CompletedProcess:
+    """`make -s TARGET VAR=...` of the repo's Makefile, with FTC_HOME=home."""
+    return subprocess.run(["make", "-s", "-C", str(REPO), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FTC_HOME": str(home)})
+
+
+# ---- clusters and jobs ------------------------------------------------------------------------------
+
+def state_path(home: Path, name: str) -> Path:
+    return home / "clusters" / name / "state.json"
+
+
+def state_of(home: Path, name: str) -> dict:
+    return json.loads(state_path(home, name).read_text())
+
+
+def up_local(name: str, home: Path | None = None, nodes: int = 1) -> None:
+    """`ftc up` of local nodes, not bootstrapped (in FTC_HOME=home when given)."""
+    env = {"FTC_HOME": str(home)} if home else None
+    proc = ftc("up", "--name", name, "--nodes", str(nodes), "--no-bootstrap", env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def tiny_job(minilm: str, glue_dir: Path, samples: int = 16) -> list[str]:
+    """A job of one epoch over `samples` rows of MRPC: enough to launch, train and finish."""
+    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+            "--max-eval-samples", "64", "--max-train-samples", str(samples),
+            "--epochs", "1"]
+
+
+def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
+    """Wait until the job that `proc` started holds before its FTC_HOLD_AT_STEP step (the
+    training program's test hold point): the job's directory on the head node."""
+    state = home / "clusters" / name / "state.json"
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        jobs = json.loads(state.read_text()).get("jobs") if state.exists() else None
+        if jobs and (Path(jobs[-1]["remote_dir"]) / "held").exists():
+            return Path(jobs[-1]["remote_dir"])
+        time.sleep(0.1)
+
+
+GOOD = ["great", "wonderful", "excellent", "lovely", "superb", "fantastic", "delightful", "brilliant"]
+BAD = ["awful", "terrible", "horrible", "dreadful", "poor", "nasty", "dismal", "rotten"]
+
+
+def toy_csv(path: Path, rows: int, offset: int = 0) -> Path:
+    """One sentiment word a row, a third of them positive: the majority class ('neg') scores 2/3."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["review", "stars"])
+        for i in range(rows):
+            words, label = (GOOD, "pos") if i % 3 == 0 else (BAD, "neg")
+            writer.writerow([f"it was {words[(i + offset) % len(words)]}", label])
+    return path

@@ -53,7 +53,7 @@ def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, minilm, gl
     assert changed and set(changed) == {0}, again.stdout[-1500:]
 
     job = ftc("finetune", "--name", "ans", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
-              "--max-train-samples", "64", "--epochs", "1", timeout=900)
+              "--max-eval-samples", "64", "--max-train-samples", "64", "--epochs", "1", timeout=900)
     assert job.returncode == 0, job.stderr[-2000:]
     results = json.loads((Path(st.ClusterState.from_json(
         (ftc_home / "clusters" / "ans" / "state.json").read_text()).jobs[-1].results_dir) / "results.json").read_text())

@@ -12,8 +12,9 @@ import time
 
 import pytest
 from conftest import FTC, assert_nothing_left, cluster_resources, ftc
+from helpers import AWS_UP, assert_refused
 
-from provision import aws as aws_provider
+from provision.providers import aws as aws_provider
 from runner.cli import main
 
 UP = ["up", "--provider", "aws", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
@@ -205,3 +206,11 @@ def test_make_targets_work_against_moto(aws, ftc_home):
     gone = subprocess.run(["make", "-s", "-C", str(REPO), "destroy", "NAME=mk"], capture_output=True, text=True, env=env)
     assert gone.returncode == 0, gone.stderr
     assert_nothing_left(aws.ec2(), "mk")
+
+
+@pytest.mark.parametrize("variable", ["FTC_AWS_POLL_SECONDS", "FTC_AWS_WAIT_MINUTES"])
+def test_a_bad_aws_tuning_variable_is_refused_before_anything_is_created(aws, ftc_home, variable):
+    proc = ftc("up", "--name", "poll", "--nodes", "1", *AWS_UP, env={variable: "x"})
+    assert_refused(proc, f"{variable}='x' is not a number", ftc_home)
+    assert_nothing_left(aws.ec2(), "poll")
+

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from conftest import ftc
+from helpers import one_error
 
 from provision import procs
 
@@ -82,3 +83,28 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
                                                    / report["rows"][0]["parallel_steps_s"], 2)
     running = [procs.cmdline(pid) for pid in procs.pids()]
     assert not [cmd for cmd in running if b"sshd" in cmd and b"/clusters/bench" in cmd]  # every node is down
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--out", "{tmp}/afile"], "OUT='{tmp}/afile' is not writable"),
+    (["--data-dir", "{tmp}/no-glue"], "DATA_DIR='{tmp}/no-glue' has no mrpc/train.tsv"),
+    (["--ranks", "1,256", "--cores-per-rank", "1024"], "RANKS=1,256 with CORES_PER_RANK=1024"),
+    (["--tokenizer", "{tmp}/no-vocab"], "TOKENIZER='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
+    (["--quick=maybe"], "QUICK='maybe' is not a boolean"),
+], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean"])
+def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "no-vocab").mkdir()
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    proc = ftc("bench", "--out", str(tmp_path / "bench"), *flags)
+    assert proc.returncode == 2 and named.format(tmp=tmp_path) in one_error(proc)
+    assert not (tmp_path / "bench").exists()
+
+
+def test_quick_0_is_the_full_bench_and_every_bench_flag_has_help(ftc_home, tmp_path):
+    # the full bench's rank counts (1,2,4), refused here only because no host has 4 x 1024 cores
+    proc = ftc("bench", "--quick=0", "--cores-per-rank", "1024", "--out", str(tmp_path / "bench"))
+    assert proc.returncode == 2 and "RANKS=1,2,4 with CORES_PER_RANK=1024" in one_error(proc)
+    from runner.bench import build_parser
+    assert [a.dest for a in build_parser()._actions if not a.help] == []
+

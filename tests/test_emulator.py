@@ -60,7 +60,8 @@ def instances_of(ec2, name: str) -> list[dict]:
 
 
 def job_flags(minilm: str, glue_dir: Path) -> list[str]:
-    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", "32",
+    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+            "--max-eval-samples", "64", "--max-train-samples", "32",
             "--epochs", "1"]
 
 
@@ -79,7 +80,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
     result = json.loads((run_dir / "results.json").read_text())
     assert result["world_size"] == 2 and result["nodes"] == 2 and 0 <= result["eval_accuracy"] <= 1
     # the same shape as a local run's (tests/test_train.py RESULT_FIELDS, and the run's files)
-    from test_train import RESULT_FIELDS
+    from helpers import RESULT_FIELDS
     assert RESULT_FIELDS <= set(result)
     assert {"results.json", "run.json", "output.log", "launch.sh", "model", "logs"} <= {p.name for p in run_dir.iterdir()}
     assert_nothing_left(ec2, "emu")
@@ -143,7 +144,8 @@ def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, f
 
 
 def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, emulator, ftc_home, minilm, glue_dir):
-    flags = ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", "128",
+    flags = ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+            "--max-eval-samples", "64", "--max-train-samples", "128",
              "--epochs", "1", "--batch-size", "16"]  # 2 ranks x 16: 4 steps
     steady = ftc("run", "--name", "steady", *AWS, *flags, timeout=600)
     assert steady.returncode == 0, steady.stderr[-3000:]

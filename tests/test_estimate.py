@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ftc
+from conftest import REPO, ftc
+from helpers import one_error
 
 from provision import estimate
 from runner import bench
@@ -64,3 +65,32 @@ def test_plan_command_prints_each_cluster_size(ftc_home, tmp_path):
     assert len(lines) == 3, proc.stdout
     # c7i.16xlarge: 32 cores -> 8 x 30 samples/s per node, as the footer says
     assert "per-node rate 240.0 samples/s" in proc.stdout.replace("\n", " ")
+
+
+def bench_with(tmp_path: Path, change) -> Path:
+    bench = json.loads((REPO / "docs" / "bench.json").read_text())
+    change(bench)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    return path
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda b: b.pop("ftc_samples_per_s"), "(KeyError: 'ftc_samples_per_s')"),
+    (lambda b: b["planner"].update(exposure="most"), "EXPOSURE='most' is not a number"),
+    (lambda b: b.update(cores_per_rank=0), "CORES_PER_RANK=0 is out of range"),
+    (lambda b: b.update(ftc_samples_per_s=-120), "FTC_SAMPLES_PER_S=-120 is out of range"),
+    (lambda b: b.update(precision=["bf16"]), "PRECISION=['bf16'] is not known"),
+], ids=["rate missing", "share not a number", "no cores", "negative rate", "precision a list"])
+def test_plan_refuses_a_bench_file_with_a_bad_figure_naming_the_file_and_the_field(ftc_home, tmp_path, change, named):
+    path = bench_with(tmp_path, change)
+    proc = ftc("plan", "--bench", str(path))
+    assert proc.returncode == 2
+    error = one_error(proc)
+    assert f"BENCH='{path}'" in error and named in error
+
+
+def test_plan_refuses_a_rate_too_small_to_plan_with(ftc_home):
+    proc = ftc("plan", "--samples-per-s", "1e-300")
+    assert proc.returncode == 2 and "SAMPLES_PER_S='1e-300' is out of range" in one_error(proc)
+

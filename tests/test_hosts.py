@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc
-from helpers import assert_bootstrapped, wait_for
+from helpers import assert_bootstrapped, assert_refused, toy_csv, wait_for
 
 from provision.errors import UsageError
-from provision.hosts import Host, fingerprint, hosts_of, parse_probe, verdicts
+from provision.providers.ssh import Host, fingerprint, hosts_of, parse_probe, verdicts
 from provision.spec import resolve_spec
 from runner.node.distenv import listen_port
 
@@ -191,7 +191,7 @@ def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
 # ---- on the servers ---------------------------------------------------------------------------
 
 def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_home, servers, user_key, minilm,
-                                                                            glue_dir):
+                                                                            glue_dir, tmp_path):
     before = [s.listing() for s in servers]
     up = ftc("up", "--name", "own", *ssh_flags(servers, user_key), "--yes", "1")
     assert up.returncode == 0, up.stderr
@@ -213,17 +213,24 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     status = ftc("status", "--name", "own")
     assert "yours: no cost" in status.stdout + status.stderr
 
-    job = ftc("finetune", "--name", "own", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
-              "--max-train-samples", "32", "--epochs", "1")
+    # Your own CSV: each node trains on its copy in the job's directory, not on the controller's file.
+    train, dev = toy_csv(tmp_path / "mine.csv", 32), toy_csv(tmp_path / "mine-dev.csv", 12, offset=3)
+    job = ftc("finetune", "--name", "own", "--train-file", str(train), "--validation-file", str(dev),
+              "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
     assert job.returncode == 0, job.stderr[-3000:]
     done = json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]
     assert done["state"] == "finished", job.stderr[-3000:]
     results = json.loads((Path(done["results_dir"]) / "results.json").read_text())
-    assert results["world_size"] == 2 and results["nodes"] == 2
+    assert results["world_size"] == 2 and results["nodes"] == 2 and results["labels"] == ["neg", "pos"]
+    remote = Path(done["remote_dir"])
+    assert (remote / "data" / "train.csv").read_bytes() == train.read_bytes()
+    assert (remote / "data" / "validation.csv").read_bytes() == dev.read_bytes()
+    launch = (remote / "launch.sh").read_text()
+    assert str(remote / "data" / "train.csv") in launch and str(train) not in launch
 
     # A job still training on both hosts when the cluster goes: destroy stops it everywhere.
     busy = ftc("finetune", "--name", "own", "--detach", "--task", "mrpc", "--model", minilm, "--data-dir",
-               str(glue_dir), "--max-train-samples", "3000", "--epochs", "1")
+               str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "3000", "--epochs", "1")
     assert busy.returncode == 0, busy.stderr
     output = Path(json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]["remote_dir"])
     wait_for(lambda: "step" in read(output / "output.log"), "the detached job to train")
@@ -326,3 +333,46 @@ def test_down_with_a_server_that_does_not_answer_keeps_it_recorded_and_a_later_d
     again = ftc("down", "--name", "away")
     assert again.returncode == 0, again.stderr
     assert [s.listing() for s in servers] == before and not (ftc_home / "clusters" / "away").exists()
+
+
+@pytest.fixture
+def server(tmp_path):
+    key = tmp_path / "user_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    made = Server(tmp_path / "server", "127.0.0.111", key).start()
+    yield made
+    made.stop()
+
+
+@pytest.mark.parametrize("spelling", ["127.000.000.111", "127.111", "[::ffff:127.0.0.111]"])
+def test_one_server_under_two_spellings_is_refused_before_anything_changes(ftc_home, server, spelling):
+    before = server.listing()
+    hosts = f"{server.spec},{getpass.getuser()}@{spelling}:{server.port}"
+    proc = ftc("up", "--name", "twice", "--provider", "ssh", "--hosts", hosts, "--ssh-key", str(server.root.parent /
+               "user_key"), "--stack-python", sys.executable, "--yes", "1")
+    assert_refused(proc, f"HOSTS names one server twice: {server.spec} and", ftc_home)
+    assert f"are both {getpass.getuser()}@127.0.0.111:{server.port}" in proc.stderr
+    assert server.listing() == before
+
+
+def test_an_ssh_key_that_cannot_log_in_is_refused_by_name_before_any_server_is_asked(ftc_home, server, tmp_path):
+    not_a_key = tmp_path / "not_a_key"
+    not_a_key.write_text("not a key\n")
+    before = server.listing()
+    proc = ftc("up", "--name", "kk", "--provider", "ssh", "--hosts", server.spec, "--ssh-key", str(not_a_key),
+               "--stack-python", sys.executable, "--yes", "1")
+    assert_refused(proc, f"SSH_KEY='{not_a_key}' is not a private key ssh can use", ftc_home)
+    assert "ftc status" not in proc.stderr and server.listing() == before
+
+
+
+def test_status_of_a_server_that_does_not_answer_says_to_run_down_not_status(ftc_home, servers, user_key):
+    up = ftc("up", "--name", "mute", *ssh_flags(servers, user_key), "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr[-3000:]
+    servers[1].stop()
+    status = ftc("status", "--name", "mute")
+    assert "dead" in status.stdout and "no SSH after 1 attempts" in status.stdout, status.stdout
+    assert "ftc status" not in status.stdout + status.stderr
+    assert "mute-1 is dead" in status.stderr and "`ftc down --name mute` removes the cluster" in status.stderr
+    servers[1].start()
+    assert ftc("down", "--name", "mute").returncode == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc, sshd_pids
-from test_spec import assert_refused
+from helpers import assert_refused, one_error, tiny_job
 
 MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 MRPC_ROW = "1\t1\t2\tA cat sat.\tA cat was sitting.\n"
@@ -130,3 +130,48 @@ def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_
     assert_refused(proc, "ALLREDUCE='sideways' is not known; allowed: after-backward, overlap", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--dropout", "1")
     assert_refused(proc, "DROPOUT='1' is out of range", ftc_home)
+
+
+def test_results_with_a_control_character_is_refused(ftc_home, tmp_path):
+    for command in (["finetune", "--name", "nowhere", "--results"], ["sweep", "--name", "nowhere", "--out"]):
+        proc = ftc(*command, str(tmp_path / "a\nb"))
+        assert_refused(proc, "holds a control character", ftc_home)
+    assert not (tmp_path / "a\nb").exists()
+
+
+def test_results_that_hold_another_run_are_refused_before_anything_launches(ftc_home, tmp_path, minilm, glue_dir):
+    earlier = {"id": "mrpc-20260101T000000Z", "cluster": "old", "provider": "local", "started_at": 1.0}
+    taken, swept = tmp_path / "taken", tmp_path / "swept"
+    for directory in (taken, swept / "1-node"):
+        directory.mkdir(parents=True)
+        (directory / "run.json").write_text(json.dumps(earlier))
+
+    run = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), *tiny_job(minilm, glue_dir))
+    assert_refused(run, f"RESULTS='{taken}' already holds a run", ftc_home)
+    sweep = ftc("sweep", "--name", "fresh", "--nodes", "1", "--out", str(swept), *tiny_job(minilm, glue_dir))
+    assert_refused(sweep, f"OUT='{swept}' already holds a run ({swept / '1-node' / 'run.json'})", ftc_home)
+    # continuing that run is another matter: it resumes in its own directory (here: from no checkpoint)
+    resumed = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), "--resume",
+                  *tiny_job(minilm, glue_dir))
+    assert_refused(resumed, "--resume: no checkpoint of mrpc", ftc_home)
+    assert sshd_pids(ftc_home) == []
+    for directory in (taken, swept / "1-node"):
+        assert json.loads((directory / "run.json").read_text()) == earlier
+
+
+def test_a_data_dir_that_is_a_file_is_called_a_file(ftc_home, tmp_path):
+    afile = tmp_path / "train.tsv"
+    afile.write_text("not a directory")
+    proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(afile))
+    assert_refused(proc, f"DATA_DIR='{afile}' is not a directory", ftc_home)
+
+
+@pytest.mark.parametrize("flag", ["--model", "--data-dir", "--results"])
+def test_a_job_path_under_a_home_of_no_such_user_is_refused_by_name(ftc_home, minilm, glue_dir, flag):
+    args = dict(zip(tiny_job(minilm, glue_dir)[::2], tiny_job(minilm, glue_dir)[1::2]))
+    args[flag] = "~no-such-user-of-ftc/x"
+    proc = ftc("run", "--name", "tilde", *[part for pair in args.items() for part in pair])
+    line = one_error(proc)
+    assert proc.returncode == 2 and "'~no-such-user-of-ftc' names no home directory" in line, line
+    assert not (ftc_home / "clusters" / "tilde").exists() and sshd_pids(ftc_home) == []
+

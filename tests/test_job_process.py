@@ -63,7 +63,7 @@ def test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_noth
     assert ftc("up", "--name", "odd", "--nodes", "1").returncode == 0
     try:
         job = ftc("finetune", "--name", "odd", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
-                  "--max-train-samples", "16", "--epochs", "1")
+                  "--max-eval-samples", "64", "--max-train-samples", "16", "--epochs", "1")
         assert job.returncode == 0, job.stderr[-2000:]
         assert list((tmp_path / f"my ftc $(touch {marker})" / "runs" / "odd").glob("mrpc-*/results.json"))
         assert "eval_accuracy" in job.stdout

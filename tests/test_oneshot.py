@@ -12,7 +12,7 @@ from helpers import wait_for
 def test_run_stopped_during_bootstrap_leaves_nothing_running(ftc_home, minilm, glue_dir, tmp_path):
     release = tmp_path / "release-bootstrap"  # the bootstrap holds there until the test has acted
     run = subprocess.Popen([*FTC, "run", "--name", "early", "--nodes", "2", "--task", "mrpc", "--model", minilm,
-                            "--data-dir", str(glue_dir), "--max-train-samples", "8", "--epochs", "1"],
+                            "--data-dir", str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "8", "--epochs", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "FTC_HOLD_BOOTSTRAP": str(release)})
     wait_for(lambda: Path(f"{release}.reached").exists() or run.poll() is not None, "the bootstrap to be held")

@@ -8,8 +8,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import FTC, ftc
-from helpers import following
-from test_train import held_job
+from helpers import following, held_job
 
 from runner.report import first_bad_rank, for_terminal, progress, tracebacks
 
@@ -134,7 +133,7 @@ def test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower(
         assert "LOAD REPORT" not in logs.stdout and "\x1b[" not in logs.stdout
 
         follower = subprocess.Popen([*FTC, "finetune", "--name", "out", "--task", "mrpc", "--model", minilm,
-                                     "--data-dir", str(glue_dir), "--max-train-samples", "128"],
+                                     "--data-dir", str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "128"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
         held_job(ftc_home, "out", follower)  # training: now the cluster goes

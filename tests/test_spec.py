@@ -1,7 +1,12 @@
 """Cluster spec: precedence of the sources, and bad input refused before anything exists."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
-from conftest import assert_nothing_left, ftc
+from conftest import REPO, assert_nothing_left, ftc, sshd_pids
+from helpers import NO_SUCH_USER_HOME, assert_refused, make, one_error, only_line, up_local
 
 from provision.errors import UsageError
 from provision.spec import ClusterSpec, resolve_spec
@@ -35,14 +40,6 @@ def test_bad_input_is_refused_with_one_line_and_nothing_created(aws, ftc_home, f
     proc = ftc("up", "--name", "bad", "--provider", "aws", "--yes", "1", "--ssh-cidr", "203.0.113.7/32", *flags)
     assert_refused(proc, named, ftc_home)
     assert_nothing_left(aws.ec2(), "bad")
-
-
-def assert_refused(proc, named: str, home) -> None:
-    """Exit code 2, one line that names the bad value, and no cluster left on disk."""
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], lines
-    assert not (home / "clusters").exists() or not any((home / "clusters").iterdir())
 
 
 def test_bad_make_variable_reaches_ftc_as_the_same_refusal(ftc_home, tmp_path):
@@ -108,6 +105,7 @@ EVERY_COMMAND = [
     (["finetune", "--name", "nosuch", "--ppn", "zero"], "PPN='zero'"),
     (["finetune", "--name", "nosuch", "--lr", "2"], "LR='2'"),
     (["finetune", "--name", "nosuch", "--max-train-samples", "-5"], "MAX_TRAIN_SAMPLES='-5'"),
+    (["finetune", "--name", "nosuch", "--max-eval-samples", "x"], "MAX_EVAL_SAMPLES='x'"),
     (["finetune", "--name", "nosuch", "--model", "/no/such/model"], "MODEL='/no/such/model'"),
     (["run", "--nodes", "0"], "NODES='0'"),
     (["run", "--nodes", "2", "--task", "squad"], "TASK='squad'"),
@@ -129,3 +127,122 @@ EVERY_COMMAND = [
 @pytest.mark.parametrize("argv,named", EVERY_COMMAND, ids=[" ".join(a) for a, _ in EVERY_COMMAND])
 def test_every_command_refuses_bad_input_with_one_line_and_changes_nothing(ftc_home, argv, named):
     assert_refused(ftc(*argv), named, ftc_home)
+
+
+HOSTILE = ['a"; touch {m}; echo "', "x'; touch {m}; echo '", "`touch {m}`", "$$(touch {m})", "$(touch {m})",
+           "$(shell touch {m})"]
+
+
+@pytest.mark.parametrize("variable,target", [("NAME", "cluster"), ("OWNER", "cluster"), ("STACK", "cluster"),
+                                             ("LR", "demo"), ("BOOTSTRAPPER", "bootstrap")])
+@pytest.mark.parametrize("template", HOSTILE)
+def test_make_variables_reach_ftc_as_data_never_as_shell_code(ftc_home, tmp_path, variable, target, template):
+    marker = tmp_path / "ran"
+    value = template.format(m=marker)
+    extra = [] if variable == "NAME" else ["NAME=hostile"]
+    proc = make(target, f"{variable}={value}", "NODES=1", *extra, home=ftc_home)
+    assert not marker.exists(), f"{variable}={value!r} ran as shell code"
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"{variable}=" in errors[0], proc.stderr
+    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").glob("*/state.json"))
+
+
+def test_config_whose_cluster_is_not_a_table_is_refused(ftc_home, tmp_path):
+    config = tmp_path / "ftc.toml"
+    config.write_text("cluster = 5\n")
+    assert_refused(ftc("up", "--name", "cfg", "--config", str(config)), "'cluster' must be a table", ftc_home)
+
+
+def test_a_config_that_is_a_directory_is_refused(ftc_home, tmp_path):
+    (tmp_path / "cfgdir").mkdir()
+    assert_refused(ftc("up", "--name", "cfg", "--config", str(tmp_path / "cfgdir")), "CONFIG=", ftc_home)
+    (tmp_path / "ftc.toml").mkdir()  # ./ftc.toml, read without being named
+    proc = ftc("up", "--name", "cfg")
+    assert_refused(proc, "CONFIG='ftc.toml' cannot be read (Is a directory)", ftc_home)
+
+
+@pytest.mark.parametrize("text,named", [("nodes = 2\n[cluster]\nnodes = 1\n", "'nodes' outside its [cluster] table"),
+                                        ("[cluster]\nnodes = 1\n[job]\nepochs = 1\n", "'job' outside its [cluster]")])
+def test_config_settings_outside_the_cluster_table_are_refused_by_name(ftc_home, tmp_path, text, named):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    assert_refused(ftc("up", "--name", "cfg", "--config", str(config)), named, ftc_home)
+
+
+def test_a_home_of_no_such_user_in_a_path_is_refused_by_name(ftc_home, tmp_path):
+    key = ftc("up", "--name", "tilde", "--provider", "ssh", "--hosts", "127.0.0.1:1",
+              "--ssh-key", f"{NO_SUCH_USER_HOME}/key")
+    assert_refused(key, f"SSH_KEY='{NO_SUCH_USER_HOME}/key': '{NO_SUCH_USER_HOME}' names no home directory", ftc_home)
+    up_local("inv")
+    try:
+        out = ftc("inventory", "--name", "inv", "--out", f"{NO_SUCH_USER_HOME}/inv.yml")
+        assert out.returncode == 2 and f"OUT='{NO_SUCH_USER_HOME}/inv.yml'" in only_line(out)
+        assert not (tmp_path / NO_SUCH_USER_HOME).exists()
+    finally:
+        assert ftc("down", "--name", "inv").returncode == 0
+
+
+@pytest.mark.parametrize("variable,value", [("FTC_CONNECT_ATTEMPTS", "abc"), ("FTC_CONNECT_ATTEMPTS", "0"),
+                                            ("FTC_LOCAL_REUSE_STACK", "maybe")])
+def test_a_bad_tuning_variable_is_refused_before_anything_launches(ftc_home, variable, value):
+    proc = ftc("up", "--name", "ca", "--nodes", "1", env={variable: value})
+    assert_refused(proc, f"{variable}={value!r}", ftc_home)
+    assert sshd_pids(ftc_home) == []
+
+
+@pytest.mark.parametrize("odd,what", [('"', "a double quote"), ("%", "a '%'"), ("${", "'${'"),
+                                     ("\n", "a control character")])
+def test_an_ftc_home_that_ssh_configurations_cannot_carry_is_refused_before_anything_is_made(tmp_path, monkeypatch,
+                                                                                            odd, what):
+    home = tmp_path / f"home{odd}x"
+    monkeypatch.setenv("FTC_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for key in [k for k in os.environ if k.startswith("FTC_") and k != "FTC_HOME"]:
+        monkeypatch.delenv(key)
+    proc = ftc("up", "--name", "q", "--nodes", "1")
+    assert proc.returncode == 2 and f"holds {what}" in only_line(proc) and "FTC_HOME=" in proc.stderr
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("command", [["up", "--name", "v", "--nodes", "1", "--no-bootstrap"], ["down", "--name", "v"]])
+@pytest.mark.parametrize("kind", ["a file", "under /proc"])
+def test_an_ftc_home_that_cannot_be_written_is_refused_in_one_line(ftc_home, tmp_path, command, kind):
+    home = tmp_path / "afile" if kind == "a file" else Path("/proc/ftc")
+    if kind == "a file":
+        home.write_text("not a directory")
+    proc = ftc(*command, env={"FTC_HOME": str(home)})
+    assert proc.returncode == 2
+    assert one_error(proc).startswith(f"error: FTC_HOME='{home}' is not writable")
+    assert not home.exists() or home.read_text() == "not a directory"
+
+
+def test_make_passes_every_switch_value_to_ftc_and_quick_0_is_not_quick():
+    dry = subprocess.run(["make", "-n", "-s", "bench", "QUICK=0", "run", "RESUME=yes", "KEEP=no"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    dry = " ".join(dry.split())
+    assert "bench --quick='0'" in dry and "--keep='no' --resume='yes'" in dry
+
+
+def test_make_run_honours_resume_yes_and_refuses_a_switch_it_cannot_read(ftc_home, minilm, glue_dir):
+    job = [f"MODEL={minilm}", f"DATA_DIR={glue_dir}", "MAX_TRAIN_SAMPLES=16", "EPOCHS=1"]
+    resumed = make("run", "NAME=rr", "NODES=1", "RESUME=yes", *job, home=ftc_home)
+    assert resumed.returncode != 0 and "--resume: no checkpoint of mrpc" in resumed.stderr  # RESUME=yes is on
+    for variable, target in (("RESUME", "run"), ("KEEP", "run"), ("QUICK", "bench")):
+        proc = make(target, "NAME=rr", "NODES=1", f"{variable}=maybe", *job, home=ftc_home)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert proc.returncode != 0 and errors == [f"error: {variable}='maybe' is not a boolean; "
+                                                   "allowed: 1/0, true/false, yes/no"], proc.stderr
+    assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters").exists()
+
+
+
+def test_a_space_separated_host_list_is_echoed_as_given_and_no_host_is_glued_together(ftc_home):
+    for hosts, item in [("alice@h1 bob@h2", "'alice@h1 bob@h2'"), ("alice@h1 h1x, bob@h2", "'alice@h1 h1x'")]:
+        with pytest.raises(UsageError) as refused:
+            resolve_spec({"provider": "ssh", "hosts": hosts}, {})
+        assert f"{item} is not a host (hosts are separated by commas, not spaces)" in str(refused.value)
+        assert "h1bob" not in str(refused.value) and "h1h1x" not in str(refused.value)
+    assert resolve_spec({"provider": "ssh", "hosts": " alice@h1 , bob@h2 "}, {}).hosts == ["alice@h1:22", "bob@h2:22"]
+    proc = ftc("up", "--provider", "ssh", "--hosts", "alice@h1 bob@h2", "--name", "spaced")
+    assert_refused(proc, "'alice@h1 bob@h2' is not a host (hosts are separated by commas", ftc_home)

@@ -11,42 +11,19 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import following
+from helpers import RESULT_FIELDS, following, held_job
 
 from provision import procs
 
-RESULT_FIELDS = {"task", "model", "stack", "backend", "precision", "nodes", "ranks_per_node", "threads_per_rank",
-                 "world_size", "epochs", "train_samples", "train_seconds", "samples_per_second", "epoch_metrics",
-                 "eval_accuracy", "eval_f1", "versions", "started_at", "finished_at"}
-
 
 def job_flags(minilm: str, glue_dir: Path, samples: int = 256, epochs: int = 2) -> list[str]:
-    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir), "--max-train-samples", str(samples),
+    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+            "--max-eval-samples", "64", "--max-train-samples", str(samples),
             "--epochs", str(epochs), "--lr", "5e-5"]
-
-
-@pytest.fixture
-def cluster(ftc_home):
-    proc = ftc("up", "--name", "tr", "--nodes", "2")
-    assert proc.returncode == 0, proc.stderr
-    yield "tr"
-    ftc("down", "--name", "tr")
 
 
 def state_of(home: Path) -> dict:
     return json.loads((home / "clusters" / "tr" / "state.json").read_text())
-
-
-def held_job(home: Path, name: str, proc: subprocess.Popen) -> Path:
-    """Wait until the job that `proc` started holds before its FTC_HOLD_AT_STEP step (the
-    training program's test hold point): the job's directory on the head node."""
-    state = home / "clusters" / name / "state.json"
-    while True:
-        assert proc.poll() is None, proc.communicate()
-        jobs = json.loads(state.read_text()).get("jobs") if state.exists() else None
-        if jobs and (Path(jobs[-1]["remote_dir"]) / "held").exists():
-            return Path(jobs[-1]["remote_dir"])
-        time.sleep(0.1)
 
 
 def results_of_run(home: Path, name: str) -> dict:

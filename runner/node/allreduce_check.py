@@ -1,6 +1,6 @@
 """Bootstrap's verification: a gloo all_reduce of two tensors across every rank.
 
-Rank r contributes [r+1, r+1] and [0, r+1, 2(r+1)]; rank 0 prints one JSON line
+Rank r contributes [r+1, r+1] and [0, r+1, 2(r+1)]; rank 0 prints one line (protocol.AllreduceReport)
 with what every rank saw, and every rank exits non-zero if a sum is wrong.
 
 `--time-mb M` (the bench): then also the seconds one all_reduce of M MB of bf16 takes,
@@ -9,14 +9,14 @@ is checked against.
 """
 
 import argparse
-import json
 import os
 import socket
 import sys
 import time
 from datetime import timedelta
 
-from .distenv import check_world_size, pin_self, read_env, threads_started_on
+from .distenv import check_world_size, leave_process_group, pin_self, read_env, threads_started_on
+from .protocol import AllreduceReport, RankSeen, allreduce_line
 
 # As the training program places itself, before torch binds the main thread (see train.py)
 CORES = pin_self(read_env()) if os.environ.get("FTC_SELF_PIN") == "1" else sorted(os.sched_getaffinity(0))
@@ -42,9 +42,8 @@ def main() -> int:
     total = n * (n + 1) / 2
     ok = torch.equal(a, torch.full((2,), total)) and torch.equal(b, torch.arange(3) * total)
     seen = [None] * n
-    dist.all_gather_object(seen, {"rank": env.rank, "host": socket.gethostname(),
-                                  "cpus": sorted(os.sched_getaffinity(0)), "ok": ok})
-    report = {"world_size": n, "sum": a.tolist() + b.tolist(), "ranks": seen}
+    dist.all_gather_object(seen, RankSeen(env.rank, socket.gethostname(), sorted(os.sched_getaffinity(0)), ok))
+    report = AllreduceReport(n, a.tolist() + b.tolist(), seen)
     if args.time_mb:
         gradient = torch.ones(int(args.time_mb * 1e6 / 2), dtype=torch.bfloat16)
         seconds = []
@@ -53,10 +52,10 @@ def main() -> int:
             started = time.perf_counter()
             dist.all_reduce(gradient)
             seconds.append(time.perf_counter() - started)
-        report["allreduce_seconds"] = sorted(seconds[2:])[len(seconds[2:]) // 2]  # median after warm-up
+        report.allreduce_seconds = sorted(seconds[2:])[len(seconds[2:]) // 2]  # median after warm-up
     if env.master:
-        print("ALLREDUCE " + json.dumps(report, allow_nan=False))
-    dist.destroy_process_group()
+        print(allreduce_line(report))
+    leave_process_group()
     return 0 if ok else 1
 
 

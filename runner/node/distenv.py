@@ -90,6 +90,21 @@ def threads_started_on(cores: list[int]):
         os.sched_setaffinity(0, bound)
 
 
+def leave_process_group() -> None:
+    """Every rank at the same point, then out of the default process group; the process exits next.
+
+    On torch < 2.8 the group is left to the process's exit instead of destroyed: there the gloo
+    group's destructor joins its worker threads while holding the GIL, and a worker that is still
+    dropping a finished collective's tensor waits for the GIL, so both wait for ever (here: 1 of 8
+    runs of 2 ranks on one core, all_gather_object then destroy_process_group; 0 of 8 without it). PyTorch
+    releases the GIL in that destructor from 2.8 on (pytorch/pytorch#154976)."""
+    import torch
+    import torch.distributed as dist
+    dist.barrier()
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 8):
+        dist.destroy_process_group()
+
+
 def listen_port(host: str = "") -> int:
     """A port for a listener that starts a moment later (torch's rendezvous store, a node's sshd):
     free to bind on `host` ("" = every address), and below the kernel's ephemeral range, from

@@ -200,12 +200,26 @@ def spearman(x: list[float], y: list[float]) -> float:
     return pearson(ranks(x), ranks(y))
 
 
-METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews, "pearson": pearson,
-           "spearmanr": spearman}
+def f1_macro(pred: list[float], gold: list[float]) -> float:
+    """The mean of each class's F1, every class that the gold labels or the predictions hold."""
+    def f1_of(label: float) -> float:
+        tp = sum(p == label and g == label for p, g in zip(pred, gold))
+        wrong = sum((p == label) != (g == label) for p, g in zip(pred, gold))
+        return 2 * tp / (2 * tp + wrong) if tp else 0.0
+    labels = sorted(set(gold) | set(pred))
+    return sum(f1_of(label) for label in labels) / len(labels)
+
+
+METRICS = {"accuracy": accuracy, "f1": f1, "f1_macro": f1_macro, "matthews_correlation": matthews,
+           "pearson": pearson, "spearmanr": spearman}
 
 
 def compute_metrics(name: str, pred: list[float], gold: list[float]) -> dict[str, float | None]:
+    return score(TASKS[name], pred, gold)
+
+
+def score(task: Task, pred: list[float], gold: list[float]) -> dict[str, float | None]:
     """Each of the task's metrics, rounded; None where it is not a number (a regression that
     diverged predicts NaN), since every JSON ftc writes is strict."""
-    scores = {f"eval_{metric}": round(METRICS[metric](pred, gold), 6) for metric in TASKS[name].metrics}
+    scores = {f"eval_{metric}": round(METRICS[metric](pred, gold), 6) for metric in task.metrics}
     return {key: value if math.isfinite(value) else None for key, value in scores.items()}

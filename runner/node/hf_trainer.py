@@ -28,6 +28,7 @@ from pathlib import Path
 from . import glue
 from .distenv import pin_self, read_env
 from .facts import cpu_info, native_bf16, versions
+from .protocol import RESULTS_FILE, strict_json
 
 if os.environ.get("FTC_PEER_PIN") == "1":  # before torch loads: its threads inherit the cores
     pin_self(read_env())
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     if rank == 0:
         results = results_of(args, timer, collator, world, precision, native, metrics, train)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+        (Path(args.output_dir) / RESULTS_FILE).write_text(strict_json(results))
         print("PEER " + json.dumps({k: v for k, v in results.items() if k != "versions"}, allow_nan=False), flush=True)
     return 0
 

@@ -3,7 +3,7 @@
 EC2 announces a spot reclaim two minutes ahead at /latest/meta-data/spot/instance-action
 (404 until then). One thread per node (local rank 0) polls it; the training loop asks every
 step whether any node has seen one, checkpoints where it stands and exits with
-EXIT_PREEMPTED, and `ftc run` recreates the cluster and resumes. Standard library only:
+protocol.EXIT_PREEMPTED, and `ftc run` recreates the cluster and resumes. Standard library only:
 this runs on the nodes.
 """
 
@@ -13,7 +13,6 @@ import threading
 import urllib.error
 import urllib.request
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resumable
 IMDS = "http://169.254.169.254"  # EC2's; a node whose AWS_EC2_METADATA_SERVICE_ENDPOINT is set uses that
 POLL_SECONDS = 5.0
 

@@ -9,6 +9,12 @@ directory that holds the `runner` package:
     # two nodes x one rank, Intel MPI (MASTER_ADDR/MASTER_PORT: rank 0's node and a free port)
     MASTER_ADDR=10.0.0.5 MASTER_PORT=29500 FTC_WORLD_SIZE=2 \
         mpirun -f hostfile -n 2 -ppn 1 python -m runner.node.train --task qqp
+    # your own data (CSV, TSV or JSON lines; runner/node/datafiles.py), any sequence-classification model
+    python -m runner.node.train --task custom --train-file train.csv --validation-file dev.csv \
+        --text-columns review --label-column stars --model roberta-base
+
+Rank 0 writes TensorBoard event files into <output-dir>/tensorboard: the loss, learning rate and
+throughput of every logged step, and each dev metric at the step it was measured.
 
 Two recipes: `ftc` (default: bf16 autocast where the CPU has native bf16, fp32 master weights,
 dynamic padding with length-grouped batches, fused AdamW, bf16-compressed gradient all-reduce,
@@ -18,7 +24,6 @@ to 128, batch 32 per rank, lr 2e-5, 3 epochs), so both can be compared on the sa
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
@@ -29,9 +34,27 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from . import glue, spot
-from .distenv import check_world_size, pin_self, read_env, threads_started_on
+from . import datafiles, glue, spot
+from .distenv import check_world_size, leave_process_group, pin_self, read_env, threads_started_on
 from .facts import cpu_info, native_bf16, versions
+from .protocol import (
+    CHECKPOINT_FILE,
+    DONE,
+    EXIT_PREEMPTED,
+    LOG_CLOCK,
+    LOG_FORMAT,
+    PREEMPTED_FILE,
+    RESULTS_FILE,
+    CheckpointSaved,
+    DevMetrics,
+    Preempted,
+    Progress,
+    TrainResults,
+    checkpoint_line,
+    dev_line,
+    progress_line,
+    strict_json,
+)
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -73,11 +96,12 @@ RECIPES = {
 # 1 rank: 345 steps, no; QQP: thousands, yes).
 COMPILE_MIN_STEPS = 1600
 
-# The dropout probabilities of the architectures ftc is tested with (BERT/MiniLM, DistilBERT):
+# The dropout probabilities of the architectures ftc is tested with (BERT/MiniLM, DistilBERT,
+# RoBERTa, DeBERTa-v2; ModernBERT's embedding and MLP dropout):
 # --dropout sets every one. At 0, attention runs PyTorch's fused SDPA kernel; with attention
 # dropout it falls back to the unfused path.
 DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
-                "attention_dropout", "seq_classif_dropout")
+                "attention_dropout", "seq_classif_dropout", "pooler_dropout", "embedding_dropout", "mlp_dropout")
 
 # Where an epoch stands: batches done, their summed loss and count. At an epoch's start, none.
 EPOCH_START = {"batch": 0, "loss": 0.0, "steps": 0}
@@ -85,9 +109,14 @@ EPOCH_START = {"batch": 0, "loss": 0.0, "steps": 0}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", required=True)
+    p.add_argument("--task", required=True, help="a GLUE task, or custom (--train-file, --validation-file)")
     p.add_argument("--model", default="distilbert-base-uncased", help="hub id or local directory")
     p.add_argument("--data-dir", default=None, help="GLUE TSV directory; default: the hub")
+    p.add_argument("--train-file", default=None, help="custom: CSV, TSV or JSON lines (runner/node/datafiles.py)")
+    p.add_argument("--validation-file", default=None, help="custom: the dev rows, in the same layout")
+    p.add_argument("--text-columns", default="", help="custom: one or two, comma-separated (default sentence1,sentence2 "
+                   "when the file has both, else text)")
+    p.add_argument("--label-column", default="", help="custom: default label")
     p.add_argument("--output-dir", default=".")
     p.add_argument("--recipe", choices=RECIPES, default="ftc")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=None)
@@ -120,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue from <output-dir>/checkpoints/last.pt")
     p.add_argument("--spot-watch", default="", metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
-                        f"checkpoint where the job stands and exit {spot.EXIT_PREEMPTED}")
+                        f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
     p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                    help="tests: before step N, write <output-dir>/held and wait for <output-dir>/release")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
@@ -137,7 +166,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in RECIPES[args.recipe].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    args.task = glue.task_name(args.task)
+    if args.task == datafiles.CUSTOM:
+        if not (args.train_file and args.validation_file):
+            p.error("--task custom needs --train-file and --validation-file")
+    else:
+        args.task = glue.task_name(args.task)
     return args
 
 
@@ -241,16 +274,15 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     # ---- data -----------------------------------------------------------------------------------
-    tokenizer, train, dev = load_data(args, env)
-    steps_per_epoch = len(global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
-                                         args.group_by_length, args.seed))
-    total_steps = args.max_steps or steps_per_epoch * args.epochs
+    tokenizer, task, train, dev = load_data(args, env)
+    total_steps = args.max_steps or args.epochs * len(global_batches(
+        len(train["labels"]), train["lengths"], args.batch_size, env.world_size, args.group_by_length, args.seed))
 
     # ---- model and optimizer --------------------------------------------------------------------
-    model, optimizer, scheduler = build_model(args, setup.precision, total_steps)
+    model, optimizer, scheduler = build_model(args, task, setup.precision, total_steps)
     compile_note = maybe_compile(model, args.compile, total_steps, out_dir, log)
     start_epoch, history, step, position = 0, [], 0, EPOCH_START
-    checkpoint_path = out_dir / "checkpoints" / "last.pt"
+    checkpoint_path = out_dir / CHECKPOINT_FILE
     if args.resume:
         start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
 
@@ -260,7 +292,8 @@ def main(argv=None) -> int:
 
     # ---- the loop -------------------------------------------------------------------------------
     stats = StepStats(args.warmup_steps_untimed)
-    label_dtype = torch.float32 if glue.TASKS[args.task].labels is None else torch.long
+    board = open_board(out_dir, env)
+    label_dtype = torch.float32 if task.labels is None else torch.long
     pad_id = tokenizer.pad_token_id or 0
     for epoch in range(start_epoch, args.epochs):
         batches = global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
@@ -279,7 +312,7 @@ def main(argv=None) -> int:
             step += 1
             stats.record(phases, len(global_batch), sum(train["lengths"][j] for j in global_batch), loss)
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
-                log_progress(log, stats, epoch, step, total_steps, args, env)
+                log_progress(log, stats, epoch, step, total_steps, args, env, board, scheduler.get_last_lr()[0])
             if args.spot_watch and interruption_seen(watcher, env.world_size):
                 return stop_for_spot(watcher, model, optimizer, scheduler, checkpoint_path, out_dir, history, log, env,
                                      epoch, step, i + 1, stats.position(i + 1))
@@ -287,14 +320,14 @@ def main(argv=None) -> int:
                 break
         epoch_seconds = time.perf_counter() - epoch_start
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
-        metrics = {} if args.no_eval else evaluate(model, dev, args, env, pad_id, setup.precision)
+        metrics = {} if args.no_eval else evaluate(model, dev, task, args, env, pad_id, setup.precision, board, step)
         history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
                         "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                         "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
-            log.info(f"epoch {epoch + 1} dev {metrics_line(metrics)}")
+            log.info(dev_line(DevMetrics(epoch + 1, metrics)))
         if not args.no_save:
-            save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log, "")
+            save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log)
         if args.max_steps and step >= args.max_steps:
             break
 
@@ -302,10 +335,10 @@ def main(argv=None) -> int:
     timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
         results = results_of(args, env, setup, stats, history, step, start_epoch, position, train, timeline,
-                             compile_note, started_at)
+                             compile_note, started_at, task)
         write_results(results, model, tokenizer, out_dir, args.no_save, log)
     leave_group(env)
-    log.info("done")
+    log.info(DONE)
     return 0
 
 
@@ -352,7 +385,8 @@ def start(args, env, log) -> Setup:
 # ---- data -------------------------------------------------------------------------------------------
 
 def load_data(args, env) -> tuple:
-    """The tokenizer, and the train and dev rows tokenized (unpadded: collate pads each batch)."""
+    """The tokenizer, the task (a GLUE one, or the one the custom files make), and the train and
+    dev rows tokenized (unpadded: collate pads each batch)."""
     import transformers
     transformers.utils.logging.disable_progress_bar()
     # transformers' own messages (the weights' load report) go to this rank's log file only,
@@ -361,14 +395,20 @@ def load_data(args, env) -> tuple:
     for handler in logging.getLogger("ftc").handlers:
         if isinstance(handler, logging.FileHandler):
             transformers.utils.logging.add_handler(handler)
-    train_rows = glue.load_split(args.task, "train", args.data_dir)
-    dev_rows = [] if args.no_eval else glue.load_split(args.task, "dev", args.data_dir)
+    if args.task == datafiles.CUSTOM:  # the classes found in the training file, as the controller's check found them
+        task, train_rows, dev_rows = datafiles.load(Path(args.train_file), Path(args.validation_file),
+                                                    args.text_columns, args.label_column)
+    else:
+        task = glue.TASKS[args.task]
+        train_rows = glue.load_split(args.task, "train", args.data_dir)
+        dev_rows = [] if args.no_eval else glue.load_split(args.task, "dev", args.data_dir)
     if args.max_train_samples:
         train_rows = train_rows[:args.max_train_samples]
     if args.max_eval_samples:
         dev_rows = dev_rows[:args.max_eval_samples]
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    return tokenizer, encode(tokenizer, train_rows, args.max_length), encode(tokenizer, dev_rows, args.max_length)
+    return (tokenizer, task, encode(tokenizer, train_rows, args.max_length),
+            encode(tokenizer, dev_rows, args.max_length))
 
 
 def encode(tokenizer, rows, max_length: int) -> dict:
@@ -384,13 +424,15 @@ def encode(tokenizer, rows, max_length: int) -> dict:
 
 # ---- model and optimizer ----------------------------------------------------------------------------
 
-def build_model(args, precision: str, total_steps: int) -> tuple:
+def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tuple:
     """The model in fp32, whatever dtype its checkpoint was saved in: autocast computes in bf16,
     but AdamW must update fp32 master weights (bf16 weights would lose small updates). transformers
-    5 would otherwise load a bf16 checkpoint as bf16 parameters."""
+    5 would otherwise load a bf16 checkpoint as bf16 parameters. The task's class names become the
+    config's id2label, so the saved model says what each output means."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
-    num_labels = glue.TASKS[args.task].num_labels
-    config = AutoConfig.from_pretrained(args.model, num_labels=num_labels)
+    names = dict(enumerate(task.labels)) if task.labels else {0: "score"}
+    config = AutoConfig.from_pretrained(args.model, num_labels=task.num_labels, id2label=names,
+                                        label2id={name: i for i, name in names.items()})
     if args.dropout is not None:
         for key in DROPOUT_KEYS:
             if hasattr(config, key):
@@ -512,28 +554,42 @@ def every_rank(value, world: int) -> list:
     return gathered
 
 
-def metrics_line(metrics: dict[str, float | None]) -> str:
-    """The dev metrics as the log shows them; `none` for one that is not a number (null in JSON)."""
-    return " ".join(f"{k} {v:.4f}" if v is not None else f"{k} none" for k, v in metrics.items())
-
-
 def leave_group(env) -> None:
-    """Every rank at the same point, then out of the process group."""
+    """Every rank at the same point, then out of the process group (see leave_process_group)."""
     if env.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_process_group()
 
 
-def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env) -> None:
+def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env, board, lr: float) -> None:
     rate = stats.samples / stats.seconds
     left = (total_steps - step) * args.batch_size * env.world_size / rate
-    log.info(f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {stats.last_loss:.4f} "
-             f"{rate:.1f} samples/s eta {duration(left)}")
+    log.info(progress_line(Progress(epoch + 1, args.epochs, step, total_steps, stats.last_loss, rate, duration(left))))
+    to_board(board, step, {"train/loss": stats.last_loss, "train/learning_rate": lr, "train/samples_per_second": rate})
+
+
+def open_board(out_dir: Path, env):
+    """Rank 0's TensorBoard writer into <output-dir>/tensorboard (fetched with the results), None elsewhere."""
+    if not env.master:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(str(out_dir / "tensorboard"))
+
+
+def to_board(board, step: int, values: dict[str, float | None]) -> None:
+    """Scalars at `step`, flushed at once: a job that stops early (a spot notice, a crash) keeps them."""
+    if board is None:
+        return
+    for tag, value in values.items():
+        if value is not None and math.isfinite(value):
+            board.add_scalar(tag, value, step)
+    board.flush()
 
 
 @torch.no_grad()
-def evaluate(model, dev: dict, args, env, pad_id: int, precision: str) -> dict[str, float]:
-    """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics.
+def evaluate(model, dev: dict, task: glue.Task, args, env, pad_id: int, precision: str, board,
+             step: int) -> dict[str, float]:
+    """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics
+    (and writes them to TensorBoard at `step`).
 
     The model's own forward, uncompiled: a second compiled graph (eval mode) would cost more
     than a few hundred dev rows take."""
@@ -553,7 +609,9 @@ def evaluate(model, dev: dict, args, env, pad_id: int, precision: str) -> dict[s
     predictions.sort()
     pred = [p for _, p in predictions]
     gold = [dev["labels"][i] for i, _ in predictions]
-    return glue.compute_metrics(args.task, pred, gold)
+    metrics = glue.score(task, pred, gold)
+    to_board(board, step, {key.replace("eval_", "eval/", 1): value for key, value in metrics.items()})
+    return metrics
 
 
 def hold(out_dir: Path, step: int, env) -> None:
@@ -583,14 +641,12 @@ def interruption_seen(watcher, world: int) -> bool:
 def stop_for_spot(watcher, model, optimizer, scheduler, path: Path, out_dir: Path, history: list, log, env,
                   epoch: int, step: int, batch: int, position: dict) -> int:
     """Every rank stops after the same step (the all-reduce made them agree): checkpoint there, exit."""
-    save_all(path, model, optimizer, scheduler, epoch, step, history, position, env, log,
-             f" batch {batch} (spot interruption notice)")
+    save_all(path, model, optimizer, scheduler, epoch, step, history, position, env, log, batch)
     if env.master:
-        (out_dir / "preempted.json").write_text(json.dumps(
-            {"notice": watcher.notice if watcher else None, "epoch": epoch, "batch": batch, "step": step}, allow_nan=False))
+        (out_dir / PREEMPTED_FILE).write_text(Preempted(watcher.notice if watcher else None, epoch, batch, step).to_json())
     leave_group(env)
     log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
-    return spot.EXIT_PREEMPTED
+    return EXIT_PREEMPTED
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
@@ -600,9 +656,9 @@ def rng_state() -> dict:
 
 
 def save_all(path: Path, model, optimizer, scheduler, epochs_done: int, step: int, history: list, position: dict,
-             env, log, why: str) -> None:
+             env, log, batch: int | None = None) -> None:
     """Every rank's RNG (dropout masks differ by rank): a resumed run then matches an
-    uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop)."""
+    uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop, after `batch`)."""
     rng = [None] * env.world_size
     if env.world_size > 1:
         dist.all_gather_object(rng, rng_state())
@@ -610,7 +666,7 @@ def save_all(path: Path, model, optimizer, scheduler, epochs_done: int, step: in
         rng = [rng_state()]
     if env.master:
         save_checkpoint(path, model, optimizer, scheduler, epochs_done, step, history, rng, position)
-        log.info(f"checkpoint saved: epoch {epochs_done}{why} -> {path}")
+        log.info(checkpoint_line(CheckpointSaved(epochs_done, str(path), batch)))
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list,
@@ -645,32 +701,29 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
 # ---- results ----------------------------------------------------------------------------------------
 
 def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: int, start_epoch: int,
-               position: dict, train: dict, timeline: list[dict], compile_note: str, started_at: datetime) -> dict:
-    results = {
-        "task": args.task, "model": args.model, "recipe": args.recipe, "stack": args.stack,
-        "backend": setup.backend, "precision": setup.precision, "native_bf16": setup.native_bf16,
-        "grad_compress": setup.grad_compress, "grad_sync": not args.no_grad_sync,
-        "embedding_sync": args.embedding_sync if env.world_size > 1 else "none", "compile": compile_note,
-        "allreduce": args.allreduce if env.world_size > 1 else "none",
-        "balance": args.balance if env.world_size > 1 else "none",
-        "gloo_threads": args.gloo_threads if env.world_size > 1 else "none",
-        "nodes": env.world_size // max(1, env.local_world_size), "ranks_per_node": env.local_world_size,
-        "threads_per_rank": setup.threads, "world_size": env.world_size, "epochs": args.epochs,
-        "batch_size_per_rank": args.batch_size, "lr": args.lr, "max_length": args.max_length,
-        "padding": args.pad_to, "dropout": args.dropout, "train_samples": len(train["labels"]),
-        "train_tokens": sum(train["lengths"]), "train_samples_seen": stats.samples,
-        "train_tokens_seen": stats.tokens, "train_seconds": round(stats.seconds, 3), **stats.rates(),
-        "first_loss": finite(stats.first_loss), "final_loss": finite(stats.last_loss), "steps": step,
-        "resumed_from_epoch": start_epoch if args.resume else None,
-        "resumed_from_batch": position["batch"] if args.resume else None,
-        "epoch_metrics": history, **(history[-1] if history else {}),
-        "timeline": [{"rank": r, **phases} for r, phases in enumerate(timeline)],
-        "versions": {"python": sys.version.split()[0], **versions()}, "started_at": started_at.isoformat(),
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-    }
-    for per_epoch in ("epoch", "train_loss", "pass_seconds", "pass_rows", "pass_tokens"):
-        results.pop(per_epoch, None)
-    return results
+               position: dict, train: dict, timeline: list[dict], compile_note: str,
+               started_at: datetime, task: glue.Task) -> TrainResults:
+    several = env.world_size > 1
+    return TrainResults(
+        task=args.task, model=args.model, recipe=args.recipe, stack=args.stack,
+        backend=setup.backend, precision=setup.precision, native_bf16=setup.native_bf16,
+        grad_compress=setup.grad_compress, grad_sync=not args.no_grad_sync,
+        embedding_sync=args.embedding_sync if several else "none", compile=compile_note,
+        allreduce=args.allreduce if several else "none", balance=args.balance if several else "none",
+        gloo_threads=args.gloo_threads if several else "none",
+        nodes=env.world_size // max(1, env.local_world_size), ranks_per_node=env.local_world_size,
+        threads_per_rank=setup.threads, world_size=env.world_size, epochs=args.epochs,
+        batch_size_per_rank=args.batch_size, lr=args.lr, max_length=args.max_length,
+        padding=args.pad_to, dropout=args.dropout, train_samples=len(train["labels"]),
+        train_tokens=sum(train["lengths"]), train_samples_seen=stats.samples,
+        train_tokens_seen=stats.tokens, train_seconds=round(stats.seconds, 3), **stats.rates(),
+        first_loss=finite(stats.first_loss), final_loss=finite(stats.last_loss), steps=step,
+        resumed_from_epoch=start_epoch if args.resume else None,
+        resumed_from_batch=position["batch"] if args.resume else None,
+        epoch_metrics=history, metrics={k: v for k, v in (history[-1] if history else {}).items() if k.startswith("eval_")},
+        timeline=[{"rank": r, **phases} for r, phases in enumerate(timeline)],
+        versions={"python": sys.version.split()[0], **versions()}, started_at=started_at.isoformat(),
+        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(task.labels) if task.labels else None)
 
 
 def finite(value: float | None) -> float | None:
@@ -679,18 +732,18 @@ def finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def write_results(results: dict, model, tokenizer, out_dir: Path, no_save: bool, log) -> None:
+def write_results(results: TrainResults, model, tokenizer, out_dir: Path, no_save: bool, log) -> None:
     if not no_save:
         model.save_pretrained(out_dir / "model")
         tokenizer.save_pretrained(out_dir / "model")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False))
-    log.info("results: " + json.dumps({k: v for k, v in results.items() if k.startswith("eval_")}, allow_nan=False))
+    (out_dir / RESULTS_FILE).write_text(results.to_json())
+    log.info("results: " + strict_json(results.metrics, indent=None))
 
 
 def setup_logging(path: Path, master: bool) -> logging.Logger:
     log = logging.getLogger("ftc")
     log.setLevel(logging.INFO)
-    formatter = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+    formatter = logging.Formatter(LOG_FORMAT, LOG_CLOCK)
     handler = logging.FileHandler(path)
     handler.setFormatter(formatter)
     log.addHandler(handler)

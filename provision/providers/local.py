@@ -17,13 +17,13 @@ from pathlib import Path
 
 from runner.node.distenv import listen_port
 
-from . import procs
-from . import state as st
-from .errors import FtcError
-from .keys import keygen
-from .providers import NodeStatus
-from .templates import render
-from .ui import console
+from .. import procs
+from .. import state as st
+from ..errors import FtcError
+from ..keys import keygen
+from ..templates import render
+from ..ui import console
+from .records import NodeStatus, Record
 
 FIRST_ADDRESS = 2  # 127.0.0.2: leave 127.0.0.1 to whatever already listens there
 START_MARK = b"ftc: starting sshd on"  # a line ftc writes to sshd.log before each start
@@ -70,7 +70,7 @@ def ensure_access_key(name: str) -> str:
     return key.with_suffix(".pub").read_text().strip()
 
 
-def launch(state: st.ClusterState) -> None:
+def launch(state: st.ClusterState, record: Record) -> None:
     spec = state.cluster_spec
     sshd = _sshd()
     if os.geteuid() == 0:
@@ -98,7 +98,7 @@ def launch(state: st.ClusterState) -> None:
             host_key=" ".join(host_key.with_suffix(".pub").read_text().split()[:2]))
         start_sshd(node, sshd)
         state.nodes.append(node)
-        st.save(state)
+        record()
 
 
 def start_sshd(node: st.NodeInfo, sshd: str) -> None:
@@ -165,7 +165,7 @@ def this_start(log: bytes) -> list[str]:
     return log.rsplit(START_MARK, 1)[-1].decode(errors="replace").strip().splitlines()[1:]
 
 
-def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
+def wait(state: st.ClusterState, record: Record, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     pending = list(state.nodes)
     restarts = 0
@@ -179,7 +179,7 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
                     # another process took the port between its choice and sshd's bind: choose again
                     restarts += 1
                     start_sshd(node, _sshd())
-                    st.save(state)
+                    record()
                     continue
                 # up's rollback removes the log with the node: what sshd said goes into the message
                 said = " | ".join(lines[-3:]) or "it wrote nothing"
@@ -191,7 +191,7 @@ def wait(state: st.ClusterState, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-def terminate(state: st.ClusterState) -> None:
+def terminate(state: st.ClusterState, record: Record) -> None:
     """Stop exactly what this cluster started: each node's sshd by its recorded pid, the
     sessions below it, and the detached jobs recorded in state; then remove the node files."""
     running_jobs = [job for job in state.jobs if job.state == "running"]

@@ -21,13 +21,13 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import state as st
-from .catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
-from .errors import FtcError, UsageError
-from .providers import NodeStatus
-from .templates import render
-from .ui import console
-from .values import from_env, number
+from .. import state as st
+from ..catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
+from ..errors import FtcError, UsageError
+from ..templates import render
+from ..ui import console
+from ..values import from_env, number
+from .records import AwsPreflight, AwsResources, NodeStatus, Record
 
 TAG_CLUSTER = "ftc:cluster"
 TAG_OWNER = "ftc:owner"
@@ -79,6 +79,13 @@ def tag_filter(name: str) -> list[dict]:
     return [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}]
 
 
+def resources(state: st.ClusterState) -> AwsResources:
+    """The state's record of what this provider created."""
+    if not isinstance(state.resources, AwsResources):
+        raise TypeError(f"cluster {state.name}: {type(state.resources).__name__} is not an AWS cluster's record")
+    return state.resources
+
+
 def _explain(exc: Exception, doing: str) -> FtcError:
     if isinstance(exc, NoCredentialsError):
         return UsageError("no AWS credentials found; run `aws configure` or set AWS_PROFILE / AWS_ACCESS_KEY_ID")
@@ -99,7 +106,7 @@ def caller_cidr() -> str:
                          "give SSH_CIDR=<your address>/32") from None
 
 
-def preflight(state: st.ClusterState) -> dict:
+def preflight(state: st.ClusterState) -> AwsPreflight:
     """Resolve what `up` needs without creating anything: AMI, SSH CIDR, zones, subnets."""
     spec = state.cluster_spec
     cidr = spec.ssh_cidr or caller_cidr()
@@ -121,17 +128,17 @@ def preflight(state: st.ClusterState) -> dict:
     unknown = [z for z in zones if z not in by_zone]
     if unknown:
         raise UsageError(f"ZONES: {unknown[0]!r} has no default subnet in {spec.region}; allowed: {', '.join(sorted(by_zone))}")
-    return {"ami": ami, "root_device": image[0].get("RootDeviceName", "/dev/xvda"), "ssh_cidr": cidr,
-            "vpc": vpcs[0]["VpcId"], "subnets": {z: by_zone[z] for z in zones}}
+    return AwsPreflight(ami=ami, root_device=image[0].get("RootDeviceName", "/dev/xvda"), ssh_cidr=cidr,
+                        vpc=vpcs[0]["VpcId"], subnets={z: by_zone[z] for z in zones})
 
 
-def plan_text(state: st.ClusterState, facts: dict) -> str:
+def plan_text(state: st.ClusterState, facts: AwsPreflight) -> str:
     spec = state.cluster_spec
     kind = INSTANCE_TYPES[spec.instance_type]
     hourly = kind.usd_per_hour * spec.nodes
     return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB) "
-            f"{'spot ' if spec.spot else ''}in {spec.region} ({', '.join(facts['subnets'])}), placement group "
-            f"'cluster', AMI {facts['ami']}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts['ssh_cidr']}, "
+            f"{'spot ' if spec.spot else ''}in {spec.region} ({', '.join(facts.subnets)}), placement group "
+            f"'cluster', AMI {facts.ami}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts.ssh_cidr}, "
             f"powered off after {spec.max_hours:g} h.\n"
             f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
             f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime")
@@ -146,7 +153,7 @@ def check_settings() -> None:
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
     facts = preflight(state)
-    state.resources["preflight"] = facts
+    state.resources.preflight = facts
     console.print(plan_text(state, facts))
     if yes:
         return
@@ -164,9 +171,9 @@ def dry_run(spec) -> None:
     checks = {
         "ec2:CreateKeyPair": lambda: ec2.create_key_pair(KeyName=f"ftc-{spec.name}", DryRun=True),
         "ec2:CreateSecurityGroup": lambda: ec2.create_security_group(
-            GroupName=f"ftc-{spec.name}", Description="ftc", VpcId=facts["vpc"], DryRun=True),
+            GroupName=f"ftc-{spec.name}", Description="ftc", VpcId=facts.vpc, DryRun=True),
         "ec2:RunInstances": lambda: ec2.run_instances(
-            ImageId=facts["ami"], InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes, DryRun=True),
+            ImageId=facts.ami, InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes, DryRun=True),
     }
     missing = []
     for permission, call in checks.items():
@@ -193,52 +200,54 @@ def dry_run(spec) -> None:
 
 # ---- launch ------------------------------------------------------------------------------------
 
-def launch(state: st.ClusterState) -> None:
+def launch(state: st.ClusterState, record: Record) -> None:
     spec = state.cluster_spec
-    facts = state.resources.get("preflight") or preflight(state)
+    ids = resources(state)
+    facts = ids.preflight or preflight(state)
     ec2 = client("ec2", spec.region)
     name = f"ftc-{state.name}"
     try:
         key = ec2.create_key_pair(KeyName=name, KeyType="ed25519", TagSpecifications=tags(state, "key-pair"))
-        state.resources["key_pair"] = name
-        st.save(state)
+        ids.key_pair = name
+        record()
         path = st.access_key_path(state.name)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.touch(mode=0o600)
         path.write_text(key["KeyMaterial"] if key["KeyMaterial"].endswith("\n") else key["KeyMaterial"] + "\n")
 
-        group = ec2.create_security_group(GroupName=name, VpcId=facts["vpc"], TagSpecifications=tags(state, "security-group"),
+        group = ec2.create_security_group(GroupName=name, VpcId=facts.vpc, TagSpecifications=tags(state, "security-group"),
                                           Description=f"ftc cluster {state.name}: all traffic inside, SSH from one CIDR")
-        state.resources["security_group"] = group["GroupId"]
-        st.save(state)
+        ids.security_group = group["GroupId"]
+        record()
         ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[
             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["GroupId"], "Description": "cluster members"}]},
             {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-             "IpRanges": [{"CidrIp": facts["ssh_cidr"], "Description": "ftc controller"}]}])
+             "IpRanges": [{"CidrIp": facts.ssh_cidr, "Description": "ftc controller"}]}])
 
         ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=tags(state, "placement-group"))
-        state.resources["placement_group"] = name
-        st.save(state)
-        run_instances(state, ec2, facts)
+        ids.placement_group = name
+        record()
+        run_instances(state, ec2, facts, record)
     except (ClientError, BotoCoreError) as exc:
         raise _explain(exc, f"creating cluster {state.name}") from None
 
 
-def run_instances(state: st.ClusterState, ec2, facts: dict) -> None:
+def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Record) -> None:
     """All N in one call; on InsufficientInstanceCapacity the next zone, saying why."""
     spec = state.cluster_spec
+    ids = resources(state)
     user_data = render("user_data.sh.j2", cluster=state.name, max_minutes=int(spec.max_hours * 60))
     failures = []
-    for zone, subnet in facts["subnets"].items():
-        token = state.resources.setdefault("client_tokens", {}).setdefault(zone, f"ftc-{state.name}-{uuid.uuid4().hex[:12]}")
-        st.save(state)  # the token first: a retry after a crash finds the same instances, not new ones
+    for zone, subnet in facts.subnets.items():
+        token = ids.client_tokens.setdefault(zone, f"ftc-{state.name}-{uuid.uuid4().hex[:12]}")
+        record()  # the token first: a retry after a crash finds the same instances, not new ones
         request = dict(
-            ImageId=facts["ami"], InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes,
-            KeyName=state.resources["key_pair"], SecurityGroupIds=[state.resources["security_group"]],
-            SubnetId=subnet, Placement={"GroupName": state.resources["placement_group"], "AvailabilityZone": zone},
+            ImageId=facts.ami, InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes,
+            KeyName=ids.key_pair, SecurityGroupIds=[ids.security_group],
+            SubnetId=subnet, Placement={"GroupName": ids.placement_group, "AvailabilityZone": zone},
             ClientToken=token, UserData=user_data, InstanceInitiatedShutdownBehavior="terminate",
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
-            BlockDeviceMappings=[{"DeviceName": facts["root_device"], "Ebs": {
+            BlockDeviceMappings=[{"DeviceName": facts.root_device, "Ebs": {
                 "VolumeSize": spec.root_volume_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
             TagSpecifications=tags(state, "instance") + tags(state, "volume"))
         if spec.spot:
@@ -253,18 +262,19 @@ def run_instances(state: st.ClusterState, ec2, facts: dict) -> None:
             failures.append(zone)
             console.print(f"[yellow]zone {zone}: {code}: {exc.response['Error'].get('Message', '')}; trying the next zone[/]")
             continue
-        state.resources["instances"] = [i["InstanceId"] for i in reply["Instances"]]
-        state.resources["zone"] = zone
-        st.save(state)
+        ids.instances = [i["InstanceId"] for i in reply["Instances"]]
+        ids.zone = zone
+        record()
         return
     raise FtcError(f"no capacity for {spec.nodes} x {spec.instance_type} in {', '.join(failures)}; "
                    "try other ZONES, another REGION or INSTANCE_TYPE, or fewer NODES")
 
 
-def wait(state: st.ClusterState) -> None:
+def wait(state: st.ClusterState, record: Record) -> None:
     """Until every instance runs and passes both status checks; a progress bar meanwhile."""
     try:
         _wait_until_checked(state)
+        record()
     except (ClientError, BotoCoreError) as exc:
         raise _explain(exc, f"waiting for the instances of cluster {state.name}") from None
 
@@ -272,7 +282,7 @@ def wait(state: st.ClusterState) -> None:
 def _wait_until_checked(state: st.ClusterState) -> None:
     spec = state.cluster_spec
     ec2 = client("ec2", spec.region)
-    ids = state.resources["instances"]
+    ids = resources(state).instances
     limit = wait_minutes()
     deadline = time.monotonic() + limit * 60
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -307,7 +317,6 @@ def _wait_until_checked(state: st.ClusterState) -> None:
             private_ip=instance["PrivateIpAddress"], ssh_user=DEFAULT_SSH_USER, ssh_port=22,
             workdir=f"/home/{DEFAULT_SSH_USER}/ftc", authorized_keys=f"/home/{DEFAULT_SSH_USER}/.ssh/authorized_keys",
             zone=instance["Placement"]["AvailabilityZone"]))
-    st.save(state)
 
 
 # ---- terminate and query ---------------------------------------------------------------------
@@ -320,7 +329,7 @@ def _live_instances(ec2, state: st.ClusterState) -> list[str]:
     return sorted(found)
 
 
-def terminate(state: st.ClusterState) -> None:
+def terminate(state: st.ClusterState, record: Record) -> None:
     """Instances first (and wait: a security group in use cannot go), then group, placement group, key.
     When AWS cannot be asked or refuses, the one-line error says what may remain and how to retry."""
     spec = state.cluster_spec
@@ -329,7 +338,7 @@ def terminate(state: st.ClusterState) -> None:
                f"run `ftc down --name {state.name}` again")
     try:
         ec2 = client("ec2", spec.region)
-        ids = sorted(set(_live_instances(ec2, state)) | set(_still_live(ec2, state.resources.get("instances", []))))
+        ids = sorted(set(_live_instances(ec2, state)) | set(_still_live(ec2, resources(state).instances)))
         if ids:
             console.print(f"terminating {len(ids)} instance(s)")
             ec2.terminate_instances(InstanceIds=ids)
@@ -350,17 +359,18 @@ def terminate(state: st.ClusterState) -> None:
 def _delete_groups_and_key(ec2, state: st.ClusterState) -> None:
     """Security groups, placement groups and key pairs, by tag and by the ids in the state."""
     groups = {g["GroupId"] for g in ec2.describe_security_groups(Filters=tag_filter(state.name))["SecurityGroups"]}
-    groups |= {state.resources["security_group"]} if state.resources.get("security_group") else set()
+    ids = resources(state)
+    groups |= {ids.security_group} if ids.security_group else set()
     for group in sorted(groups):
         _delete_with_retry(lambda group=group: ec2.delete_security_group(GroupId=group),
                            ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"))
     placement = {g["GroupName"] for g in ec2.describe_placement_groups(Filters=tag_filter(state.name))["PlacementGroups"]}
-    placement |= {state.resources["placement_group"]} if state.resources.get("placement_group") else set()
+    placement |= {ids.placement_group} if ids.placement_group else set()
     for group in sorted(placement):
         _delete_with_retry(lambda group=group: ec2.delete_placement_group(GroupName=group),
                            ("InvalidPlacementGroup.Unknown",))
     keys = {k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag_filter(state.name))["KeyPairs"]}
-    keys |= {state.resources["key_pair"]} if state.resources.get("key_pair") else set()
+    keys |= {ids.key_pair} if ids.key_pair else set()
     for key in sorted(keys):
         ec2.delete_key_pair(KeyName=key)
 
@@ -393,7 +403,9 @@ def _delete_with_retry(call, gone_codes: tuple[str, ...], attempts: int = 12) ->
 
 
 def query(state: st.ClusterState) -> list[NodeStatus]:
+    """Per node; then each launched instance that is no node yet (an `up` killed after RunInstances)."""
     ids = [n.id for n in state.nodes]
+    ids += [i for i in resources(state).instances if i not in ids]
     seen = {}
     try:
         ec2 = client("ec2", state.cluster_spec.region)
@@ -403,17 +415,17 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
                     for instance in reservation["Instances"]:
                         seen[instance["InstanceId"]] = instance
     except (ClientError, BotoCoreError) as exc:  # status goes on, saying so, for this and every other cluster
-        return [NodeStatus(node.id, "unknown", f"AWS could not be asked ({_explain(exc, 'describe_instances')})"[:160])
-                for node in state.nodes]
+        return [NodeStatus(i, "unknown", f"AWS could not be asked ({_explain(exc, 'describe_instances')})"[:160])
+                for i in ids]
     result = []
-    for node in state.nodes:
-        instance = seen.get(node.id)
+    for instance_id in ids:
+        instance = seen.get(instance_id)
         if instance is None:
-            result.append(NodeStatus(node.id, "missing", "not found in EC2"))
+            result.append(NodeStatus(instance_id, "missing", "not found in EC2"))
         else:
             name = instance["State"]["Name"]
             since = instance.get("LaunchTime")
-            result.append(NodeStatus(node.id, "running" if name == "running" else name,
+            result.append(NodeStatus(instance_id, "running" if name == "running" else name,
                                      f"{instance['InstanceType']} in {instance['Placement']['AvailabilityZone']}"
                                      + (f", since {since:%H:%M UTC}" if since else "")))
     return result
@@ -421,7 +433,7 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
 
 def extend(state: st.ClusterState, hours: float) -> None:
     """Push every node's power-off back to `hours` from now (the user-data watchdog's shutdown)."""
-    from .ssh import connect, run
+    from ..ssh import connect, run
     minutes = int(hours * 60)
     for node in state.nodes:
         with connect(state, node, attempts=3) as conn:

@@ -1,6 +1,6 @@
 """The ssh provider: servers you already have, `PROVIDER=ssh HOSTS=user@host[:port],...`.
 
-ftc creates no machine here; the provider contract still holds (providers.py):
+ftc creates no machine here; the provider contract still holds (providers/__init__.py):
 
     confirm    before anything exists: read each host's key and show its fingerprint; you
                trust them (a question on a terminal, or YES=1, said on stderr); then log in
@@ -26,21 +26,20 @@ import getpass
 import ipaddress
 import secrets
 import shlex
-import shutil
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import procs
-from . import state as st
-from .errors import FtcError, UsageError
-from .providers import NodeStatus
-from .spec import ClusterSpec, host_label, parse_host
-from .ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
-from .templates import render
-from .ui import console
+from .. import procs
+from .. import state as st
+from ..errors import FtcError, UsageError
+from ..spec import ClusterSpec, host_label, parse_host
+from ..ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
+from ..templates import render
+from ..ui import console
+from .records import HostCheck, NodeStatus, Record, SshResources
 
 ROOT = ".ftc-node"  # under $HOME; not ~/.ftc, which is the controller's own state when a host is this machine
 MADE_BY_FTC = ".made-by-ftc"  # in ROOT, when ftc created ROOT: a ROOT that was there before up stays after down
@@ -148,7 +147,7 @@ def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
                  for pid in job.pids_by_node.get(node.name, [])]
     return render("host_cleanup.sh.j2", cluster=state.name, label=node.id, workdir=node.workdir, root=ROOT,
                   made_by_ftc=MADE_BY_FTC,
-                  authorized_keys=node.authorized_keys, stop_jobs=stop_jobs, claim=state.resources.get("claim", ""),
+                  authorized_keys=node.authorized_keys, stop_jobs=stop_jobs, claim=resources(state).claim,
                   node_dirs=sorted({n.workdir for n in state.nodes}))
 
 
@@ -166,6 +165,13 @@ def same_servers(hosts: list[Host], addresses: list[str]) -> str:
             return (f"HOSTS names one server twice: {first.label} and {host.label} are both "
                     f"{host.user}@{address}:{host.port}; give each server once")
     return ""
+
+
+def resources(state: st.ClusterState) -> SshResources:
+    """The state's record of your servers as confirm checked them, and the claim."""
+    if not isinstance(state.resources, SshResources):
+        raise TypeError(f"cluster {state.name}: {type(state.resources).__name__} is not an ssh cluster's record")
+    return state.resources
 
 
 def _sh(script: str) -> str:
@@ -227,7 +233,7 @@ def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
             raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
 
 
-def _check(state: st.ClusterState, host: Host, key: str) -> tuple[dict, list[str]]:
+def _check(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | None, list[str]]:
     spec = state.cluster_spec
     node = _probe_node(host, 0, key)
     try:
@@ -235,10 +241,10 @@ def _check(state: st.ClusterState, host: Host, key: str) -> tuple[dict, list[str
             probe = parse_probe(run(conn, node, "check", _sh(probe_script(host.label, spec.stack_python))))
             address = conn.client.get_transport().getpeername()[0]
     except StepFailed as exc:
-        return {}, [f"host {host.label}: {str(exc).split('failed: ', 1)[-1]}"]
+        return None, [f"host {host.label}: {str(exc).split('failed: ', 1)[-1]}"]
     one = {k: v[-1] for k, v in probe.items()}
-    found = {"label": host.label, "user": host.user, "address": host.address, "port": host.port, "host_key": key,
-             "ip": address, "home": one.get("home", "")}
+    found = HostCheck(label=host.label, user=host.user, address=host.address, port=host.port, host_key=key,
+                      ip=address, home=one.get("home", ""))
     return found, verdicts(host.label, probe, spec.stack_python)
 
 
@@ -263,22 +269,22 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
     problems = [line for _, lines in checked for line in lines]
     if problems:
         raise _refusal(problems)
-    state.resources["hosts"] = [found for found, _ in checked]
-    state.resources["claim"] = secrets.token_hex(16)
+    resources(state).hosts = [found for found, _ in checked if found]
+    resources(state).claim = secrets.token_hex(16)
     console.print(f"checked {len(hosts)} host(s): Linux x86-64, Python, disk, no other ftc cluster")
 
 
-def launch(state: st.ClusterState) -> None:
+def launch(state: st.ClusterState, record: Record) -> None:
     """Record every node first (so an interruption loses none), then claim its directory."""
-    for index, found in enumerate(state.resources["hosts"]):
-        home = found["home"]
+    for index, found in enumerate(resources(state).hosts):
+        home = found.home
         state.nodes.append(st.NodeInfo(
-            index=index, name=f"{state.name}-{index}", id=found["label"], public_ip=found["address"],
-            private_ip=found["ip"], ssh_user=found["user"], ssh_port=found["port"],
+            index=index, name=f"{state.name}-{index}", id=found.label, public_ip=found.address,
+            private_ip=found.ip, ssh_user=found.user, ssh_port=found.port,
             workdir=workdir_of(home, state.name), authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
-            host_key=found["host_key"]))
-    st.save(state)
-    claim = state.resources["claim"]
+            host_key=found.host_key))
+    record()
+    claim = resources(state).claim
 
     def claim_dir(node: st.NodeInfo) -> None:
         wd = shlex.quote(node.workdir)
@@ -291,11 +297,11 @@ def launch(state: st.ClusterState) -> None:
     _each(state.nodes, claim_dir)
 
 
-def wait(state: st.ClusterState) -> None:
+def wait(state: st.ClusterState, record: Record) -> None:
     """The servers already run, and launch has just logged in to each: nothing to wait for."""
 
 
-def terminate(state: st.ClusterState) -> None:
+def terminate(state: st.ClusterState, record: Record) -> None:
     """On every host at once: stop, unappend, remove. A host that cannot be cleaned (unreachable,
     hung, or presenting another key) is named with the reason and what is left there, and stays
     recorded, alone, so that `ftc down` again finishes the job once it answers (and a finished
@@ -324,10 +330,9 @@ def terminate(state: st.ClusterState) -> None:
     if not lines:
         return
     state.nodes = [node for node, (_, retry) in zip(state.nodes, outcomes) if retry]
+    record()  # no node left to retry: the cluster is forgotten
     if not state.nodes:
-        shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
         raise FtcError("\nerror: ".join(lines))
-    st.save(state)
     raise FtcError("\nerror: ".join(lines) + f"\nerror: cluster {state.name} stays recorded with {len(state.nodes)} "
                    f"server(s) to clean: `ftc down --name {state.name}` again once they answer finishes it (a server "
                    f"gone for good: remove what is left there by hand, then {st.cluster_dir(state.name)})")
@@ -336,7 +341,7 @@ def terminate(state: st.ClusterState) -> None:
 def query(state: st.ClusterState) -> list[NodeStatus]:
     def look(node: st.NodeInfo) -> NodeStatus:
         try:
-            with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
+            with connect(state, node, attempts=CHECK_ATTEMPTS, next_step="") as conn:  # status gives the advice
                 there = run(conn, node, "status", f"test -d {shlex.quote(node.workdir)} && echo yes || true").strip()
         except StepFailed as exc:
             return NodeStatus(node.id, "dead", str(exc).split("failed: ", 1)[-1][:120])

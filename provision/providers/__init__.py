@@ -1,0 +1,102 @@
+"""The provider interface, declared once: each verb below is the only full description of what a
+provider does, and routes to the provider the state names. `aws` (EC2, boto3), `local` (sshd nodes on
+this machine) and `ssh` (servers you already have) implement them as plain functions with these
+signatures; what they can do and need beside the verbs is their Traits (records.py).
+
+Only the orchestrator (provision/cluster.py) calls launch, wait and terminate; it owns rollback and
+every save of the state: a verb that creates something calls `record()`, which saves the state, before
+its next call to the cloud or the hosts, so an interruption never loses an id.
+"""
+
+from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .records import TRAITS, NodeStatus, Record, Traits, traits
+
+if TYPE_CHECKING:
+    from ..spec import ClusterSpec
+    from ..state import ClusterState
+
+__all__ = ["TRAITS", "NodeStatus", "Record", "Traits", "traits", "get", "supports"]
+
+REQUIRED = ("launch", "wait", "terminate", "query")
+OPTIONAL = ("confirm", "check_settings", "has_credentials", "dry_run", "extend")
+
+
+def get(provider: str) -> ModuleType:
+    """The provider's module; an unknown name is refused in one line (exit 2), never a default."""
+    traits(provider)  # refuses an unknown one
+    return import_module(f".{provider}", __name__)
+
+
+def supports(provider: str, verb: str) -> bool:
+    """Whether `provider` implements the optional `verb`."""
+    if verb not in REQUIRED + OPTIONAL:
+        raise ValueError(f"{verb!r} is not a verb of the provider interface")
+    return hasattr(get(provider), verb)
+
+
+# ---- the verbs every provider has ------------------------------------------------------------
+
+def launch(state: "ClusterState", record: Record) -> None:
+    """Create every resource and every node (state.nodes); record() after each id, before going on.
+    On any failure the orchestrator terminates: what was recorded, and what terminate finds."""
+    get(state.provider).launch(state, record)
+
+
+def wait(state: "ClusterState", record: Record) -> None:
+    """Return once every node accepts SSH (AWS: passed both status checks); record() whatever it
+    changes in the nodes (addresses, a restarted sshd's port)."""
+    get(state.provider).wait(state, record)
+
+
+def terminate(state: "ClusterState", record: Record) -> None:
+    """Delete everything the cluster owns; idempotent; works from tags (AWS) or sshd configs (local)
+    even when `state` lists nothing; ssh: stops what ftc started on each host and removes what it put
+    there. What cannot be removed now raises FtcError saying what remains; ssh first narrows
+    state.nodes to the hosts a later `down` can finish and calls record() (no node left: the state
+    is forgotten)."""
+    get(state.provider).terminate(state, record)
+
+
+def query(state: "ClusterState") -> list[NodeStatus]:
+    """What really exists, per node of the state, in its order; then one per resource the state records
+    that is no node yet (AWS: instances launched by an `up` killed before they joined); a provider
+    that cannot be asked says 'unknown'."""
+    return get(state.provider).query(state)
+
+
+# ---- the optional verbs: supports(provider, verb) says which a provider has ---------------------
+
+def confirm(state: "ClusterState", yes: bool) -> None:
+    """Before anything exists: check, show, ask (aws: the plan and its price; ssh: every host's key
+    and checks), filling state.resources with what launch needs; refuses with UsageError. Nothing to
+    confirm where the provider has none."""
+    if supports(state.provider, "confirm"):
+        get(state.provider).confirm(state, yes)
+
+
+def check_settings(provider: str) -> None:
+    """Every FTC_* tuning variable the provider reads, parsed before anything is created: a bad one
+    is one line now (UsageError), not a traceback once nodes exist."""
+    if supports(provider, "check_settings"):
+        get(provider).check_settings()
+
+
+def has_credentials(provider: str) -> bool:
+    """Whether this machine can ask the provider without a state (AWS: boto3 finds credentials), so
+    that `down` searches it by tag (Traits.found_by_tag)."""
+    return supports(provider, "has_credentials") and get(provider).has_credentials()
+
+
+def dry_run(spec: "ClusterSpec") -> None:
+    """`ftc up --dry-run` (aws): the plan, the permissions and the quota, creating nothing; FtcError
+    naming what is missing. The CLI refuses it first where supports() says no."""
+    get(spec.provider).dry_run(spec)
+
+
+def extend(state: "ClusterState", hours: float) -> None:
+    """`ftc extend` (aws): push every node's lifetime watchdog back to `hours` from now. The CLI
+    refuses it first where supports() says no."""
+    get(state.provider).extend(state, hours)

@@ -1,0 +1,224 @@
+"""Your own data (TASK=custom): a training and a validation file in CSV, TSV or JSON lines, read as
+Hugging Face's run_glue.py reads them, one row at a time, so a big file is never held twice.
+
+- The format follows the extension: `.csv` (commas) and `.tsv` (tabs), both with a header line and
+  double-quote quoting as pandas writes and reads it; `.json` and `.jsonl`, one JSON object per line.
+- The text columns are one or two (default `sentence1` and `sentence2` when the training file has
+  both, else `text`); the label column defaults to `label`.
+- run_glue.py's rule for the task's kind: a float label means regression (labels that are all
+  numbers, one of them written with a fraction or an exponent: `3.5`, `1.0`); anything else is
+  classification, its classes the training file's distinct labels, sorted (by value when all are
+  whole numbers, else as text).
+- The same reader runs on the controller (`check`, before launch, naming every problem by file,
+  line and column) and on the nodes (`read`), so a file the check passed is read the same there.
+"""
+
+import csv
+import json
+import math
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .glue import Example, Task
+
+FORMATS = {".csv": ",", ".tsv": "\t", ".json": "json", ".jsonl": "json"}
+DEFAULT_PAIR = ("sentence1", "sentence2")
+DEFAULT_SINGLE = "text"
+DEFAULT_LABEL = "label"
+CUSTOM = "custom"  # the task name of your own files
+MAX_PROBLEMS = 20  # per file: the first ones say what is wrong; hundreds more would hide them
+WHOLE = re.compile(r"^[+-]?\d+$")
+
+
+class DataProblems(ValueError):
+    """Every problem found in the files, one line each: `<file>: line N, column 'c': what`."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which columns hold what: found from the training file's header and the flags."""
+    text: tuple[str, ...]  # one or two text columns, in the order the tokenizer gets them
+    label: str
+
+
+def records(path: Path) -> Iterator[tuple[int, dict | None, str]]:
+    """(line, row, problem) for each row: the row as a dict (None where the line is not a row,
+    with the problem in words). CSV/TSV rows map the header's names to their fields."""
+    kind = FORMATS.get(path.suffix.lower())
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        if kind == "json":
+            for line, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except ValueError as exc:
+                    yield line, None, f"not JSON ({exc.msg} at character {exc.colno})"
+                    continue
+                yield (line, row, "") if isinstance(row, dict) else (line, None, "not a JSON object")
+            return
+        csv.field_size_limit(sys.maxsize)
+        reader = csv.reader(fh, delimiter=kind)
+        header = next(reader, None)
+        if header is None:
+            return
+        yield 1, {name: name for name in header}, "header"
+        for fields in reader:
+            if not fields:
+                continue  # a blank line, as pandas skips it
+            if len(fields) != len(header):
+                yield reader.line_num, None, f"{len(fields)} field(s), the header has {len(header)}"
+                continue
+            yield reader.line_num, dict(zip(header, fields)), ""
+
+
+def label_key(raw) -> int | float | str:
+    """A label as a value: whole numbers as int, other numbers as float, the rest as text.
+    Raises ValueError for a missing or non-finite one."""
+    if raw is None or raw == "" or isinstance(raw, (list, dict)):
+        raise ValueError("no label" if raw in (None, "") else "a label must be a string or a number")
+    if isinstance(raw, bool):
+        return str(raw).lower()
+    if isinstance(raw, str):
+        text = raw.strip()
+        if WHOLE.match(text):
+            return int(text)
+        try:
+            value = float(text)
+        except ValueError:
+            return raw
+    else:
+        value = raw
+    if not math.isfinite(value):
+        raise ValueError(f"label {raw!r} is not a finite number")
+    return int(value) if isinstance(value, int) else float(value)
+
+
+def classes_of(keys: set) -> tuple[str, ...] | None:
+    """run_glue.py's rule: None (regression) when the labels are numbers and one is a float, else
+    the class names in sorted order."""
+    if all(isinstance(k, (int, float)) for k in keys) and any(isinstance(k, float) for k in keys):
+        return None
+    if all(isinstance(k, int) for k in keys):
+        return tuple(str(k) for k in sorted(keys))
+    return tuple(sorted(str(k) for k in keys))
+
+
+def layout_of(text_columns: str, label_column: str, names: list[str]) -> Layout:
+    """The columns to use: the flags', else the defaults (the pair when the file has both)."""
+    if text_columns:
+        text = tuple(c.strip() for c in text_columns.split(","))
+    else:
+        text = DEFAULT_PAIR if all(c in names for c in DEFAULT_PAIR) else (DEFAULT_SINGLE,)
+    return Layout(text, label_column or DEFAULT_LABEL)
+
+
+def missing_column(path: Path, line: int, names: list[str], layout: Layout) -> str:
+    """The problem line for the first of the layout's columns the file lacks, '' when it has them all."""
+    missing = [c for c in (*layout.text, layout.label) if c not in names]
+    if not missing:
+        return ""
+    given = "TEXT_COLUMNS" if missing[0] in layout.text else "LABEL_COLUMN"
+    return (f"{path}: line {line}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
+            f"name the file's columns with {given}")
+
+
+def scan(path: Path, layout: Layout | None, text_columns: str = "", label_column: str = "") -> tuple:
+    """(layout, label keys, rows, problems) of one file, read once. `layout` None: found from this
+    file's header (CSV, TSV) or first object (JSON) and the flags (the training file)."""
+    keys, problems, count = set(), [], 0
+    try:
+        for line, row, problem in records(path):
+            if problem == "header" or (row is not None and layout is None):
+                layout = layout or layout_of(text_columns, label_column, list(row))
+                missing = missing_column(path, line, list(row), layout) if problem == "header" else ""
+                if missing:
+                    return layout, keys, count, [missing]
+                if problem == "header":
+                    continue
+            if row is None:
+                problems.append(f"{path}: line {line}: {problem}")
+                continue
+            found = row_problem(row, layout)
+            if found:
+                problems.append(f"{path}: line {line}, column {found[0]!r}: {found[1]}")
+                continue
+            keys.add(label_key(row[layout.label]))
+            count += 1
+    except UnicodeDecodeError as exc:
+        problems.append(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save it as UTF-8")
+    if not count and not problems:
+        problems.append(f"{path}: no rows" + (" after the header" if layout else ""))
+    return layout, keys, count, problems
+
+
+def row_problem(row: dict, layout: Layout) -> tuple[str, str] | None:
+    """(column, what is wrong) for the first bad field of a row, None when it is sound."""
+    for column in layout.text:
+        if not isinstance(row.get(column), str):
+            return column, "no text" if row.get(column) is None else "the text is not a string"
+    try:
+        label_key(row.get(layout.label))
+    except ValueError as exc:
+        return layout.label, str(exc)
+    return None
+
+
+def check(train: Path, validation: Path, text_columns: str = "", label_column: str = "") -> Task:
+    """Both files read whole, here, before anything launches: the task they make. Raises
+    DataProblems with every problem (at most MAX_PROBLEMS a file), each naming file, line, column."""
+    layout, keys, _, problems = scan(train, None, text_columns, label_column)
+    if problems:
+        raise DataProblems(capped(problems))
+    classes = classes_of(keys)
+    if classes is not None and len(classes) < 2:
+        raise DataProblems([f"{train}: column {layout.label!r}: one class only ({classes[0]}); "
+                            "classification needs at least 2"])
+    _, dev_keys, _, problems = scan(validation, layout)
+    if problems:
+        raise DataProblems(capped(problems))
+    if classes is None:
+        stray = sorted(str(k) for k in dev_keys if not isinstance(k, (int, float)))
+        what = "is not a number (the training labels are: regression)"
+    else:
+        stray = sorted({str(k) for k in dev_keys} - set(classes))
+        what = f"is not among the training file's classes ({', '.join(classes)})"
+    if stray:
+        raise DataProblems([f"{validation}: column {layout.label!r}: label {label!r} {what}" for label in stray])
+    return task_of(layout, classes)
+
+
+def capped(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problems in the same file"]
+
+
+def task_of(layout: Layout, classes: tuple[str, ...] | None) -> Task:
+    metrics = ("pearson", "spearmanr") if classes is None else ("accuracy", "f1_macro")
+    return Task(layout.text[0], layout.text[1] if len(layout.text) > 1 else None, layout.label, classes, metrics)
+
+
+def read(path: Path, task: Task) -> list[Example]:
+    """A checked file's rows as (text_a, text_b, label): the class index, or the number."""
+    examples = []
+    for _, row, problem in records(path):
+        if row is None or problem == "header":
+            continue
+        key = label_key(row[task.label])
+        value = float(key) if task.labels is None else float(task.labels.index(str(key)))
+        examples.append((row[task.text_a], row[task.text_b] if task.text_b else None, value))
+    return examples
+
+
+def load(train: Path, validation: Path, text_columns: str = "", label_column: str = "") -> tuple:
+    """On a node: (task, training rows, validation rows), the task found as the controller found it."""
+    task = check(train, validation, text_columns, label_column)
+    return task, read(train, task), read(validation, task)

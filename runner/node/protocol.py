@@ -1,0 +1,299 @@
+"""What crosses ssh between a node and the controller, declared once: the lines the node programs
+print that the controller reads, the files they leave for it, and the exit code of a preempted job.
+The node programs write with the functions here, the controller parses with them; both import this
+module (standard library only: it ships to every node with the rest of runner/node/).
+
+A training log line reaches the controller as `[rank] HH:MM:SS message` in output.log: mpirun puts
+the rank before it (report.split_rank takes it off), the training program's logger the clock
+(LOG_FORMAT; split_clock takes it off), and the message is what a `*_line` function here wrote.
+Each `parse_*` function returns None for a line that is not its kind: a log may hold any text.
+"""
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+# ---- files and codes --------------------------------------------------------------------------------
+
+RESULTS_FILE = "results.json"  # in the job's directory: rank 0's TrainResults (the bench's peer writes its own)
+PREEMPTED_FILE = "preempted.json"  # in the job's directory: Preempted, when the job stopped for a spot notice
+CHECKPOINT_FILE = "checkpoints/last.pt"  # in the job's directory: the last checkpoint, what a resume starts from
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the training program stopped on purpose, resumable
+
+# The training program's log format (logging's), whose clock split_clock reads back.
+LOG_FORMAT, LOG_CLOCK = "%(asctime)s %(message)s", "%H:%M:%S"
+CLOCK = re.compile(r"(\d\d):(\d\d):(\d\d) ")
+# A number as Python's float() reads it (and as f"{x:.4f}" writes NaN and infinities): a line with
+# anything else in a number's place is not the line it looks like, so reading it cannot fail.
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
+
+
+def strict_json(data, indent: int | None = 2) -> str:
+    """Every JSON a node writes: strict (no NaN or Infinity; non-finite values are null already)."""
+    return json.dumps(data, indent=indent, allow_nan=False)
+
+
+def split_clock(text: str) -> tuple[int | None, str]:
+    """A log line (mpirun's rank prefix taken off): the seconds since midnight of its clock (None:
+    a line without one, not the logger's) and the message after it."""
+    found = CLOCK.match(text)
+    if not found:
+        return None, text
+    hours, minutes, seconds = (int(g) for g in found.groups())
+    return hours * 3600 + minutes * 60 + seconds, text[found.end():]
+
+
+# ---- the training log's lines ------------------------------------------------------------------------
+
+@dataclass
+class Progress:
+    """Rank 0's progress, every --log-every steps and at each epoch's last."""
+    epoch: int  # the epoch under way, from 1
+    epochs: int  # planned
+    step: int  # steps done, all epochs
+    total_steps: int  # planned
+    loss: float  # the last step's (4 decimals in the line)
+    samples_per_second: float  # all ranks', since this process started (1 decimal in the line)
+    eta: str  # the planned steps left at that rate, as units.duration writes it
+
+
+def progress_line(p: Progress) -> str:
+    return (f"epoch {p.epoch}/{p.epochs} step {p.step}/{p.total_steps} loss {p.loss:.4f} "
+            f"{p.samples_per_second:.1f} samples/s eta {p.eta}")
+
+
+PROGRESS = re.compile(rf"epoch (\d+)/(\d+) step (\d+)/(\d+) loss ({NUMBER}) ({NUMBER}) samples/s(?: eta (\S+))?")
+
+
+def parse_progress(message: str) -> Progress | None:
+    found = PROGRESS.match(message)
+    if not found:
+        return None
+    epoch, epochs, step, total, loss, rate, eta = found.groups()
+    return Progress(int(epoch), int(epochs), int(step), int(total), float(loss), float(rate), eta or "")
+
+
+@dataclass
+class DevMetrics:
+    """Rank 0's dev evaluation after an epoch."""
+    epoch: int  # from 1
+    metrics: dict[str, float | None]  # eval_<name>: value (4 decimals in the line); None: not a number
+
+
+def dev_line(d: DevMetrics) -> str:
+    return f"epoch {d.epoch} dev " + " ".join(f"{k} {v:.4f}" if v is not None else f"{k} none"
+                                              for k, v in d.metrics.items())
+
+
+DEV = re.compile(rf"epoch (\d+) dev ((?:eval_\w+ (?:{NUMBER}|none) ?)+)$")
+
+
+def parse_dev(message: str) -> DevMetrics | None:
+    found = DEV.match(message.rstrip())
+    if not found:
+        return None
+    pairs = found.group(2).split()
+    return DevMetrics(int(found.group(1)), {k: None if v == "none" else float(v) for k, v in zip(pairs[::2], pairs[1::2])})
+
+
+@dataclass
+class CheckpointSaved:
+    """Rank 0 saved the job's checkpoint: on this line the follower copies it home."""
+    epochs_done: int  # epochs finished before it
+    path: str  # on the head node
+    batch: int | None = None  # a mid-epoch checkpoint (a spot notice): batches done of the next epoch
+
+
+def checkpoint_line(c: CheckpointSaved) -> str:
+    mid_epoch = f" batch {c.batch} (spot interruption notice)" if c.batch is not None else ""
+    return f"checkpoint saved: epoch {c.epochs_done}{mid_epoch} -> {c.path}"
+
+
+CHECKPOINT = re.compile(r"checkpoint saved: epoch (\d+)(?: batch (\d+) \(spot interruption notice\))? -> (.+)$")
+
+
+def parse_checkpoint(line: str) -> CheckpointSaved | None:
+    """Anywhere in a line of output, rank prefix and clock included."""
+    found = CHECKPOINT.search(line.rstrip("\r\n"))
+    if not found:
+        return None
+    epochs, batch, path = found.groups()
+    return CheckpointSaved(int(epochs), path, int(batch) if batch is not None else None)
+
+
+DONE = "done"  # every rank's last log line, once it has left the process group
+
+
+def ended(log_text: str) -> bool:
+    """A rank's log (logs/rank<r>.log) ran to its end: its last line is DONE."""
+    lines = log_text.rstrip().splitlines()
+    return bool(lines) and split_clock(lines[-1])[1] == DONE
+
+
+# ---- the bootstrap verification's line (allreduce_check.py) ---------------------------------------
+
+@dataclass
+class RankSeen:
+    """What one rank of the verification saw."""
+    rank: int
+    host: str  # its hostname
+    cpus: list[int]  # the CPUs it may run on
+    ok: bool  # both sums right
+
+
+@dataclass
+class AllreduceReport:
+    """Rank 0's `ALLREDUCE {json}` line: the verification's all_reduce, and the bench's timing."""
+    world_size: int
+    sum: list[float]  # the two summed tensors, concatenated
+    ranks: list[RankSeen]  # every rank's, in rank order
+    allreduce_seconds: float | None = None  # --time-mb: the median all_reduce of that gradient; None untimed
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AllreduceReport":
+        return cls(data["world_size"], data["sum"], [RankSeen(**r) for r in data["ranks"]],
+                   data.get("allreduce_seconds"))
+
+
+ALLREDUCE = "ALLREDUCE "
+
+
+def allreduce_line(report: AllreduceReport) -> str:
+    return ALLREDUCE + strict_json(asdict(report), indent=None)
+
+
+def parse_allreduce(output: str) -> AllreduceReport | None:
+    """The first ALLREDUCE line in a launch's output (mpirun's rank tag before it, anything after
+    its JSON)."""
+    line = next((ln for ln in output.splitlines() if ALLREDUCE in ln), "")
+    if not line:
+        return None
+    data, _ = json.JSONDecoder().raw_decode(line.split(ALLREDUCE, 1)[1])
+    return AllreduceReport.from_dict(data)
+
+
+# ---- the bootstrap's marker lines (templates/bootstrap_node.sh.j2 echoes them) ---------------------
+
+BOOTSTRAP_STEP = "STEP"  # `STEP <name>`: the node starts that step (keys+files, install, facts)
+BOOTSTRAP_SKIP = "SKIP"  # the step's marker was there: nothing of it redone
+BOOTSTRAP_FACTS = "FACTS"  # what follows is the node's facts (NodeFacts JSON)
+
+
+def bootstrap_step_line(step: str) -> str:
+    return f"{BOOTSTRAP_STEP} {step}"
+
+
+@dataclass
+class BootstrapMark:
+    """One marker line of a node's bootstrap."""
+    kind: str  # BOOTSTRAP_STEP, BOOTSTRAP_SKIP or BOOTSTRAP_FACTS
+    step: str = ""  # BOOTSTRAP_STEP's step
+
+
+def parse_bootstrap_line(line: str) -> BootstrapMark | None:
+    words = line.split()
+    if len(words) == 2 and words[0] == BOOTSTRAP_STEP:
+        return BootstrapMark(BOOTSTRAP_STEP, words[1])
+    if words in ([BOOTSTRAP_SKIP], [BOOTSTRAP_FACTS]):
+        return BootstrapMark(words[0])
+    return None
+
+
+# ---- the files a job leaves ------------------------------------------------------------------------
+
+@dataclass
+class Preempted:
+    """Rank 0 stopped the job for a spot interruption notice, after a checkpoint. The file's being
+    there tells the controller the job is resumable (mpirun's own exit code varies by MPI)."""
+    notice: dict | None  # the instance-action the metadata service announced
+    epoch: int  # the epoch under way, from 0
+    batch: int  # batches done of it
+    step: int  # steps done, all epochs
+
+    def to_json(self) -> str:
+        return strict_json(asdict(self), indent=None)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Preempted":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class TrainResults:
+    """What a finished training run reports: rank 0 writes it as RESULTS_FILE, the controller reads
+    it (the results table, `ftc runs`, the sweep, the bench). In the file the dev metrics are top-level
+    keys (eval_*), beside these fields."""
+    task: str
+    model: str  # hub id or directory, as given
+    recipe: str  # ftc | seed
+    stack: str
+    backend: str  # gloo | ccl | none (one rank)
+    precision: str  # bf16 | fp32
+    native_bf16: bool
+    grad_compress: str  # what the gradient all-reduce sent: bf16 | none
+    grad_sync: bool  # off: --no-grad-sync (profiling)
+    embedding_sync: str  # rows | dense | none (one rank)
+    compile: str  # whether torch.compile ran, and why, in words
+    allreduce: str  # after-backward | overlap | none (one rank)
+    balance: str  # even | speed | none (one rank)
+    gloo_threads: str  # rank-cores | inherit | none (one rank)
+    nodes: int
+    ranks_per_node: int
+    threads_per_rank: int
+    world_size: int
+    epochs: int  # planned
+    batch_size_per_rank: int
+    lr: float
+    max_length: int
+    padding: str  # longest | max_length
+    dropout: float | None  # None: the model config's
+    train_samples: int  # rows of the training set
+    train_tokens: int  # their real (unpadded) tokens
+    train_samples_seen: int  # by the steps this process ran, all ranks
+    train_tokens_seen: int
+    train_seconds: float  # of those steps
+    samples_per_second: float
+    steady_samples_per_second: float  # after the untimed warm-up steps
+    steady_tokens_per_second: float
+    first_loss: float | None  # of this process's first step; None: not finite (diverged)
+    final_loss: float | None  # of its last
+    steps: int  # done, all epochs, a resumed run's earlier ones included
+    resumed_from_epoch: int | None  # None: not resumed
+    resumed_from_batch: int | None
+    epoch_metrics: list[dict[str, float | None]]  # per epoch: epoch, train_loss, pass_seconds/rows/tokens, eval_*
+    metrics: dict[str, float | None]  # the last epoch's dev metrics (eval_*; None: not a number)
+    timeline: list[dict[str, float]]  # per rank: rank, and its mean seconds per steady step in each phase
+    versions: dict[str, str]  # python and the libraries of facts.LIBRARIES
+    started_at: str  # ISO 8601, UTC
+    finished_at: str
+    labels: list[str] | None = None  # the classes in index order (the model's id2label); None: regression
+
+    def to_dict(self) -> dict:
+        """The file's layout: the fields in order, the dev metrics as top-level keys after epoch_metrics."""
+        data = {}
+        for f in fields(self):
+            if f.name == "metrics":
+                data.update(self.metrics)
+            else:
+                data[f.name] = getattr(self, f.name)
+        return data
+
+    def to_json(self) -> str:
+        return strict_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainResults":
+        known = {f.name for f in fields(cls)} - {"metrics"}
+        metrics = {k: v for k, v in data.items() if k.startswith("eval_")}
+        return cls(**{k: v for k, v in data.items() if k in known}, metrics=metrics)
+
+    @classmethod
+    def read(cls, job_dir: Path) -> "TrainResults":
+        return cls.from_dict(json.loads((Path(job_dir) / RESULTS_FILE).read_text()))
+
+    @classmethod
+    def kinds(cls, names: tuple[str, ...]) -> dict[str, type]:
+        """The declared types of these fields: what a reader checks a file it did not write against."""
+        declared = {f.name: f.type for f in fields(cls)}
+        return {name: declared[name] for name in names}

@@ -1,0 +1,100 @@
+"""Your own data (TASK=custom): CSV, TSV and JSON-lines files read as run_glue.py reads them, checked
+on the controller before anything launches (one line per problem, naming file, line and column,
+exit 2), and a 2-node job on a separable toy set that learns, with its classes in results.json and
+the saved model's config.json, and its TensorBoard events fetched home."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ftc, sshd_pids
+from helpers import toy_csv
+
+from runner.node import datafiles, glue
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_classes_are_the_training_labels_sorted_and_a_float_label_means_regression(tmp_path):
+    numbers = write(tmp_path / "n.tsv", "text\tlabel\n\"a, quoted\"\t10\nb\t9\nc\t10\n")
+    task = datafiles.check(numbers, numbers)
+    assert task.labels == ("9", "10") and task.metrics == ("accuracy", "f1_macro")  # by value, as run_glue sorts ints
+    assert datafiles.read(numbers, task)[0] == ("a, quoted", None, 1.0)
+    words = write(tmp_path / "w.jsonl", '{"text": "x", "label": "b"}\n\n{"text": "y", "label": "a"}\n')
+    assert datafiles.check(words, words).labels == ("a", "b")
+    scores = write(tmp_path / "s.csv", "sentence1,sentence2,label\nx,y,1\nx,z,3.5\n")
+    task = datafiles.check(scores, scores)
+    assert task.labels is None and (task.text_a, task.text_b) == ("sentence1", "sentence2")
+    assert [row[2] for row in datafiles.read(scores, task)] == [1.0, 3.5]
+
+
+def test_macro_f1_averages_every_class():
+    # class 0: tp 1 fp 0 fn 1 -> 2/3; class 1: tp 1 fp 1 fn 0 -> 2/3; class 2: tp 1 -> 1
+    assert glue.f1_macro([0, 1, 1, 2], [0, 0, 1, 2]) == pytest.approx((2 / 3 + 2 / 3 + 1) / 3)
+
+
+@pytest.mark.parametrize("train,validation,lines", [
+    ("text,label\na,x\nb\n", None, ["train.csv: line 3: 1 field(s), the header has 2"]),
+    ("review,label\na,x\nb,y\n", None,
+     ["train.csv: line 1: no column 'text' (columns: review, label); name the file's columns with TEXT_COLUMNS"]),
+    ("text,label\na,1\nb,inf\nc,2.5\nd,\n", None, ["train.csv: line 3, column 'label': label 'inf' is not a finite number",
+                                                  "train.csv: line 5, column 'label': no label"]),
+    ("text,label\na,x\nb,x\n", None, ["train.csv: column 'label': one class only (x); classification needs at least 2"]),
+    ("text,label\na,x\nb,y\n", "text,label\na,x\nb,z\nc,w\n",
+     ["dev.csv: column 'label': label 'w' is not among the training file's classes (x, y)",
+      "dev.csv: column 'label': label 'z' is not among the training file's classes (x, y)"]),
+    ("text,label\na,x\nb,y\n", "text,score\na,x\n", ["dev.csv: line 1: no column 'label' (columns: text, score); "
+                                                     "name the file's columns with LABEL_COLUMN"]),
+], ids=["field count", "no text column", "labels not finite or missing", "one class", "validation labels outside",
+        "validation without the label column"])
+def test_bad_data_files_are_refused_one_line_each_before_anything_launches(ftc_home, tmp_path, train, validation,
+                                                                             lines):
+    train_file = write(tmp_path / "train.csv", train)
+    dev_file = write(tmp_path / "dev.csv", validation or train)
+    proc = ftc("run", "--name", "ud", "--nodes", "2", "--task", "custom", "--train-file", str(train_file),
+               "--validation-file", str(dev_file), "--yes", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.removeprefix("error: ").strip().splitlines() == [f"{tmp_path}/{line}" for line in lines]
+    assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters").exists()
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--task", "custom", "--validation-file", "{dev}"], "TASK=custom needs TRAIN_FILE"),
+    (["--train-file", "{tmp}/none.csv", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}/none.csv' does not exist"),
+    (["--train-file", "{tmp}", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}' is not a file"),
+    (["--train-file", "{tmp}/rows.txt", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}/rows.txt': '.txt' is not a format"),
+    (["--task", "mrpc", "--train-file", "{dev}"], "TRAIN_FILE='{dev}' is for TASK=custom, not the GLUE task mrpc"),
+    (["--train-file", "{dev}", "--validation-file", "{dev}", "--text-columns", "a,b,c"],
+     "TEXT_COLUMNS='a,b,c': give one or two column names"),
+    (["--train-file", "{tmp}/bad.jsonl", "--validation-file", "{dev}"], "{tmp}/bad.jsonl: line 2: not JSON"),
+], ids=["no training file", "missing", "a directory", "unknown extension", "files with a GLUE task", "three text columns",
+        "a line that is not JSON"])
+def test_bad_data_file_flags_are_refused_in_one_line(ftc_home, tmp_path, flags, line):
+    dev = write(tmp_path / "dev.csv", "text,label\na,x\nb,y\n")
+    write(tmp_path / "rows.txt", "text,label\na,x\n")
+    write(tmp_path / "bad.jsonl", '{"text": "a", "label": "x"}\n{"text": \n{"text": "b", "label": "y"}\n')
+    filled = [flag.format(tmp=tmp_path, dev=dev) for flag in flags]
+    proc = ftc("finetune", "--name", "nowhere", *filled)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and line.format(tmp=tmp_path, dev=dev) in lines[0], lines
+
+
+def test_two_node_job_on_a_toy_csv_learns_and_records_its_classes(ftc_home, tmp_path, minilm):
+    train, dev = toy_csv(tmp_path / "train.csv", 48), toy_csv(tmp_path / "dev.csv", 24, offset=3)
+    proc = ftc("run", "--name", "ud", "--nodes", "2", "--task", "custom", "--train-file", str(train),
+               "--validation-file", str(dev), "--text-columns", "review", "--label-column", "stars",
+               "--model", minilm, "--epochs", "3", "--batch-size", "8", "--lr", "3e-4", "--yes", "1", timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "label from stars: classes neg, pos" in proc.stderr
+    [results_file] = (ftc_home / "runs" / "ud").glob("custom-*/results.json")
+    results = json.loads(results_file.read_text())
+    assert results["task"] == "custom" and results["world_size"] == 2 and results["labels"] == ["neg", "pos"]
+    assert results["eval_accuracy"] > 2 / 3, results["epoch_metrics"]  # above always answering 'neg'
+    assert "eval_f1_macro" in results
+    config = json.loads((results_file.parent / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["label2id"] == {"neg": 0, "pos": 1}
+    assert list((results_file.parent / "tensorboard").glob("events.out.tfevents.*"))

@@ -1,0 +1,118 @@
+"""The job side's pure decisions, without a node: the training program's arguments, whether it
+compiles, the bench's rank layout, the sweep's table, what run.json records, and a busy cluster."""
+
+import pytest
+
+from provision import state as st
+from provision.errors import UsageError
+from provision.spec import ClusterSpec
+from runner.bench import rank_layout
+from runner.job import job_settings, refuse_if_busy
+from runner.jobspec import JobSpec, train_args
+from runner.node.train import COMPILE_MIN_STEPS, compile_choice
+from runner.sweep import markdown, table
+from runner.transfer import data_files_on_nodes
+
+# ---- the training program's arguments --------------------------------------------------------------
+
+def test_train_args_of_a_default_job_name_only_what_the_program_needs(monkeypatch):
+    monkeypatch.delenv("FTC_HOLD_AT_STEP", raising=False)
+    assert train_args(JobSpec(), "/out", "stock", resume=False) == [
+        "--task", "mrpc", "--model", "distilbert-base-uncased", "--output-dir", "/out", "--recipe", "ftc",
+        "--stack", "stock"]
+
+
+def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monkeypatch):
+    monkeypatch.delenv("FTC_HOLD_AT_STEP", raising=False)
+    job = JobSpec(task="rte", model="/m", data_dir="/g", epochs=2, batch_size=8, lr=1e-4, max_train_samples=64,
+                  max_eval_samples=32, recipe="seed", precision="bf16", dropout=0.0, allreduce="overlap")
+    assert train_args(job, "/out", "intel", resume=True, spot_watch="127.0.0.1:1") == [
+        "--task", "rte", "--model", "/m", "--output-dir", "/out", "--recipe", "seed", "--stack", "intel",
+        "--precision", "bf16", "--dropout", "0.0", "--allreduce", "overlap", "--data-dir", "/g", "--epochs", "2",
+        "--batch-size", "8", "--lr", "0.0001", "--max-train-samples", "64", "--max-eval-samples", "32", "--ipex", "--resume",
+        "--spot-watch", "127.0.0.1:1"]
+
+
+def test_train_args_carry_the_tests_hold_point_when_it_is_set(monkeypatch):
+    monkeypatch.setenv("FTC_HOLD_AT_STEP", "3")
+    assert train_args(JobSpec(), "/out", "stock", resume=False)[-2:] == ["--hold-at-step", "3"]
+
+
+# ---- whether the training program compiles ------------------------------------------------------------
+
+def test_compile_choice_auto_compiles_from_the_step_count_that_pays_back():
+    assert compile_choice("auto", COMPILE_MIN_STEPS) == (
+        True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS}: the compile pays back)")
+    assert compile_choice("auto", COMPILE_MIN_STEPS - 1) == (
+        False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS}: the compile would not pay back)")
+
+
+def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():
+    assert compile_choice("on", 5) == (True, "on (--compile on, planned 5 steps)")
+    assert compile_choice("off", 5000) == (False, "off (--compile off, planned 5000 steps)")
+
+
+# ---- the bench's rank layout --------------------------------------------------------------------------
+
+def test_rank_layout_defaults_to_the_hosts_cores_shared_by_the_most_ranks():
+    assert rank_layout(None, None, quick=True, physical=16) == ([1, 2], 8)
+    assert rank_layout(None, None, quick=False, physical=16) == ([1, 2, 4], 4)
+    assert rank_layout([1, 3], 2, quick=False, physical=6) == ([1, 3], 2)
+
+
+def test_rank_layout_refuses_more_cores_than_the_host_has():
+    with pytest.raises(UsageError) as refused:
+        rank_layout(None, None, quick=False, physical=2)
+    assert str(refused.value) == ("RANKS=1,2,4 with CORES_PER_RANK=1: 4 ranks x 1 cores > this host's 2 physical "
+                                  "cores; give fewer --ranks or --cores-per-rank")
+
+
+# ---- the sweep's table -----------------------------------------------------------------------------------
+
+def test_sweep_table_gives_speedup_and_efficiency_against_one_node_beside_the_2021_recipe():
+    report = table("mrpc", [{"nodes": 1, "train_seconds": 100.0}, {"nodes": 2, "train_seconds": 60.0}], "local", "")
+    assert report["where"] == "local nodes (one machine, simulated)"
+    assert report["rows"][1] == {"nodes": 2, "train_seconds": 60.0, "speedup": 1.667, "efficiency": 0.834,
+                                 "recipe_2021_seconds": 279, "recipe_2021_speedup": 1.67}
+    assert markdown(report).splitlines()[-2:] == ["| 1 | 1m40s | 1.00x | 1.00 | 7m46s | 1.00x |",
+                                                  "| 2 | 1m00s | 1.67x | 0.83 | 4m39s | 1.67x |"]
+
+
+def test_sweep_table_without_a_one_node_run_has_no_speedup():
+    report = table("mrpc", [{"nodes": 2, "train_seconds": 60.0}], "aws", "c6i.16xlarge")
+    assert report["where"] == "c6i.16xlarge"
+    assert (report["rows"][0]["speedup"], report["rows"][0]["efficiency"]) == (None, None)
+    assert markdown(report).splitlines()[-1] == "| 2 | 1m00s | | | 4m39s | 1.67x |"
+
+
+# ---- what run.json records; one job at a time ----------------------------------------------------------
+
+def test_job_settings_record_an_unset_number_as_null():
+    assert job_settings(JobSpec(model="/m", epochs=3)) == {
+        "task": "mrpc", "model": "/m", "data_dir": "", "train_file": None, "validation_file": None,
+        "precision": "auto", "recipe": "ftc", "epochs": 3, "batch_size": None, "lr": None, "max_train_samples": None,
+        "max_eval_samples": None}
+
+
+def test_refuse_if_busy_names_the_running_job_and_how_to_follow_or_stop_it():
+    state = st.ClusterState(name="c", provider="local", spec=ClusterSpec(name="c").to_dict())
+    state.jobs = [st.JobInfo(id="old", task="mrpc", remote_dir="/r", results_dir="/y", state="finished")]
+    refuse_if_busy(state)  # a finished job does not make the cluster busy
+    state.jobs.append(st.JobInfo(id="mrpc-2", task="mrpc", remote_dir="/r", results_dir="/y"))
+    with pytest.raises(UsageError) as refused:
+        refuse_if_busy(state)
+    assert str(refused.value) == ("cluster 'c' is already running job mrpc-2; `ftc logs --name c -f` follows it, "
+                                  "`ftc cancel --name c` stops it")
+
+
+# ---- where a custom job's data files are read ---------------------------------------------------------
+
+def test_data_files_stay_where_they_are_for_local_nodes_and_are_copied_by_role_elsewhere():
+    job = JobSpec(task="custom", train_file="/me/data/rows.csv", validation_file="/me/dev/rows.csv")
+    assert data_files_on_nodes(job, "local", "/n/jobs/j") == (job, {})  # the nodes are this machine
+    for provider in ("aws", "ssh"):
+        on_nodes, copies = data_files_on_nodes(job, provider, "/n/jobs/j")
+        assert (on_nodes.train_file, on_nodes.validation_file) == ("/n/jobs/j/data/train.csv", "/n/jobs/j/data/validation.csv")
+        assert copies == {"/n/jobs/j/data/train.csv": "/me/data/rows.csv", "/n/jobs/j/data/validation.csv": "/me/dev/rows.csv"}
+    glue_job = JobSpec(task="mrpc", data_dir="/g")
+    assert data_files_on_nodes(glue_job, "aws", "/n/jobs/j") == (glue_job, {})

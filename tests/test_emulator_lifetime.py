@@ -1,0 +1,86 @@
+"""The EC2 emulator's nodes live no longer than it: they go with it on SIGHUP (its terminal closed)
+and SIGTERM, a new emulator stops those a killed one left, and a node serves only if the sshd
+reached at its address is its own."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ftc, sshd_pids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
+
+sys.path.insert(0, str(REPO / "tests"))
+import ec2_emulator  # noqa: E402
+
+UP = ["up", "--provider", "aws", "--nodes", "1", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
+
+
+def start(disks: Path) -> tuple[subprocess.Popen, str, list[str]]:
+    """`ec2_emulator.py 0`; its URL, and the lines it printed before the ready line."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
+                            env={**os.environ, "FTC_EMULATOR_DIR": str(disks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    before = []
+    for line in proc.stdout:
+        if line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="):
+            return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0], before
+        before.append(line)
+    raise AssertionError("".join(before))
+
+
+def aws_env(url: str) -> dict:
+    return {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": "0.1"}
+
+
+def test_emulator_whose_terminal_closes_stops_every_node(ftc_home, tmp_path):
+    disks = tmp_path / "disks"
+    proc, url, _ = start(disks)
+    up = ftc(*UP, "--name", "hup", env=aws_env(url))
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert len(sshd_pids(disks)) == 1
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert out.count("stopped (emulator exiting)") == 1
+    assert sshd_pids(disks) == [] and list(disks.iterdir()) == []
+
+
+def test_new_emulator_stops_the_nodes_a_killed_one_left(ftc_home, tmp_path):
+    killed_disks = tmp_path / "killed"
+    killed, url, _ = start(killed_disks)
+    up = ftc(*UP, "--name", "left", env=aws_env(url))
+    assert up.returncode == 0, up.stderr[-3000:]
+    (instance,) = [p.name for p in killed_disks.glob("i-*")]
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert len(sshd_pids(killed_disks)) == 1  # the node outlived its emulator
+    successor, _, before = start(tmp_path / "successor")
+    try:
+        assert any(line.startswith(f"{instance}: stopped, at 127.0.1.") and f"pid {killed.pid})" in line
+                   for line in before), before
+        assert sshd_pids(killed_disks) == [] and not (killed_disks / instance).exists()
+    finally:
+        successor.terminate()
+        successor.communicate(timeout=60)
+
+
+def test_a_node_whose_address_answers_with_another_sshd_is_refused(ftc_home, tmp_path):
+    """What the emulator checks of every node it boots, against a real sshd: its own host key
+    passes; another key (another process's sshd reached at that address) is refused, named."""
+    ftc("up", "--name", "other", "--nodes", "1", "--no-bootstrap", check=True)
+    try:
+        from provision import state as st
+        node = st.load("other").head
+        own_key = Path(node.workdir) / "ssh_host_ed25519_key.pub"
+        ec2_emulator.check_own_sshd(node.public_ip, node.ssh_port, own_key)
+        impostor = tmp_path / "impostor"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+        with pytest.raises(RuntimeError, match=f"{node.public_ip}:{node.ssh_port} answers with another host key"):
+            ec2_emulator.check_own_sshd(node.public_ip, node.ssh_port, impostor.with_suffix(".pub"))
+    finally:
+        ftc("down", "--name", "other", check=True)

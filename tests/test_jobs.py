@@ -1,0 +1,54 @@
+"""Job commands refused before they change anything: a sweep on a busy cluster, a PPN the nodes
+cannot hold (local cores or the instance type), flags a command would ignore."""
+
+import json
+
+import pytest
+from conftest import assert_nothing_left, ftc, sshd_pids
+from helpers import assert_refused, one_error, tiny_job
+
+from provision import procs
+
+
+def test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_running(ftc_home, tmp_path, minilm,
+                                                                                   glue_dir):
+    assert ftc("up", "--name", "sw", "--nodes", "1").returncode == 0
+    try:
+        started = ftc("finetune", "--name", "sw", "--detach", *tiny_job(minilm, glue_dir),
+                      env={"FTC_HOLD_AT_STEP": "1"})  # the job waits before its first step: it stays running
+        assert started.returncode == 0, started.stderr
+        state_file = ftc_home / "clusters" / "sw" / "state.json"
+        before, nodes = state_file.read_text(), sshd_pids(ftc_home)
+        job = json.loads(before)["jobs"][-1]
+
+        sweep = ftc("sweep", "--name", "sw", "--nodes", "1", *tiny_job(minilm, glue_dir), "--yes", "1",
+                    "--out", str(tmp_path / "sweep"))
+        assert sweep.returncode == 2
+        assert f"cluster 'sw' is already running job {job['id']}" in one_error(sweep)
+        assert state_file.read_text() == before and sshd_pids(ftc_home) == nodes
+        assert procs.is_same(job["pid"], job["pid_start"])  # the job itself was not touched
+        assert not (tmp_path / "sweep").exists()
+    finally:
+        assert ftc("down", "--name", "sw").returncode == 0
+
+
+def test_a_ppn_the_nodes_cannot_hold_is_refused_before_any_local_node_starts(ftc_home, minilm, glue_dir):
+    run = ftc("run", "--name", "pp", "--nodes", "1", "--ppn", "512", *tiny_job(minilm, glue_dir))
+    assert_refused(run, "PPN=512: 512 ranks per node but node pp-0 (its share of this machine's cores)", ftc_home)
+    sweep = ftc("sweep", "--name", "pp", "--nodes", "1,2", "--ppn", "512", *tiny_job(minilm, glue_dir))
+    assert_refused(sweep, "PPN=512: 512 ranks per node", ftc_home)
+    assert sshd_pids(ftc_home) == []
+
+
+def test_a_ppn_the_instance_type_cannot_hold_is_refused_before_any_ec2_call(aws, ftc_home):
+    proc = ftc("run", "--name", "pp", "--provider", "aws", "--instance-type", "c6i.large", "--nodes", "2",
+               "--ppn", "2", "--yes", "1", "--ssh-cidr", "203.0.113.7/32")
+    assert_refused(proc, "PPN=2: 2 ranks per node but node pp-0 (c6i.large) has only 1 physical cores", ftc_home)
+    assert_nothing_left(aws.ec2(), "pp")
+
+
+@pytest.mark.parametrize("command, flag", [("run", "--detach"), ("sweep", "--detach"), ("sweep", "--resume")])
+def test_a_flag_the_command_would_ignore_is_not_offered(ftc_home, command, flag):
+    proc = ftc(command, "--name", "ig", flag)
+    assert_refused(proc, f"unrecognized arguments: {flag}", ftc_home)
+
