@@ -74,3 +74,24 @@ def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_pe
         rows.append(PlanRow(nodes, rate, rate / (nodes * node_samples_per_s), allreduce, train, wall,
                             nodes * usd_per_node_hour * wall / 3600))
     return rows
+
+
+# Training rate per core on this machine's local nodes, for a model of MINILM_PARAMS with the demo's
+# settings (MRPC, a global batch of 64, no dropout), by CPU class: measured in
+# docs/probes/demo_settings.txt (AMX host: 51 samples/s on 2 cores in bf16, 41 in fp32) and by
+# `make demo` on a 2-core AMD EPYC with AVX2 only (README, Quickstart).
+MINILM_PARAMS = 22_713_728  # the packaged MiniLM-L6 (its safetensors header)
+LOCAL_RATE_PER_CORE = {"bf16": 25.0, "avx512": 20.0, "avx2": 8.9}
+
+
+def cpu_class(flags: list[str]) -> str:
+    """bf16 where the CPU has it natively (AMX or AVX-512 BF16), else the widest fp32 vectors it has."""
+    if "amx_bf16" in flags or "avx512_bf16" in flags:
+        return "bf16"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def local_train_seconds(samples_seen: int, params: int, cores: int, cls: str) -> float:
+    """How long local nodes sharing `cores` of this machine take to train on `samples_seen` rows: a
+    step's work grows with the weights, the rate with the cores."""
+    return samples_seen / (LOCAL_RATE_PER_CORE[cls] * cores * MINILM_PARAMS / params)

@@ -54,6 +54,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap"))}
+RECIPE_EPOCHS = 3  # what both recipes train (runner/node/train.py RECIPES) when EPOCHS is not given
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
 
@@ -66,7 +67,7 @@ class JobSpec:
     validation_file: str = ""
     text_columns: str = ""  # custom: "" is datafiles' default
     label_column: str = ""
-    epochs: int = 0  # 0: the recipe's
+    epochs: int = 0  # 0: the recipe's (RECIPE_EPOCHS)
     batch_size: int = 0
     lr: float = 0.0
     max_train_samples: int = 0

@@ -4,19 +4,25 @@ the cluster is released (torn down unless KEEP=1) on success, failure and Ctrl-C
 Ctrl-C the run says what it tore down.
 """
 
+import os
 from pathlib import Path
 
 from provision import cluster
 from provision import state as st
 from provision.bootstrap import bootstrap
 from provision.errors import UsageError
+from provision.estimate import DISTILBERT_PARAMS, GLUE_TRAIN_SIZES, cpu_class, local_train_seconds
+from provision.providers import traits
 from provision.spec import ClusterSpec
 from provision.ui import console
 
 from . import runs
 from .job import finetune, job_settings
-from .jobspec import JobSpec, check_ppn_fits
+from .jobspec import RECIPE_EPOCHS, JobSpec, check_ppn_fits
+from .model_files import parameter_count
+from .node.facts import cpu_info
 from .node.protocol import EXIT_PREEMPTED
+from .node.units import duration
 from .transfer import home_checkpoint
 
 MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives up
@@ -27,6 +33,9 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     if checkpoint:  # before anything launches; finetune checks the world size once the ranks are planned
         runs.refuse_other_job(checkpoint.parent.parent, spec.name, job_settings(job))
+    expected = expected_here(spec, job)
+    if expected:
+        console.print(expected, markup=False, soft_wrap=True)
     cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
     code, interrupted = 1, ""
     try:
@@ -48,6 +57,23 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
         if interrupted:
             console.print(f"[yellow]{interrupted}[/]", highlight=False)
     return code
+
+
+def expected_here(spec: ClusterSpec, job: JobSpec) -> str:
+    """Before a run on this machine's own cores starts: how long its training should take, from the
+    rate measured for this CPU class (provision/estimate.py). Empty where that is not known: other
+    machines (`ftc plan` estimates those), or a custom data file's rows not counted yet."""
+    rows = job.max_train_samples or GLUE_TRAIN_SIZES.get(job.task, 0)
+    if not traits(spec.provider).shares_this_machine or not rows:
+        return ""
+    rows = min(rows, GLUE_TRAIN_SIZES.get(job.task, rows))
+    params = parameter_count(Path(job.model)) if Path(job.model).is_dir() else None
+    cores, cls = len(os.sched_getaffinity(0)), cpu_class(cpu_info()[1])
+    epochs = job.epochs or RECIPE_EPOCHS
+    seconds = local_train_seconds(rows * epochs, params or DISTILBERT_PARAMS, cores, cls)
+    precision = "bf16" if cls == "bf16" else f"fp32: {cls}, no native bf16"
+    return (f"expect about {duration(seconds)} of training here ({rows} rows x {epochs} epoch(s) on {cores} "
+            f"core(s), {precision}), after about a minute of set-up")
 
 
 def what_is_released(name: str, keep: bool) -> str:

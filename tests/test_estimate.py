@@ -94,3 +94,19 @@ def test_plan_refuses_a_rate_too_small_to_plan_with(ftc_home):
     proc = ftc("plan", "--samples-per-s", "1e-300")
     assert proc.returncode == 2 and "SAMPLES_PER_S='1e-300' is out of range" in one_error(proc)
 
+
+
+def test_cpu_class_is_bf16_where_native_else_the_widest_fp32_vectors():
+    assert estimate.cpu_class(["avx2", "avx512f", "amx_bf16"]) == "bf16"
+    assert estimate.cpu_class(["avx2", "avx512f", "avx512_bf16"]) == "bf16"
+    assert estimate.cpu_class(["avx2", "avx512f"]) == "avx512"
+    assert estimate.cpu_class(["avx2"]) == "avx2"
+
+
+def test_local_training_time_grows_with_rows_and_weights_and_shrinks_with_cores():
+    minilm = estimate.MINILM_PARAMS
+    one = estimate.local_train_seconds(7336, minilm, 2, "avx2")
+    assert one == pytest.approx(7336 / (2 * estimate.LOCAL_RATE_PER_CORE["avx2"]))  # the demo on 2 AVX2 cores
+    assert estimate.local_train_seconds(2 * 7336, minilm, 2, "avx2") == pytest.approx(2 * one)
+    assert estimate.local_train_seconds(7336, 2 * minilm, 2, "avx2") == pytest.approx(2 * one)
+    assert estimate.local_train_seconds(7336, minilm, 4, "avx2") == pytest.approx(one / 2)

@@ -3,6 +3,7 @@ mpirun script, with the packaged MiniLM model and a slice of real MRPC."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,10 @@ def test_one_shot_run_tears_down_after_itself(ftc_home, minilm, glue_dir):
     proc = ftc("run", "--name", "once", "--nodes", "2", *job_flags(minilm, glue_dir, samples=64, epochs=1), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "eval_accuracy" in proc.stdout and "nothing left running" in proc.stderr
+    lines = proc.stderr.splitlines()
+    [said] = [i for i, line in enumerate(lines) if line.startswith("expect about ")]
+    assert re.match(r"expect about \dm\d\ds of training here \(64 rows x 1 epoch\(s\) on \d+ core\(s\), ", lines[said])
+    assert said < min(i for i, line in enumerate(lines) if "started on" in line)  # said before the job starts
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "once").exists()
     assert results_of_run(ftc_home, "once")["world_size"] == 2
 
