@@ -164,8 +164,13 @@ def results_rows(r: TrainResults) -> list[tuple[str, str]]:
             ("recipe / precision / backend", f"{r.recipe} / {r.precision} / {r.backend}"),
             ("train", f"{r.train_samples} samples x {r.epochs} epochs in {r.train_seconds:.0f}s"),
             ("samples/s", f"{r.samples_per_second:.1f}"),
-            ("loss", f"{r.first_loss:.4f} -> {r.final_loss:.4f}")]
-    return rows + [(f"dev {k[5:]}", f"{v:.4f}") for k, v in r.metrics.items()]
+            ("loss", f"{four_places(r.first_loss)} -> {four_places(r.final_loss)}")]
+    return rows + [(f"dev {k[5:]}", four_places(v)) for k, v in r.metrics.items()]
+
+
+def four_places(value: float | None) -> str:
+    """A loss or metric as the table shows it; a diverged run's (recorded null: not a number) as n/a."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def key_value_table(title: str, rows: list[tuple[str, str]]):

@@ -122,3 +122,12 @@ def test_the_verifications_line_parses(tmp_path):
     report = p.parse_allreduce(proc.stdout)
     assert (report.world_size, report.sum, [r.rank for r in report.ranks]) == (1, [1.0, 1.0, 0.0, 1.0, 2.0], [0])
     assert report.ranks[0].ok and report.allreduce_seconds > 0
+
+
+def test_the_results_table_shows_a_diverged_runs_null_losses_as_not_a_number(real_run):
+    from dataclasses import replace
+
+    from runner.report import results_rows
+    out, _ = real_run
+    diverged = replace(p.TrainResults.read(out), first_loss=None, final_loss=None)
+    assert dict(results_rows(diverged))["loss"] == "n/a -> n/a"
