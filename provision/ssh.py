@@ -16,15 +16,19 @@ import shlex
 import tarfile
 import time
 from pathlib import Path
-
-import paramiko
-from fabric import Config, Connection
-from invoke.exceptions import UnexpectedExit
+from typing import TYPE_CHECKING
 
 from . import state as st
 from .errors import FtcError
 from .providers import traits
 from .values import from_env, whole
+
+# paramiko, fabric and invoke take a third of a second to import, and most ftc commands import this
+# module without connecting (a refusal, a status with no job running): only the functions that
+# connect import them.
+if TYPE_CHECKING:
+    import paramiko
+    from fabric import Connection
 
 # About a minute: a fresh EC2 node's sshd comes up well inside that. FTC_CONNECT_ATTEMPTS overrides it.
 # paramiko logs each failed handshake with a traceback of its own; ftc says what failed in one line.
@@ -72,6 +76,7 @@ def write_controller_known_hosts(state: st.ClusterState) -> Path:
 
 def fetch_host_key(node: st.NodeInfo, timeout: float = 10) -> str:
     """First contact: read the key the node presents (trusted once, then pinned)."""
+    import paramiko
     transport = paramiko.Transport((node.public_ip, node.ssh_port))
     try:
         transport.start_client(timeout=timeout)
@@ -99,6 +104,7 @@ def _auth(state: st.ClusterState) -> dict:
 def key_problem(path: str) -> str:
     """Why the private key at `path` cannot log in ('' when it can): read as paramiko's client reads
     SSH_KEY, each key type in turn, with no passphrase."""
+    import paramiko
     why = ""
     for kind in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
         try:
@@ -119,7 +125,7 @@ def fingerprint(host_key: str) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> str:
+def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: "paramiko.PKey") -> str:
     presented = f"the node presents {key.get_name()} {key.get_base64()[:16]}..., not the key pinned at first contact"
     if traits(state.provider).own_hosts:  # node.id is the host as you gave it
         now = fingerprint(f"{key.get_name()} {key.get_base64()}")
@@ -133,10 +139,12 @@ def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: paramiko.PKey) -> 
 
 
 def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None,
-            next_step: str | None = None) -> Connection:
+            next_step: str | None = None) -> "Connection":
     """An open Fabric connection that accepts only the pinned host key; bounded retries
     (FTC_CONNECT_ATTEMPTS unless `attempts` says). `next_step`: what the failure tells the user to
     do, in place of looking at `ftc status` ('' for nothing: the caller says it)."""
+    import paramiko
+    from fabric import Config, Connection
     attempts = connect_attempts() if attempts is None else attempts
     last = ""
     for attempt in range(attempts):
@@ -195,7 +203,8 @@ def _reason(exc: Exception) -> str:
     return str(exc)
 
 
-def run(conn: Connection, node: st.NodeInfo, step: str, command: str) -> str:
+def run(conn: "Connection", node: st.NodeInfo, step: str, command: str) -> str:
+    from invoke.exceptions import UnexpectedExit
     try:
         out = conn.run(f"printf '%s\\n' {shlex.quote(OUTPUT_BEGINS)}; {command}", hide=True, in_stream=False).stdout
         return after_start_up(out)
@@ -217,7 +226,7 @@ def tar_bundle(files: dict[str, tuple[str, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> None:
+def put_text(conn: "Connection", text: str, remote: str, mode: int = 0o644) -> None:
     """A small file on the node, through `cat` on a command channel rather than SFTP: SFTP's stream
     breaks on a server whose shell start-up files print a line (sshd starts its subsystem through
     that shell), and some servers offer no SFTP at all. Written beside, then moved into place."""
@@ -235,7 +244,7 @@ def put_text(conn: Connection, text: str, remote: str, mode: int = 0o644) -> Non
         raise FtcError(f"{conn.host}:{conn.port}: writing {remote} failed: {error.splitlines()[-1] if error else status}")
 
 
-def stream(conn: Connection, command: str, on_line, silence_s: int = 0) -> None:
+def stream(conn: "Connection", command: str, on_line, silence_s: int = 0) -> None:
     """Run `command` on the node and hand each output line to `on_line` as it comes.
 
     A raw paramiko channel, so Ctrl-C raises here at once instead of being forwarded. With

@@ -29,8 +29,8 @@ SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/s
 class Server:
     """A plain sshd: a machine of yours, as far as ftc can tell."""
 
-    def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True):
-        self.root, self.address, self.home = root, address, root / "home"
+    def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True, sftp: str = SFTP):
+        self.root, self.address, self.home, self.sftp = root, address, root / "home", sftp
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / "notes.txt").write_text("a file of yours\n")
         line = (user_key.with_suffix(".pub").read_text().strip() + "\n") if newline_at_end else \
@@ -60,7 +60,7 @@ class Server:
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "UsePAM no",
             "PermitRootLogin prohibit-password", f"SetEnv HOME={self.home}", "StrictModes no", "X11Forwarding no",
             "PrintMotd no", "PrintLastLog no", "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR",
-            f"Subsystem sftp {SFTP}", ""]))
+            f"Subsystem sftp {self.sftp}" if self.sftp else "", ""]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=open(self.root / "sshd.log", "ab"))
@@ -289,8 +289,12 @@ def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, ser
 
 def test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified(ftc_home, servers, user_key):
     """Many servers print a line from ~/.bashrc (bash reads it for commands run by sshd): no marker,
-    JSON or hostname ftc reads back is mistaken for it."""
+    JSON or hostname ftc reads back is mistaken for it. Their SFTP is sshd's own (internal-sftp), which
+    runs no shell: an sftp-server started through that shell is garbled (the next test)."""
     for server in servers:
+        server.stop()
+        server.sftp = "internal-sftp"
+        server.start()
         (server.home / ".bashrc").write_text('echo "Welcome to $(hostname), a server of yours"\n')
     proof = subprocess.run(["ssh", "-i", str(user_key), "-p", str(servers[0].port), "-o", "StrictHostKeyChecking=no",
                             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", servers[0].spec.split(":")[0],
@@ -376,3 +380,28 @@ def test_status_of_a_server_that_does_not_answer_says_to_run_down_not_status(ftc
     assert "mute-1 is dead" in status.stderr and "`ftc down --name mute` removes the cluster" in status.stderr
     servers[1].start()
     assert ftc("down", "--name", "mute").returncode == 0
+
+
+def test_sftp_garbled_by_a_shell_banner_is_refused_by_name_before_anything_is_installed(ftc_home, server):
+    (server.home / ".bashrc").write_text('echo "Welcome, a server of yours"\n')
+    before = server.listing()
+    proc = ftc("up", "--name", "garbled", "--provider", "ssh", "--hosts", server.spec, "--ssh-key",
+               str(server.root.parent / "user_key"), "--stack-python", sys.executable, "--yes", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"host {server.spec}: its SFTP (which ftc copies results with) is garbled by what the shell's start-up " \
+           "files print" in proc.stderr and "Traceback" not in proc.stderr
+    assert server.listing() == before and not (ftc_home / "clusters" / "garbled").exists()
+
+
+def test_a_server_without_sftp_is_refused_by_name_before_anything_is_installed(ftc_home, tmp_path, user_key):
+    bare = Server(tmp_path / "bare", "127.0.0.112", user_key, sftp="").start()
+    try:
+        before = bare.listing()
+        proc = ftc("up", "--name", "nosftp", *ssh_flags([bare], user_key), "--yes", "1")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"host {bare.spec}: its sshd offers no SFTP subsystem, which ftc copies results with; add " \
+               "`Subsystem sftp internal-sftp` to its sshd_config and reload sshd" in proc.stderr
+        assert "Traceback" not in proc.stderr and "Channel closed" not in proc.stderr
+        assert bare.listing() == before and not (ftc_home / "clusters" / "nosftp").exists()
+    finally:
+        bare.stop()

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+
 from .. import procs
 from .. import state as st
 from ..errors import FtcError, UsageError
@@ -240,12 +242,28 @@ def _check(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | No
         with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
             probe = parse_probe(run(conn, node, "check", _sh(probe_script(host.label, spec.stack_python))))
             address = conn.client.get_transport().getpeername()[0]
+            no_sftp = _sftp_missing(conn, host.label)
     except StepFailed as exc:
         return None, [f"host {host.label}: {str(exc).split('failed: ', 1)[-1]}"]
     one = {k: v[-1] for k, v in probe.items()}
     found = HostCheck(label=host.label, user=host.user, address=host.address, port=host.port, host_key=key,
                       ip=address, home=one.get("home", ""))
-    return found, verdicts(host.label, probe, spec.stack_python)
+    return found, verdicts(host.label, probe, spec.stack_python) + no_sftp
+
+
+def _sftp_missing(conn, label: str) -> list[str]:
+    """Results and checkpoints come home over SFTP: a server whose sshd offers no SFTP subsystem is
+    refused now, by name, rather than failing the first copy with paramiko's "Channel closed"."""
+    try:
+        conn.sftp()
+    except paramiko.SFTPError:  # the subsystem runs through the login shell, and that printed first
+        return [f"host {label}: its SFTP (which ftc copies results with) is garbled by what the shell's start-up "
+                "files print (an echo in ~/.bashrc?); print only in interactive shells (`[[ $- == *i* ]] || return` "
+                "before it), or use `Subsystem sftp internal-sftp` in its sshd_config"]
+    except (EOFError, OSError, paramiko.SSHException):
+        return [f"host {label}: its sshd offers no SFTP subsystem, which ftc copies results with; add "
+                "`Subsystem sftp internal-sftp` to its sshd_config and reload sshd"]
+    return []
 
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
