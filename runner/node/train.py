@@ -445,6 +445,7 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     scheduler = get_linear_schedule_with_warmup(optimizer, int(0.06 * total_steps), total_steps)
     if args.ipex:
         import intel_extension_for_pytorch as ipex
+        model.train()  # from_pretrained returns the model in eval mode, which ipex.optimize takes for inference
         model, optimizer = ipex.optimize(model, optimizer=optimizer,
                                          dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     return model, optimizer, scheduler
