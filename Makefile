@@ -52,9 +52,10 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # Two workers: most of a test's time is spent waiting on sshd, mpirun and moto, and no test races
-# the clock (a job is held at a known step instead), so the suite shares two cores safely.
+# the clock (a job is held at a known step instead), so the suite shares two cores safely. One test
+# at a time to each worker, longest first (tests/conftest.py LONGEST): both workers end together.
 test: lint
-	$(VENV)/bin/python -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
 # Opt-in, not in `make test`: STACK=ipex (IPEX 2.7.0 on PyPI's torch 2.7.0, the CUDA build: ~7 GB in
 # .venv-intel, built on first use) against the stock stack, one short 2-node MRPC fine-tune each on

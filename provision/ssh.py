@@ -139,22 +139,34 @@ def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: "paramiko.PKey") -
 
 
 def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None,
-            next_step: str | None = None) -> "Connection":
+            next_step: str | None = None, within_s: float | None = None) -> "Connection":
     """An open Fabric connection that accepts only the pinned host key; bounded retries
     (FTC_CONNECT_ATTEMPTS unless `attempts` says). `next_step`: what the failure tells the user to
-    do, in place of looking at `ftc status` ('' for nothing: the caller says it)."""
+    do, in place of looking at `ftc status` ('' for nothing: the caller says it). `within_s`: give up
+    after that long, all attempts together; a bootstrapped cluster's nodes exist and answer at once,
+    so connecting to one gives up within the silence limit (a frozen sshd accepts the connection and
+    then says nothing), where a fresh node gets its attempts to boot."""
     import paramiko
     from fabric import Config, Connection
     attempts = connect_attempts() if attempts is None else attempts
-    last = ""
+    if within_s is None and state.phase == "bootstrapped":
+        within_s = follow_silence_s()
+    deadline = time.monotonic() + within_s if within_s else float("inf")
+    last, tried = "", 0
     for attempt in range(attempts):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        tried += 1
         try:
             if not node.host_key and traits(state.provider).own_hosts:  # your servers: pinned only after you confirmed
                 raise StepFailed(node.name, "connect", f"no pinned host key for {host_key_entry(node)}")
             if not node.host_key:
-                node.host_key = fetch_host_key(node)
-            conn = Connection(host=node.public_ip, port=node.ssh_port, user=node.ssh_user, connect_timeout=10,
-                              config=Config(overrides={"load_ssh_configs": False}), connect_kwargs=_auth(state))
+                node.host_key = fetch_host_key(node, min(10, left))
+            # paramiko waits 15 s for a banner and 30 s for the login on top of the connect timeout
+            conn = Connection(host=node.public_ip, port=node.ssh_port, user=node.ssh_user, connect_timeout=min(10, left),
+                              config=Config(overrides={"load_ssh_configs": False}),
+                              connect_kwargs={**_auth(state), "banner_timeout": min(15, left), "auth_timeout": min(30, left)})
             # Fabric auto-adds unknown keys by default; a cluster node must present its pinned key.
             conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
             key_type, key_b64 = node.host_key.split()[:2]
@@ -177,10 +189,13 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
             last = last if str(exc) == "No existing session" and last else _reason(exc)
         except (OSError, EOFError) as exc:
             last = str(exc) or type(exc).__name__
-        time.sleep(min(2.0, 0.2 * (attempt + 1)))
+        time.sleep(max(0.0, min(2.0, 0.2 * (attempt + 1), deadline - time.monotonic())))
     # Before `up` records the cluster (your servers' checks) there is no status to look at yet.
     look = f"`ftc status --name {state.name}`" if st.exists(state.name) else "check the address, the port and sshd there"
     advice = f"; is the node up? {look}" if next_step is None else f"; {next_step}" if next_step else ""
+    if tried < attempts:
+        raise StepFailed(node.name, "connect", f"the node does not answer: no SSH within {within_s:g} s "
+                         f"({tried} attempts; {last}){advice}")
     raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}){advice}")
 
 

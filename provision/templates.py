@@ -1,17 +1,22 @@
 """Render the Jinja templates in templates/ (every generated script and config lives there)."""
 
+import functools
 import shlex
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
-_env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), undefined=StrictUndefined,
-                   keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-_env.filters["quote"] = shlex.quote
+
+@functools.cache
+def _environment():
+    """Made on first use: jinja2 takes a tenth of a second to import, and most ftc commands render nothing."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["quote"] = shlex.quote
+    return env
 
 
 def render(name: str, **values) -> str:
     """StrictUndefined: a missing value is an error, never an empty string in a script."""
-    return _env.get_template(name).render(**values)
+    return _environment().get_template(name).render(**values)

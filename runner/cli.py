@@ -18,6 +18,7 @@ from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import MAX_NODES, PARSERS, load_config, resolve_spec
 from provision.ui import answer, console
 from provision.values import boolean, number, one_of, whole, whole_list, writable_dir
+from runner.jobflags import JOB_FLAGS
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
@@ -56,7 +57,6 @@ def _name_flag(p: argparse.ArgumentParser) -> None:
 
 def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool = False) -> None:
     """The job's settings; --resume (with its help) and --detach only where the command honours them."""
-    from runner.jobspec import JOB_FLAGS
     for flag, help_text in JOB_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
     if resume_help:  # takes a value too (RESUME=0 from Make): every value is parsed, none dropped

@@ -88,13 +88,17 @@ def job_settings(job: JobSpec) -> dict:
     return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "train_file": job.train_file or None,
             "validation_file": job.validation_file or None, "precision": job.precision,
             "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
-            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None,
+            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
             "max_eval_samples": job.max_eval_samples or None}
 
 
-def refuse_if_busy(state: st.ClusterState) -> None:
-    """One job at a time on a cluster: a running one is named, with how to follow or stop it."""
+def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
+    """One job at a time on a cluster: a running one is named, with how to follow or stop it. `ended`:
+    the exit code of the job recorded running, when it has in fact ended (its results not home yet)."""
     running = [j for j in state.jobs if j.state == "running"]
+    if running and ended is not None:
+        raise UsageError(f"cluster {state.name!r}: job {running[-1].id} ended (exit code {ended}) but its results are "
+                         f"not home yet; `ftc fetch --name {state.name}` collects them, then start the next job")
     if running:
         raise UsageError(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
@@ -107,7 +111,7 @@ def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | N
     it in the state."""
     with st.locked(name, "finetune"):
         state = st.load(name)
-        refuse_if_busy(state)
+        refuse_if_busy(state, ended_job_code(state))
         send_data_files(state, data_copies)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         with connect(state, state.head) as conn:
@@ -132,7 +136,9 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
     run it stops the run instead). A cluster destroyed meanwhile ends the follower with that said."""
     state = st.load(name)
     job = state.jobs[-1]
-    conn = connect(state, state.head)
+    conn = connect(state, state.head, within_s=follow_silence_s(),
+                   next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
+                             f"`ftc status --name {name}` says what is up")
     colour = sys.stdout.isatty()
 
     def on_line(line: str) -> None:
@@ -174,6 +180,15 @@ def destroyed(name: str) -> bool:
         return False
 
 
+def ended_job_code(state: st.ClusterState) -> int | None:
+    """The exit code of the job recorded running, if it has in fact ended (nobody fetched it yet)."""
+    running = [j for j in state.jobs if j.state == "running"]
+    if not running:
+        return None
+    with connect(state, state.head) as conn:
+        return job_exit_code(conn, state, running[-1])
+
+
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     """The launch script's exit code; None while it runs; -1 if it died without writing one;
     EXIT_PREEMPTED when the job stopped itself for a spot interruption (mpirun's own code
@@ -197,8 +212,6 @@ def finish(name: str) -> int:
         job = state.jobs[-1]
         with connect(state, state.head) as conn:
             code = job_exit_code(conn, state, job)
-            if code is not None:
-                copy_checkpoint(conn, job)
         if code is None:
             raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
         if job.state == "running":
@@ -226,7 +239,7 @@ def logs(name: str, follow_output: bool = False) -> int:
     job = state.jobs[-1]
     if follow_output and job.state == "running":
         return follow(name)
-    with connect(state, state.head) as conn:
+    with connect(state, state.head, within_s=follow_silence_s()) as conn:
         output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log")
     colour = sys.stdout.isatty()
     print("".join(f"{for_terminal(line, colour)}\n" for line in output.splitlines()), end="")
@@ -242,6 +255,11 @@ def cancel(name: str) -> int:
             return 0
         job = running[-1]
         with connect(state, state.head) as conn:
+            ended = job_exit_code(conn, state, job)
+            if ended is not None:  # nothing to stop, and its results are still to be had
+                console.print(f"job {job.id} already ended (exit code {ended}); `ftc fetch --name {name}` collects "
+                              "its results", markup=False)
+                return 0
             run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start))
         job.state = "cancelled"
         st.save(state)

@@ -19,42 +19,20 @@ from provision.ui import console
 from provision.values import local_path, number, one_of, whole, writable_dir
 
 from . import runs
+from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, packaged_model
 from .node import datafiles, glue, spot
 from .node.facts import NodeFacts, cpu_topology
+from .node.recipes import RECIPES
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
-JOB_FLAGS = {
-    "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own TRAIN_FILE and VALIDATION_FILE)",
-    "train_file": "custom: your training rows, CSV, TSV or JSON lines (README: Your own data)",
-    "validation_file": "custom: your dev rows, in the same layout",
-    "text_columns": "custom: one or two text columns, comma-separated (default sentence1,sentence2 when the "
-                    "file has both, else text)",
-    "label_column": "custom: the label column (default label); float labels mean regression",
-    "model": "hub id or local directory (default distilbert-base-uncased; 'auto': offline fallback)",
-    "data_dir": "local GLUE directory (<dir>/<task>/train.tsv, dev.tsv); default: the hub; 'auto'",
-    "epochs": "epochs (default: the recipe's, 3)",
-    "batch_size": "per rank (default 32)",
-    "lr": "learning rate (default 2e-5)",
-    "max_train_samples": "use the first N training rows (0: all)",
-    "max_eval_samples": "evaluate on the first N dev rows (0: all)",
-    "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
-    "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
-    "allreduce": "after-backward (default: cores idle, as the bench measured) or overlap (DDP's buckets during "
-                 "backward: may hide the transfer on a real network)",
-    "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
-               "PyTorch's fused kernel (faster: README, Performance)",
-    "ppn": "ranks per node (default: one per socket)",
-    "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
-    "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
-}
 PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_samples": whole(0, 10**9),
            "max_eval_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap"))}
-RECIPE_EPOCHS = 3  # what both recipes train (runner/node/train.py RECIPES) when EPOCHS is not given
+RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
 

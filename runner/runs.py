@@ -20,6 +20,7 @@ from provision.spec import NAME_RE
 from provision.values import conforms, kind_name, label, local_path
 
 from .node.protocol import RESULTS_FILE, TrainResults
+from .node.recipes import RECIPES
 
 RECORD = "run.json"
 ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS outside runs_root()
@@ -53,8 +54,25 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
                          f"{label(key)}, or remove that directory first")
 
 
-# What makes a resumed job the same job as the one whose checkpoint it continues.
-SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "world_size")
+# What makes a resumed job the same job as the one whose checkpoint it continues: its data, its
+# model, and everything that shapes its steps and its schedule.
+SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "epochs", "lr",
+            "max_train_samples", "precision", "dropout", "world_size")
+LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision")  # unset (None, or precision auto): the recipe's
+
+
+def as_run(settings: dict) -> dict:
+    """A job's settings as it runs them: what was left to the recipe is the recipe's value (a batch
+    never given is 32), no training-row limit is 0, and the world is nodes x ranks (None until the
+    cluster's ranks are planned)."""
+    recipe = RECIPES.get(settings.get("recipe") or "ftc", RECIPES["ftc"])
+    run = {**settings, "max_train_samples": settings.get("max_train_samples") or 0}
+    for key in LEFT_TO_RECIPE:
+        if run.get(key) in (None, "auto"):
+            run[key] = recipe[key]
+    nodes, ranks = settings.get("nodes"), settings.get("ranks_per_node")
+    run["world_size"] = nodes * ranks if nodes and ranks else None
+    return run
 
 
 def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> None:
@@ -74,13 +92,9 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
     if record.get("status") == "finished":
         raise UsageError(f"{where}, which finished; a finished run is never written into: start a new job "
                          "without --resume")
-    def world(run: dict) -> int | None:  # unknown until the cluster's ranks are planned
-        return run["nodes"] * run["ranks_per_node"] if run.get("nodes") and run.get("ranks_per_node") else None
-    recorded, now = {**record, "world_size": world(record)}, {**settings, "world_size": world(settings)}
-    # None is "the recipe's own" (a batch never given): not told apart from the value it stands for
-    known = [key for key in SAME_JOB if record.get(key) is not None and settings.get(key) is not None] + \
-        (["world_size"] if recorded["world_size"] and now["world_size"] else [])
-    differs = [f"{key} {recorded[key]!r} -> {now[key]!r}" for key in known if recorded[key] != now[key]]
+    recorded, now = as_run(record), as_run(settings)
+    known = [key for key in SAME_JOB if key != "world_size" or (recorded[key] and now[key])]
+    differs = [f"{key} {recorded.get(key)!r} -> {now.get(key)!r}" for key in known if recorded.get(key) != now.get(key)]
     if differs:
         raise UsageError(f"{where}, another job than this one ({'; '.join(differs)}); --resume continues the "
                          "same job only: start a new job without --resume, or resume with its settings")

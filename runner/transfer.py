@@ -8,11 +8,10 @@ import os
 import shlex
 import shutil
 import stat
+import threading
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-
-import paramiko
 
 from provision import state as st
 from provision.errors import FtcError
@@ -23,11 +22,16 @@ from provision.ui import console
 from .jobspec import JobSpec
 from .node.protocol import CHECKPOINT_FILE
 
-# What a dropped ssh connection raises mid-copy: paramiko's "Server connection dropped" is an
-# SSHException, not an OSError.
-CONNECTION_LOST = (OSError, EOFError, paramiko.SSHException)
 # Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
 SPACE_MARGIN = 2**20
+
+
+def connection_lost() -> tuple[type[Exception], ...]:
+    """What a dropped ssh connection raises mid-copy: paramiko's "Server connection dropped" is an
+    SSHException, not an OSError. (A function: paramiko is imported only once a copy has begun, see
+    provision/ssh.py.)"""
+    import paramiko
+    return OSError, EOFError, paramiko.SSHException
 
 
 def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[JobSpec, dict[str, str]]:
@@ -58,32 +62,45 @@ def home_checkpoint(results_dir: str | Path) -> Path:
 
 
 def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
-    """The head node's last checkpoint, to home_checkpoint on the controller (atomically), and to
-    CHECKPOINT_S3 when given. None when there is none yet, or when the connection failed mid-copy:
-    that is said, and the job goes on (the next checkpoint, or the copy at the job's end, brings it)."""
+    """The head node's last checkpoint (while the job runs), to home_checkpoint on the controller
+    (atomically), and to CHECKPOINT_S3 when given. None when there is none yet, when the controller's
+    disk has no room for it (measured first: no copy starts that would fill it), or when the copy
+    failed mid-way: that is said in one line, and the job goes on (the next checkpoint, or the fetch
+    at the job's end, brings it)."""
     target = home_checkpoint(job.results_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
+    later = "the next checkpoint, or the fetch when the job ends, brings it"
     try:
         sftp = conn.sftp()
         sftp.get_channel().settimeout(follow_silence_s())  # a node that freezes mid-copy does not hang the follower
-        copied = _copy_if_newer(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target)
-    except CONNECTION_LOST as exc:
-        console.print(f"copying the checkpoint of job {job.id} home failed ({type(exc).__name__}: {exc}); "
-                      "the next checkpoint, or the copy when the job ends, brings it", style="yellow", markup=False)
+        try:
+            info = sftp.stat(f"{job.remote_dir}/{CHECKPOINT_FILE}")
+        except FileNotFoundError:
+            return None  # no epoch has ended yet
+        if not _is_home(target, info):  # else copied when its epoch ended
+            short = _no_room(info.st_size, target.parent)
+            if short:
+                console.print(f"the checkpoint of job {job.id} {short}: not copied, the job goes on; free some space: "
+                              f"{later}", style="yellow", markup=False)
+                return None
+            _copy_whole(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target, info)
+    except connection_lost() as exc:
+        console.print(f"copying the checkpoint of job {job.id} home failed ({_why(exc)}); {later}",
+                      style="yellow", markup=False)
         return None
-    if copied and job.checkpoint_s3:
-        _upload(copied, job)
-    return copied
-
-
-def _copy_if_newer(sftp, remote: str, target: Path) -> Path | None:
-    try:
-        info = sftp.stat(remote)
-    except FileNotFoundError:
-        return None  # no epoch has ended yet
-    if not _is_home(target, info):  # else copied when its epoch ended
-        _copy_whole(sftp, remote, target, info)
+    if job.checkpoint_s3:
+        _upload(target, job)
     return target
+
+
+def _no_room(size: int, directory: Path) -> str:
+    """Why `size` bytes (and SPACE_MARGIN) do not fit in `directory`, in words; '' when they do."""
+    needed, free = size + SPACE_MARGIN, shutil.disk_usage(directory).free
+    return f"needs {_mb(needed)} in {directory}, which has {_mb(free)} free" if needed > free else ""
+
+
+def _why(exc: Exception) -> str:
+    return "no space left" if getattr(exc, "errno", None) == errno.ENOSPC else f"{type(exc).__name__}: {exc}"
 
 
 def _is_home(target: Path, info) -> bool:
@@ -99,13 +116,24 @@ def _copy_whole(sftp, remote: str, target: Path, info) -> None:
     """`remote` to `target` through `<target>.partial`: a copy cut short (a full disk, a lost
     connection, an interrupt) leaves nothing behind that looks complete."""
     partial = target.with_name(target.name + ".partial")
+    before = set(threading.enumerate())
     try:
         sftp.get(remote, str(partial))
         os.utime(partial, (info.st_atime, info.st_mtime))
     except BaseException:
         partial.unlink(missing_ok=True)
+        _let_prefetch_end(before)
         raise
     partial.replace(target)
+
+
+def _let_prefetch_end(before: set[threading.Thread]) -> None:
+    """paramiko's get() sends its read requests from a thread of its own; a copy that failed (a full
+    disk) may leave it still sending, and closing the connection under it prints its traceback. It
+    ends by itself once its requests are sent: wait for that (a bounded wait, for a dead connection)."""
+    for thread in set(threading.enumerate()) - before:
+        if "_prefetch_thread" in thread.name:
+            thread.join(follow_silence_s())
 
 
 def _upload(checkpoint: Path, job: st.JobInfo) -> None:
@@ -116,10 +144,11 @@ def _upload(checkpoint: Path, job: st.JobInfo) -> None:
 
 
 def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
-    """Copy results.json, the model, output.log and every node's rank logs (not checkpoints) that are
-    not home yet. What is missing is measured, by the sizes the nodes report, against the free space
-    first: too little is refused before anything is copied. Each file arrives whole or not at all
-    (_copy_whole), so a fetch cut short is finished by `ftc fetch`, which copies only what is missing."""
+    """Copy results.json, the model, output.log, every node's rank logs and the last checkpoint (to
+    CHECKPOINT_S3 too, when given) that are not home yet. All that is missing is measured, by the
+    sizes the nodes report, against the free space first: too little is refused before anything is
+    copied. Each file arrives whole or not at all (_copy_whole), so a fetch cut short is finished by
+    `ftc fetch`, which copies only what is missing."""
     target = Path(job.results_dir)
     target.mkdir(parents=True, exist_ok=True)
     again = f"`ftc fetch --name {state.name}` copies what is missing"
@@ -129,22 +158,24 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
             sftp = connections.enter_context(connect(state, node)).sftp()
             for remote, info in _walk(sftp, job.remote_dir):
                 relative = remote[len(job.remote_dir) + 1:]
-                if relative.startswith("checkpoints/") or (node is not state.head and not relative.startswith("logs/")):
+                earlier_checkpoint = relative.startswith("checkpoints/") and relative != CHECKPOINT_FILE
+                if earlier_checkpoint or (node is not state.head and not relative.startswith("logs/")):
                     continue
                 if not _is_home(target / relative, info):
                     missing.append((node, sftp, remote, target / relative, info))
-        needed, free = sum(info.st_size for *_, info in missing) + SPACE_MARGIN, shutil.disk_usage(target).free
-        if needed > free:
-            raise FtcError(f"the results of job {job.id} need {_mb(needed)} in {target}, which has {_mb(free)} free: "
-                           f"nothing copied, the run is marked incomplete; free some space, then {again}")
+        short = _no_room(sum(info.st_size for *_, info in missing), target)
+        if short:
+            raise FtcError(f"the results of job {job.id} {short.replace('needs', 'need', 1)}: nothing copied, "
+                           f"the run is marked incomplete; free some space, then {again}")
         for node, sftp, remote, local, info in missing:
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
                 _copy_whole(sftp, remote, local, info)
-            except CONNECTION_LOST as exc:
-                why = "no space left" if getattr(exc, "errno", None) == errno.ENOSPC else f"{type(exc).__name__}: {exc}"
-                raise FtcError(f"copying {remote} from {node.name} to {local} failed ({why}); the run is marked "
+            except connection_lost() as exc:
+                raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
                                f"incomplete and no file is left half-copied: {again}") from None
+    if job.checkpoint_s3 and home_checkpoint(target).exists():
+        _upload(home_checkpoint(target), job)
     return target
 
 

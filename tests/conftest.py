@@ -21,6 +21,50 @@ REPO = Path(__file__).resolve().parent.parent
 GLUE = REPO.parent / "shared" / "data" / "glue"
 FTC = [sys.executable, "-m", "runner.cli"]
 
+# Seconds each long test took in one `pytest -n 2 --durations=0` on the 2 loaded cores (setup and
+# teardown included; a parametrized one: its longest case; ~: not measured there, guessed from a like
+# test). They run first, longest first, and `make test` hands the workers one test at a time
+# (--maxschedchunk 1): the long ones spread over both workers and the short ones fill in, so the
+# workers end together instead of one running a long test alone at the end. Only the order depends
+# on these numbers.
+LONGEST = {
+    "test_stock_stack_installs_into_a_fresh_venv": 566,
+    "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 475,
+    "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 410,
+    "test_finetune_follow_detach_reattach_and_results": 347,
+    "test_resume_after_a_killed_run_continues_from_the_checkpoint": 337,
+    "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 300,
+    "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 232,
+    "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 230,  # ~
+    "test_checkpoints_are_also_copied_to_s3": 148,
+    "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 122,
+    "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 110,  # ~
+    "test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing": 100,  # ~
+    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 100,  # ~
+    "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 90,  # ~
+    "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 83,
+    "test_one_shot_run_tears_down_after_itself": 73,
+    "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 70,  # ~
+    "test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_nothing_else": 70,  # ~
+    "test_down_stops_a_detached_job": 65,  # ~
+    "test_cancel_stops_a_detached_job": 65,  # ~
+    "test_bf16_checkpoint_trains_and_saves_fp32_weights": 62,
+    "test_a_crashed_rank_fails_the_job_fast_with_its_log": 59,
+    "test_ssh_runs_a_command_on_the_chosen_node": 43,
+    "test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_running": 41,
+    "test_clusters_side_by_side_do_not_interfere": 40,
+    "test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running": 40,
+    "test_failing_install_names_node_and_step_and_stays_resumable": 34,
+    "test_local_cluster_up_bootstrap_verify_down": 23,
+    "test_every_command_refuses_bad_input_with_one_line_and_changes_nothing": 21,
+}
+
+
+def pytest_collection_modifyitems(items):
+    """The LONGEST tests first, longest first; every other test keeps its place after them (a stable
+    sort). The same order on every xdist worker, as xdist requires."""
+    items.sort(key=lambda item: -LONGEST.get(item.originalname, 0))
+
 
 @pytest.fixture
 def ftc_home(tmp_path, monkeypatch) -> Path:
@@ -90,7 +134,7 @@ def nothing_left_running(request):
     directory = request.getfixturevalue("tmp_path")
     yield
     from provision import procs
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # wide: only a process that never goes waits it out
     while processes_under(directory) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = processes_under(directory)

@@ -13,6 +13,7 @@ from conftest import FTC, ftc
 from helpers import following, wait_for
 
 from provision import procs
+from provision import state as st
 
 
 def job_processes(home: Path) -> list[int]:
@@ -95,3 +96,25 @@ def test_a_follower_whose_node_freezes_says_so_and_exits_non_zero(ftc_home, mini
                 os.kill(pid, signal.SIGCONT)
         follower.kill()
         ftc("down", "--name", "jp", check=True)
+
+
+def test_reattaching_to_a_node_whose_sshd_is_frozen_gives_up_within_the_silence_limit(ftc_home):
+    """The head node's sshd is stopped before the follower connects (it accepts, then says nothing):
+    the follower gives up within about the silence limit, says so in one line, and exits non-zero."""
+    ftc("up", "--name", "frozen", "--nodes", "1", "--no-bootstrap", check=True)
+    state = st.load("frozen")
+    state.jobs.append(st.JobInfo(id="mrpc-1", task="mrpc", remote_dir=f"{state.head.workdir}/jobs/mrpc-1",
+                                 results_dir=str(ftc_home / "results")))  # recorded running
+    st.save(state)
+    os.kill(state.head.pid, signal.SIGSTOP)
+    try:
+        # a hang guard only: the sshd stays stopped for the whole command, which gives up after 10 s
+        follower = ftc("logs", "--name", "frozen", "-f", env={"FTC_FOLLOW_SILENCE_S": "10"}, timeout=300)
+        assert follower.returncode == 1, follower.stderr
+        err = follower.stderr.strip().splitlines()[-1]
+        assert "the node does not answer: no SSH within 10 s" in err, follower.stderr
+        assert "Reattach when it answers: `ftc logs --name frozen -f`" in err
+        assert "Traceback" not in follower.stderr
+    finally:
+        os.kill(state.head.pid, signal.SIGCONT)
+        ftc("down", "--name", "frozen", check=True)

@@ -2,10 +2,11 @@
 cannot hold (local cores or the instance type), flags a command would ignore."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import assert_nothing_left, ftc, sshd_pids
-from helpers import assert_refused, one_error, tiny_job
+from helpers import assert_refused, one_error, tiny_job, wait_for
 
 from provision import procs
 
@@ -52,3 +53,24 @@ def test_a_flag_the_command_would_ignore_is_not_offered(ftc_home, command, flag)
     proc = ftc(command, "--name", "ig", flag)
     assert_refused(proc, f"unrecognized arguments: {flag}", ftc_home)
 
+
+
+def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it(ftc_home, cluster,
+                                                                                            minilm, glue_dir):
+    started = ftc("finetune", "--name", cluster, "--detach", *tiny_job(minilm, glue_dir))
+    assert started.returncode == 0, started.stderr
+    job = json.loads((ftc_home / "clusters" / cluster / "state.json").read_text())["jobs"][-1]
+    ended = lambda: (Path(job["remote_dir"]) / "exit_code").exists() and not Path(f"/proc/{job['pid']}").exists()  # noqa: E731
+    wait_for(ended, "the detached job's launch script to write its exit code and end", timeout=900)
+
+    cancel = ftc("cancel", "--name", cluster)
+    assert cancel.returncode == 0, cancel.stderr
+    assert f"job {job['id']} already ended (exit code 0); `ftc fetch --name {cluster}` collects its results" \
+        in cancel.stderr
+    again = ftc("finetune", "--name", cluster, "--resume", "1", *tiny_job(minilm, glue_dir))
+    assert again.returncode == 2 and f"cluster {cluster!r}: job {job['id']} ended (exit code 0) but its results are " \
+        f"not home yet; `ftc fetch --name {cluster}` collects them, then start the next job" in again.stderr
+    fetched = ftc("fetch", "--name", cluster)
+    assert fetched.returncode == 0, fetched.stderr
+    record = json.loads((Path(job["results_dir"]) / "run.json").read_text())
+    assert record["status"] == "finished" and (Path(job["results_dir"]) / "results.json").exists()

@@ -107,8 +107,12 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
     runs.refuse_other_job(tmp_path, "c", {**same, "nodes": 2, "ranks_per_node": 1})  # the same job: resumable
     runs.refuse_other_job(tmp_path, "c", same)  # ranks not planned yet: the rest is checked
     runs.refuse_other_job(tmp_path, "c", {**same, "batch_size": None})  # not given: the recipe's own, not told apart
+    runs.refuse_other_job(tmp_path, "c", {**same, "epochs": 3, "precision": "auto", "lr": 2e-5})  # the recipe's, given
     for change, named in (({"task": "qqp"}, "task 'mrpc' -> 'qqp'"), ({"batch_size": 64}, "batch_size 32 -> 64"),
-                          ({"nodes": 4, "ranks_per_node": 1}, "world_size 2 -> 4")):
+                          ({"batch_size": 16}, "batch_size 32 -> 16"), ({"epochs": 5}, "epochs 3 -> 5"),
+                          ({"max_train_samples": 100}, "max_train_samples 0 -> 100"),
+                          ({"precision": "bf16"}, "precision 'auto' -> 'bf16'"), ({"dropout": 0.0}, "dropout None -> 0.0"),
+                          ({"lr": 1e-4}, "lr 2e-05 -> 0.0001"), ({"nodes": 4, "ranks_per_node": 1}, "world_size 2 -> 4")):
         try:
             runs.refuse_other_job(tmp_path, "c", {**same, **change})
         except UsageError as exc:

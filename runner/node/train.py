@@ -55,6 +55,7 @@ from .protocol import (
     progress_line,
     strict_json,
 )
+from .recipes import RECIPES
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -82,14 +83,6 @@ from .ddp import (  # noqa: E402
 )
 
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
-RECIPES = {
-    "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
-                grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="after-backward",
-                balance="even", gloo_threads="rank-cores"),
-    "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
-                 grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
-                 gloo_threads="inherit"),
-}
 # --compile auto compiles from this many planned steps on. Issue 13 measured, on 4 AMX cores,
 # 116 s to compile distilbert's training step and steps 21% faster (~17% shorter) after it: that
 # pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
