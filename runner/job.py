@@ -20,7 +20,7 @@ from provision.ui import answer, console
 from provision.values import writable_dir
 
 from . import runs
-from .jobspec import JobSpec, metadata_endpoint, train_args
+from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_model, train_args
 from .node.protocol import CHECKPOINT_FILE, EXIT_PREEMPTED, PREEMPTED_FILE, parse_checkpoint
 from .report import for_terminal, print_results, show_failure
 from .transfer import copy_checkpoint, data_files_on_nodes, fetch, home_checkpoint, send_data_files
@@ -58,6 +58,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if render_only:
         print(render_launch(spec), end="")
         return 0
+    refuse_unreachable_model(job, state.provider)
     settings = {**job_settings(job), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
                 "threads_per_rank": spec.plan.threads}
     if resume or resume_from:

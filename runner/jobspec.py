@@ -60,6 +60,9 @@ class JobSpec:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
+    """False offline, and where the user said so as transformers reads it (HF_HUB_OFFLINE=1)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return False
     try:
         socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
         return True
@@ -155,6 +158,19 @@ def resolve_model(raw: str | None) -> str:
     if not re.match(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", raw):
         raise UsageError(f"MODEL={raw!r} is neither a local directory nor a hub id like org/name")
     return raw
+
+
+def refuse_unreachable_model(job: JobSpec, provider: str) -> None:
+    """Where the nodes are this machine, a hub id must be in its Hugging Face cache or the hub in
+    reach: else every rank would fail loading it, after the cluster was made. Other nodes download
+    it themselves, from wherever they are."""
+    if not traits(provider).shares_this_machine or Path(job.model).is_dir():
+        return
+    from huggingface_hub import try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(job.model, "config.json"), str) or hub_reachable():
+        return
+    raise UsageError(f"MODEL={job.model!r} is not in this machine's Hugging Face cache and the hub is out of reach; "
+                     "give MODEL=/path/to/a/model/directory, or MODEL=auto for the packaged MiniLM")
 
 
 def resolve_data_dir(raw: str | None, task: str) -> str:

@@ -81,12 +81,12 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
             short = _no_room(info.st_size, target.parent)
             if short:
                 console.print(f"the checkpoint of job {job.id} {short}: not copied, the job goes on; free some space: "
-                              f"{later}", style="yellow", markup=False)
+                              f"{later}", style="yellow", markup=False, soft_wrap=True)
                 return None
             _copy_whole(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target, info)
     except connection_lost() as exc:
         console.print(f"copying the checkpoint of job {job.id} home failed ({_why(exc)}); {later}",
-                      style="yellow", markup=False)
+                      style="yellow", markup=False, soft_wrap=True)
         return None
     if job.checkpoint_s3:
         _upload(target, job)

@@ -175,3 +175,17 @@ def test_a_job_path_under_a_home_of_no_such_user_is_refused_by_name(ftc_home, mi
     assert proc.returncode == 2 and "'~no-such-user-of-ftc' names no home directory" in line, line
     assert not (ftc_home / "clusters" / "tilde").exists() and sshd_pids(ftc_home) == []
 
+
+
+@pytest.mark.parametrize("command", [["run", "--nodes", "1"], ["sweep", "--nodes", "1,2"]])
+def test_a_hub_model_this_machine_cannot_load_is_refused_before_any_node_starts(ftc_home, glue_dir, command, tmp_path):
+    """Offline (HF_HUB_OFFLINE=1, as transformers reads it), a hub id not in the local cache: local
+    nodes could not load it, so nothing is made."""
+    flags = ["--out", str(tmp_path / "sweep")] if command[0] == "sweep" else []
+    proc = ftc(*command, "--name", "nohub", *flags, "--task", "mrpc", "--model", "some-org/not-cached-anywhere",
+               "--data-dir", str(glue_dir), "--yes", "1", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: MODEL='some-org/not-cached-anywhere' is not in this machine's Hugging Face cache and the hub is out of "
+        "reach; give MODEL=/path/to/a/model/directory, or MODEL=auto for the packaged MiniLM")
+    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
