@@ -74,7 +74,7 @@ def expected_here(spec: ClusterSpec, job: JobSpec) -> str:
     seconds = local_train_seconds(rows * epochs, params or DISTILBERT_PARAMS, cores, cls)
     precision = "bf16" if cls == "bf16" else f"fp32: {cls}, no native bf16"
     return (f"expect about {duration(seconds)} of training here ({rows} rows x {epochs} epoch(s) on {cores} "
-            f"core(s), {precision}), after about a minute of set-up")
+            f"core(s), {precision}), after under a minute of set-up")
 
 
 def what_is_released(name: str, keep: bool) -> str:
