@@ -29,7 +29,8 @@ def test_an_up_killed_after_run_instances_shows_its_instances_and_every_command_
     assert shown.returncode == 0, shown.stderr
     for instance in instances:
         assert instance in shown.stdout
-    assert shown.stdout.count("running") >= 2 and "2 billed" in shown.stdout and "$0.00" not in shown.stdout, shown.stdout
+    # both are billed (the sum itself is $0.00 while they are seconds old: not asserted)
+    assert shown.stdout.count("running") >= 2 and "2 billed, about $" in shown.stdout, shown.stdout
     assert "`ftc down --name cut`" in shown.stderr, shown.stderr
     data = json.loads(ftc("status", "--name", "cut", "--json").stdout)
     assert sorted(i["id"] for i in data["launched_not_joined"]) == instances
