@@ -3,6 +3,7 @@ number and choice through provision.values; the model directory, the data files 
 on the controller), and the arguments train.py gets from it.
 """
 
+import functools
 import os
 import re
 import socket
@@ -59,6 +60,7 @@ class JobSpec:
     checkpoint_s3: str = ""
 
 
+@functools.cache  # one answer per command: MODEL, DATA_DIR and the model check each ask, and offline each costs a timeout
 def hub_reachable(timeout: float = 3.0) -> bool:
     """False offline, and where the user said so as transformers reads it (HF_HUB_OFFLINE=1)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
