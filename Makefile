@@ -34,7 +34,7 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
-.PHONY: setup test test-intel demo runs cluster bootstrap finetune run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
+.PHONY: setup test test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
   ec2-emulator
 
 setup: $(STAMP)
@@ -88,6 +88,21 @@ bootstrap: setup
 
 finetune: setup
 	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS) $(call flag,RESUME,resume)
+
+# Your own script on every rank (README: your own script). With no SCRIPT: the example Trainer script,
+# offline, on MRPC from ../shared, on the cluster NAME (default demo), made first (2 local nodes) if missing.
+EXAMPLE := examples/hf_trainer_glue.py
+GLUE_DIR ?= $(abspath ../shared/data/glue)
+EXAMPLE_ARGS := --train-file $(GLUE_DIR)/mrpc/train.tsv --validation-file $(GLUE_DIR)/mrpc/dev.tsv \
+  --max-train-samples 512 --max-eval-samples 200 --epochs 1
+launch: setup
+	@name=$(call given_or,NAME,demo); $(FTC) status --name "$$name" >/dev/null 2>&1 || { \
+	  echo "no cluster $$name: making one of 2 local nodes (\`make destroy NAME=$$name\` removes it)" >&2; \
+	  $(FTC) up --name "$$name" --nodes 2 --yes 1 >&2 || exit $$?; }; \
+	$(FTC) launch --name "$$name" $(call flag,WORKDIR,workdir) $(call flag,PPN,ppn) $(call flag,OUTPUT,output) \
+	  $(call flag,REQUIREMENTS,requirements) $(call flag,DETACH,detach) $(call flag,MAX_WORKDIR_MB,max-workdir-mb) \
+	  --script=$(call given_or,SCRIPT,$(EXAMPLE)) \
+	  --args=$(if $(filter undefined,$(origin ARGS)),$(if $(filter $(EXAMPLE),$(or $(value SCRIPT),$(EXAMPLE))),$(call quote,$(EXAMPLE_ARGS)),''),$(call quote,$(value ARGS)))
 
 run: setup
 	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,RESUME,resume)

@@ -66,6 +66,7 @@ class LaunchSpec:
     env_file: str = ""
     as_root: bool = False
     program: list[str] = field(default_factory=list)  # instead of the node program: this command (`hostname`)
+    env: dict[str, str] = field(default_factory=dict)  # more variables for every rank (`ftc launch --env`, FTC_RUN_ID)
 
 
 def render_launch(spec: LaunchSpec) -> str:
@@ -73,7 +74,8 @@ def render_launch(spec: LaunchSpec) -> str:
         raise ValueError(f"mpirun flavour {spec.mpi!r} is not supported; allowed: {', '.join(MPI_FLAVOURS)}")
     exported = list(EXPORTED) + (["LD_PRELOAD"] if spec.allocator else []) + \
         (["GLOO_SOCKET_IFNAME"] if spec.gloo_iface else []) + \
-        (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else [])
+        (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else []) + \
+        list(spec.env)
     command = spec.program or [spec.python, "-m", spec.module, *spec.args]
     return render("launch.sh.j2", description=spec.description, job_dir=spec.job_dir, hostfile=spec.hostfile,
                   nodes=spec.nodes, ppn=spec.plan.ppn, threads=spec.plan.threads,
@@ -81,7 +83,7 @@ def render_launch(spec: LaunchSpec) -> str:
                   args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
                   stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
-                  as_root=spec.as_root, exported=exported, command=command)
+                  as_root=spec.as_root, exported=exported, command=command, env=spec.env)
 
 
 def pick_allocator(facts: NodeFacts) -> str:
@@ -94,7 +96,8 @@ def pick_allocator(facts: NodeFacts) -> str:
 
 
 def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
-                   args: list[str], ppn: int | None = None, program: list[str] | None = None) -> LaunchSpec:
+                   args: list[str], ppn: int | None = None, program: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> LaunchSpec:
     """The launch of a node program across this cluster, from its state and node facts."""
     head, wd = facts[0], state.head.workdir
     stack = state.cluster_spec.stack
@@ -103,4 +106,4 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
         plan=plan_ranks(facts, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
         gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
-        as_root=state.head.ssh_user == "root", program=program or [])
+        as_root=state.head.ssh_user == "root", program=program or [], env=env or {})

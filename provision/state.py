@@ -50,6 +50,8 @@ class JobInfo:
     started_at: float = 0.0
     pids_by_node: dict[str, list[int]] = field(default_factory=dict)
     checkpoint_s3: str = ""  # s3://bucket/prefix that each checkpoint is also copied to
+    kind: str = "finetune"  # finetune (ftc's trainer) | script (`ftc launch`: your own program)
+    output: str = ""  # script: rank 0's output folder, relative to the workdir (fetched into output/)
 
 
 @dataclass

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _job_flags(p, resume_help="continue the cluster's last job from its last checkpoint", detach=True)
     p.add_argument("--render-only", action="store_true", help="print the launch script and stop")
 
+    _launch_parser(sub)
+
     p = sub.add_parser("run", help="up, bootstrap, finetune, fetch, down: one shot")
     _spec_flags(p)
     _job_flags(p, resume_help="continue from the last checkpoint this controller holds of the task (or in RESULTS)")
@@ -136,6 +138,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
     return parser
+
+
+def _launch_parser(sub) -> None:
+    p = sub.add_parser("launch", help="run your own training script on every rank: ftc launch -- train.py [ARGS...]")
+    _name_flag(p)
+    p.add_argument("--workdir", default=None, help="the folder copied to every node (default: the script's own)")
+    p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
+    p.add_argument("--output", default=None,
+                   help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
+    p.add_argument("--requirements", default=None, help="a requirements file installed into the stack on every node")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="a variable for every rank (repeatable)")
+    p.add_argument("--max-workdir-mb", default=None, help="refuse a bigger workdir, in MB (default 200)")
+    p.add_argument("--detach", nargs="?", const="1", default=None, metavar="1|0",
+                   help="start the job and return; follow later with `ftc logs`")
+    p.add_argument("--render-only", action="store_true", help="print the launch script and stop")
+    p.add_argument("--script", default=None, help=argparse.SUPPRESS)  # make launch SCRIPT=...
+    p.add_argument("--args", default=None, help=argparse.SUPPRESS)  # make launch ARGS='...', split as a shell would
+    p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]",
+                   help="your script, a path inside the workdir, and its arguments")
 
 
 def _plan_parser(sub) -> None:
@@ -333,6 +354,25 @@ def cmd_finetune(args: argparse.Namespace) -> int:
                         resume=resume, detach=args.detach)
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    import shlex
+
+    from runner import script_job
+    words = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if args.script is not None:  # from make: SCRIPT and ARGS
+        try:
+            words = [args.script, *shlex.split(args.args or "")]
+        except ValueError as exc:
+            raise UsageError(f"ARGS={args.args!r} cannot be split into words ({exc}); close its quotes") from None
+    if words[:1] and words[0].startswith("-"):
+        raise UsageError(f"SCRIPT={words[0]!r} looks like an option; put ftc's options before `--` and the script "
+                         "after it: `ftc launch --name X -- train.py --epochs 1`")
+    job = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
+                              ppn=args.ppn, requirements=args.requirements, env=args.env,
+                              max_workdir_mb=args.max_workdir_mb)
+    return script_job.launch(_cluster_name(args), job, detach=_switch(args, "detach"), render_only=args.render_only)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import jobspec, oneshot
     spec = _spec_from(args)
@@ -523,9 +563,10 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 # The commands that write under FTC_HOME (state, locks, keys, results): an FTC_HOME they cannot write
 # is refused before they start, in one line, rather than met half-way through.
-WRITE_FTC_HOME = {"up", "down", "bootstrap", "finetune", "run", "sweep", "cancel", "fetch", "inventory"}
+WRITE_FTC_HOME = {"up", "down", "bootstrap", "finetune", "launch", "run", "sweep", "cancel", "fetch", "inventory"}
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": cmd_bootstrap, "ssh": cmd_ssh,
-            "finetune": cmd_finetune, "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
+            "finetune": cmd_finetune, "launch": cmd_launch,
+            "run": cmd_run, "logs": cmd_logs, "cancel": cmd_cancel, "fetch": cmd_fetch,
             "extend": cmd_extend, "inventory": cmd_inventory, "plan": cmd_plan,
             "sweep": cmd_sweep, "runs": cmd_runs}
 

@@ -8,7 +8,10 @@ The job runs detached on the head node (setsid + nohup), so it outlives the cont
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from rich.markup import escape
 
 from provision import procs
 from provision import state as st
@@ -21,9 +24,20 @@ from provision.values import writable_dir
 
 from . import runs
 from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_model, train_args
-from .node.protocol import CHECKPOINT_FILE, EXIT_PREEMPTED, PREEMPTED_FILE, parse_checkpoint
+from .node.protocol import (
+    CHECKPOINT_FILE,
+    EXIT_PREEMPTED,
+    PREEMPTED_FILE,
+    RankExit,
+    first_failure,
+    parse_checkpoint,
+    read_rank_exits,
+)
 from .report import for_terminal, print_results, show_failure
+from .script_job import output_bytes
 from .transfer import copy_checkpoint, data_files_on_nodes, fetch, home_checkpoint, send_data_files
+
+TAIL_LINES = 15  # of a failed script rank's log, shown when the job ends
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
@@ -65,7 +79,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)
     record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                                          checkpoint_s3=job.checkpoint_s3), resume_from, data_copies)
+                                          checkpoint_s3=job.checkpoint_s3), resume_from,
+                   lambda locked: send_data_files(locked, data_copies))
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
@@ -106,14 +121,14 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
 
 
 def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None,
-          data_copies: dict[str, str]) -> st.JobInfo:
-    """Put the data files on every node, the launch script (and a checkpoint to resume from) on the
-    head node and start it detached, under the cluster's lock and only if no other job runs; record
-    it in the state."""
-    with st.locked(name, "finetune"):
+          prepare: Callable[[st.ClusterState], None]) -> st.JobInfo:
+    """`prepare` the nodes (data files, a script's workdir), put the launch script (and a checkpoint to
+    resume from) on the head node and start it detached, under the cluster's lock and only if no other
+    job runs; record it in the state."""
+    with st.locked(name, "launch" if record.kind == "script" else "finetune"):
         state = st.load(name)
         refuse_if_busy(state, ended_job_code(state))
-        send_data_files(state, data_copies)
+        prepare(state)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         with connect(state, state.head) as conn:
             run(conn, state.head, "launch", f"mkdir -p {in_dir}/logs {in_dir}/checkpoints")
@@ -220,6 +235,12 @@ def finish(name: str) -> int:
             st.save(state)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
         results = fetch(state, job)
+        if job.kind == "script":
+            failed = first_failure(read_rank_exits(results / "logs"))
+            code = failed.code if failed and code != 0 else code
+            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results))
+            where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
+            return script_outcome(results, code, failed, where)
         runs.record_end(results, job.state)
     if code == EXIT_PREEMPTED:
         console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
@@ -231,6 +252,30 @@ def finish(name: str) -> int:
     print_results(results)
     console.print(f"its report and plot: `ftc runs show {job.id}`; every run: `ftc runs`", markup=False)
     return 0
+
+
+def ranks_per_node(results: Path) -> int:
+    record, _ = runs.read_run_file(results, runs.RECORD)
+    return record.get("ranks_per_node") or 1
+
+
+def script_outcome(results: Path, code: int, failed: RankExit | None, node: str) -> int:
+    """A script's end: where its output is, or which rank failed first, on which node, with the last
+    lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
+    if code == 0:
+        console.print(f"job finished; rank 0's output: {results / 'output'}; its log: {results / 'logs' / 'rank0.log'}; "
+                      "every run: `ftc runs`", markup=False, soft_wrap=True)
+        return 0
+    if failed is None:
+        console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "
+                      f"{results / 'output.log'}", soft_wrap=True)
+        return code if 0 < code < 256 else 1
+    log = results / "logs" / f"rank{failed.rank}.log"
+    tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
+    console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
+                  f"the last lines of its log ({log}):", soft_wrap=True)
+    console.print("\n".join(tail), markup=False, soft_wrap=True)
+    return failed.code if 0 < failed.code < 256 else 1
 
 
 def logs(name: str, follow_output: bool = False) -> int:

@@ -224,11 +224,14 @@ def run_row(run: dict) -> list[str]:
     rate = f"{run['samples_per_second']:.1f}" if run["samples_per_second"] else "-"
     wall = duration(run["wall_seconds"]) if run["wall_seconds"] is not None else "-"
     cost = "-" if run["cost_usd"] is None else f"${run['cost_usd']:.2f}"
+    what = (run["command"] or "") if run["kind"] == "script" else model_label(run["model"])
+    status = f"{run['status']} ({run['exit_code']})" if run["kind"] == "script" and run["exit_code"] else run["status"]
     return [run["id"] + ("" if in_default_place(run) else "*"), run["cluster"], run["provider"], run["task"],
-            model_label(run["model"]), layout, run["precision"] or "-", str(run["epochs"] or "-"),
-            dev_label(run["metrics"]), rate, wall, cost, run["status"]]
+            what[:40], layout, run["precision"] or "-", str(run["epochs"] or "-"),
+            dev_label(run["metrics"]), rate, wall, cost, status]
 
 
+SCRIPT_TAIL = 20  # lines of a script's rank 0 log that `ftc runs show` prints
 RUN_COLUMNS = ("id", "cluster", "provider", "task", "model", "nodes", "precision", "epochs", "dev",
                "samples/s", "wall", "cost", "status")
 SHORT = {"precision": "prec", "epochs": "ep", "samples/s": "smp/s"}  # the list's headers: 13 columns in 120
@@ -238,6 +241,11 @@ DROP_ORDER = ("provider", "cost", "precision", "task", "epochs", "samples/s", "c
 def summary_rows(run: dict) -> list[tuple[str, str]]:
     """One run's row of the list as key and value, with the full model path and where its results are."""
     names = [dev_header([run]) if column == "dev" else column for column in RUN_COLUMNS[1:]]
+    if run["kind"] == "script":
+        size = "-" if run["output_bytes"] is None else f"{run['output_bytes'] / 2**20:.1f} MB"
+        return list(zip(names, run_row(run)[1:])) + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
+                                                     ("output", f"{run['results_dir']}/output ({size})"),
+                                                     ("results", run["results_dir"])]
     return list(zip(names, run_row(run)[1:])) + [("model path", run["model"]), ("results", run["results_dir"])]
 
 
@@ -310,6 +318,10 @@ def show(run: dict) -> tuple[Path, Path]:
     results = Path(run["results_dir"])
     epochs, steps = epoch_rows(results)
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
+    if run["kind"] == "script":  # your script's own output: the tail of rank 0's log
+        log = results / "logs" / "rank0.log"
+        tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else ["(no log of rank 0 home)"]
+        answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(tail), markup=False, soft_wrap=True)
     if epochs:
         keys = epoch_columns(epochs)
         from rich.table import Table

@@ -30,7 +30,8 @@ ELSEWHERE = "elsewhere"  # one absolute results directory per line, for RESULTS 
 FIELD_KINDS = {
     RECORD: {"id": str, "cluster": str, "provider": str, "instance_type": str, "task": str, "model": str,
              "precision": str, "status": str, "results_dir": str, "nodes": int, "ranks_per_node": int,
-             "epochs": int | None, "started_at": float, "ended_at": float | None},
+             "epochs": int | None, "started_at": float, "ended_at": float | None, "kind": str, "command": str,
+             "exit_code": int | None, "output_bytes": int | None},
     RESULTS_FILE: TrainResults.kinds(("task", "model", "precision", "finished_at", "nodes", "ranks_per_node", "epochs",
                                       "samples_per_second", "epoch_metrics")),
 }
@@ -123,11 +124,12 @@ def record_start(state: st.ClusterState, job: st.JobInfo, settings: dict) -> Non
             fh.write(os.fsencode(results) + b"\n")
 
 
-def record_end(results_dir: str | Path, status: str) -> None:
-    """The job's outcome, as the controller saw it (finished, failed, cancelled, preempted)."""
+def record_end(results_dir: str | Path, status: str, **outcome) -> None:
+    """The job's outcome, as the controller saw it (finished, failed, cancelled, preempted); a script's
+    `outcome` adds its exit code and the size of its output."""
     record, _ = read_run_file(Path(results_dir), RECORD)
     if record:
-        record.update(status=status, ended_at=time.time())
+        record.update(status=status, ended_at=time.time(), **outcome)
         _write_json(Path(results_dir) / RECORD, record)
 
 
@@ -179,7 +181,9 @@ def summary(results: Path) -> dict:
             "cost_usd": None if problem else cost(record.get("provider", ""), record.get("instance_type", ""),
                                                   nodes, wall),
             "status": "finished" if done and status in ("lost", "unknown") else status, "problem": problem,
-            "started_at": started, "results_dir": str(results)}
+            "started_at": started, "results_dir": str(results), "kind": record.get("kind", "finetune"),
+            "command": record.get("command"), "exit_code": record.get("exit_code"),
+            "output_bytes": record.get("output_bytes")}
 
 
 def read_run_file(results: Path, name: str) -> tuple[dict, str]:

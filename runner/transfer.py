@@ -20,7 +20,7 @@ from provision.ssh import connect, follow_silence_s, run
 from provision.ui import console
 
 from .jobspec import JobSpec
-from .node.protocol import CHECKPOINT_FILE
+from .node.protocol import CHECKPOINT_FILE, SCRIPT_OUTPUT_HOME, SCRIPT_WORKDIR
 
 # Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
 SPACE_MARGIN = 2**20
@@ -143,12 +143,39 @@ def _upload(checkpoint: Path, job: st.JobInfo) -> None:
     boto3.session.Session().client("s3").upload_file(str(checkpoint), bucket, key)
 
 
+def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
+    """Where a file of the job's directory lands under its results directory; None: it stays on the
+    node. Every node's rank logs come home. From the head node: a fine-tuning job's files (but no
+    checkpoint older than the last); a script's output.log and rank 0's output folder (as output/),
+    not the rest of the workdir's copy. Pure."""
+    if relative.startswith("logs/"):
+        return relative
+    if not on_head:
+        return None
+    if job.kind == "script":
+        output = f"{SCRIPT_WORKDIR}/{job.output}/"
+        if relative.startswith(output):
+            return f"{SCRIPT_OUTPUT_HOME}/{relative[len(output):]}"
+        return relative if "/" not in relative else None
+    return None if relative.startswith("checkpoints/") and relative != CHECKPOINT_FILE else relative
+
+
+def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
+    """Whether a folder of the job's directory may hold a file that comes home (a script's workdir copy
+    is walked only down to its output folder). Pure."""
+    if job.kind != "script" or relative_dir == "logs":
+        return True
+    output = f"{SCRIPT_WORKDIR}/{job.output}"
+    return output.startswith(relative_dir + "/") or (relative_dir + "/").startswith(output + "/")
+
+
 def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
-    """Copy results.json, the model, output.log, every node's rank logs and the last checkpoint (to
-    CHECKPOINT_S3 too, when given) that are not home yet. All that is missing is measured, by the
-    sizes the nodes report, against the free space first: too little is refused before anything is
-    copied. Each file arrives whole or not at all (_copy_whole), so a fetch cut short is finished by
-    `ftc fetch`, which copies only what is missing."""
+    """Copy what comes home of the job (home_path) that is not home yet: for a fine-tuning job
+    results.json, the model, output.log, every node's rank logs and the last checkpoint (to
+    CHECKPOINT_S3 too, when given); for a script, rank 0's output folder and the logs. All that is
+    missing is measured, by the sizes the nodes report, against the free space first: too little is
+    refused before anything is copied. Each file arrives whole or not at all (_copy_whole), so a fetch
+    cut short is finished by `ftc fetch`, which copies only what is missing."""
     target = Path(job.results_dir)
     target.mkdir(parents=True, exist_ok=True)
     again = f"`ftc fetch --name {state.name}` copies what is missing"
@@ -156,13 +183,10 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
         missing = []
         for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
             sftp = connections.enter_context(connect(state, node)).sftp()
-            for remote, info in _walk(sftp, job.remote_dir):
-                relative = remote[len(job.remote_dir) + 1:]
-                earlier_checkpoint = relative.startswith("checkpoints/") and relative != CHECKPOINT_FILE
-                if earlier_checkpoint or (node is not state.head and not relative.startswith("logs/")):
-                    continue
-                if not _is_home(target / relative, info):
-                    missing.append((node, sftp, remote, target / relative, info))
+            for remote, info in _walk(sftp, job.remote_dir, lambda d: worth_walking(job, d[len(job.remote_dir) + 1:])):
+                home = home_path(job, remote[len(job.remote_dir) + 1:], node is state.head)
+                if home and not _is_home(target / home, info):
+                    missing.append((node, sftp, remote, target / home, info))
         short = _no_room(sum(info.st_size for *_, info in missing), target)
         if short:
             raise FtcError(f"the results of job {job.id} {short.replace('needs', 'need', 1)}: nothing copied, "
@@ -183,8 +207,9 @@ def _mb(size: int) -> str:
     return f"{size / 2**20:.1f} MB"
 
 
-def _walk(sftp, directory: str):
-    """Every file under `directory` on the node, with its attributes (size, mtime)."""
+def _walk(sftp, directory: str, worth=lambda _directory: True):
+    """Every file under `directory` on the node, with its attributes (size, mtime), in the folders
+    `worth` accepts."""
     try:
         entries = sftp.listdir_attr(directory)
     except OSError:
@@ -192,6 +217,7 @@ def _walk(sftp, directory: str):
     for entry in entries:
         path = f"{directory}/{entry.filename}"
         if stat.S_ISDIR(entry.st_mode):
-            yield from _walk(sftp, path)
+            if worth(path):
+                yield from _walk(sftp, path, worth)
         else:
             yield path, entry

@@ -163,3 +163,51 @@ def toy_csv(path: Path, rows: int, offset: int = 0) -> Path:
             words, label = (GOOD, "pos") if i % 3 == 0 else (BAD, "neg")
             writer.writerow([f"it was {words[(i + offset) % len(words)]}", label])
     return path
+
+
+# ---- your own script (`ftc launch`) ----------------------------------------------------------------
+
+# A torchrun-style script: joins gloo from the environment, sums the ranks, reports what it saw, and
+# ends WITHOUT leaving the process group (ftc's rank wrapper does that). `--fail-rank R --code C`
+# makes rank R exit C after the all_reduce; `--hold` waits for the file `release` in the job's
+# directory before ending (a job held at a known point).
+GLOO_SCRIPT = '''
+import argparse, json, os, socket, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--fail-rank", type=int, default=-1)
+p.add_argument("--code", type=int, default=0)
+p.add_argument("--hold", action="store_true")
+p.add_argument("words", nargs="*")
+args = p.parse_args()
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+out = Path(os.environ["FTC_OUTPUT_DIR"])
+seen = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                        "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_RUN_ID", "MY_SETTING")}
+seen.update(cpus=sorted(os.sched_getaffinity(0)), sum=total.item(), words=args.words, cwd=os.getcwd(),
+            path0=sys.path[0], world=dist.get_world_size())
+(out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen))
+print("rank", dist.get_rank(), "summed", total.item(), flush=True)
+if args.hold:
+    print("holding", flush=True)
+    (Path(os.environ["FTC_OUTPUT_DIR"]).parent / "held").touch()
+    while not (Path(os.environ["FTC_OUTPUT_DIR"]).parent / "release").exists():
+        time.sleep(0.2)
+if dist.get_rank() == args.fail_rank:
+    print(f"rank {args.fail_rank} gives up with {args.code}", flush=True)
+    sys.exit(args.code)
+'''
+
+
+def gloo_script(workdir: Path, name: str = "gloo_job.py") -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = workdir / name
+    script.write_text(GLOO_SCRIPT)
+    return script
+
+
+def last_job(home: Path, name: str) -> dict:
+    return state_of(home, name)["jobs"][-1]

@@ -297,3 +297,47 @@ class TrainResults:
         """The declared types of these fields: what a reader checks a file it did not write against."""
         declared = {f.name: f.type for f in fields(cls)}
         return {name: declared[name] for name in names}
+
+
+# ---- your own script's ranks (`ftc launch`, script_rank.py) -----------------------------------------
+
+SCRIPT_WORKDIR = "workdir"  # in the job's directory: the node's copy of your workdir, where each rank runs
+SCRIPT_OUTPUT_HOME = "output"  # in the results directory: rank 0's output folder, fetched
+PREEMPTED_NOTE = "preempted.env"  # in the job's directory: `FTC_PREEMPTED=1` once a spot notice came
+
+
+@dataclass
+class RankExit:
+    """How one rank of a script job ended: logs/rank<r>.exit.json on its node, fetched home with the logs."""
+    rank: int
+    node: str  # the hostname of the node it ran on
+    code: int  # the script's exit code; 128 + N when signal N killed it
+    ended_at: float  # time.time() on its node: the earliest failure is the one that ended the job
+
+
+def rank_exit_path(rank: int) -> str:
+    return f"logs/rank{rank}.exit.json"
+
+
+def write_rank_exit(job_dir: Path, exit: RankExit) -> None:
+    (job_dir / rank_exit_path(exit.rank)).write_text(strict_json(asdict(exit)))
+
+
+def first_failure(exits: list[RankExit]) -> RankExit | None:
+    """The rank whose failure ended the job: of those that exited non-zero, the first to end (the
+    others were stopped by mpirun after it). None when every rank that reported exited 0."""
+    failed = [e for e in exits if e.code != 0]
+    return min(failed, key=lambda e: (e.ended_at, e.rank)) if failed else None
+
+
+def read_rank_exits(logs: Path) -> list[RankExit]:
+    """Every rank's exit record under a fetched job's logs/ (a record that does not parse is skipped:
+    the rank was killed while writing it)."""
+    found = []
+    for path in sorted(logs.glob("rank*.exit.json")):
+        try:
+            data = json.loads(path.read_text())
+            found.append(RankExit(int(data["rank"]), str(data["node"]), int(data["code"]), float(data["ended_at"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found

@@ -1,0 +1,87 @@
+"""Your script, run as `python SCRIPT ARGS` would run it, then the process group left cleanly.
+
+script_rank.py starts this file by its path (not as part of ftc's package, so nothing of ftc's sits
+on the script's import path: sys.path[0] is the script's own folder, as with `python SCRIPT`). After
+the script returns, a process group it joined and did not leave is left here, barrier first: without
+that, gloo's threads meet the interpreter's exit and the rank dies with `terminate called without an
+active exception` (SIGABRT), failing a job whose training succeeded. A script that fails exits with
+its own code, without that exit-time abort replacing it.
+
+While the script runs, torch.distributed.init_process_group starts gloo's threads on all of the
+rank's cores: the launch binds each OpenMP thread, the main one included, to a single core, and a
+thread inherits its starter's binding (distenv.threads_started_on).
+"""
+
+import functools
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+
+def _distenv():
+    """runner/node/distenv.py, loaded by path under a private name (ftc's `runner` stays unimported)."""
+    spec = importlib.util.spec_from_file_location("_ftc_distenv", Path(__file__).with_name("distenv.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _gloo_threads_on(cores: list[int], distenv) -> None:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # a script without torch: nothing to tune
+        return
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        with distenv.threads_started_on(cores):
+            return original(*args, **kwargs)
+    dist.init_process_group = init_process_group
+
+
+def _leave_if_joined(distenv) -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        distenv.leave_process_group()
+
+
+def _exit_now(code: int) -> None:
+    """Exit with `code` at once: the streams flushed, no exit-time teardown left to abort the process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _from_the_script(tb, script: str):
+    """The traceback from the script's first frame on: this file's and runpy's frames are not yours."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return tb
+
+
+def main() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    script = str(Path(sys.argv[1]).absolute())
+    sys.argv = [sys.argv[1], *sys.argv[2:]]
+    sys.path[0] = str(Path(script).parent)
+    distenv = _distenv()
+    _gloo_threads_on(cores, distenv)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            if not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+            _exit_now(exc.code if isinstance(exc.code, int) else 1)
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure: its traceback, as python prints it
+        traceback.print_exception(type(exc), exc, _from_the_script(exc.__traceback__, script))
+        _exit_now(1)
+    _leave_if_joined(distenv)
+
+
+if __name__ == "__main__":
+    main()

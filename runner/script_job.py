@@ -1,0 +1,298 @@
+"""Your own training script on the cluster (`ftc launch`): checked, its workdir copied to every node,
+its requirements installed once, then run on every rank as ftc's own jobs run (runner/job.py starts,
+follows, cancels and fetches it).
+
+Every rank runs `python SCRIPT ARGS` from its node's copy of the workdir, through
+runner/node/script_rank.py: torchrun's environment, its own cores, the launch's threads, allocator and
+gloo interface (provision/launch.py, the one launch builder), FTC_OUTPUT_DIR and FTC_RUN_ID.
+"""
+
+import hashlib
+import re
+import shlex
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from provision import state as st
+from provision.bootstrap import load_facts
+from provision.errors import FtcError, UsageError
+from provision.launch import cluster_launch, render_launch
+from provision.providers import traits
+from provision.ssh import connect, run
+from provision.ui import console
+from provision.values import control_character, local_path, whole
+
+from . import runs
+from .node.protocol import SCRIPT_WORKDIR
+
+ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
+MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
+RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
+                "FTC_WORLD_SIZE", "FTC_SELF_PIN", "PYTHONPATH", "LD_PRELOAD")
+
+
+@dataclass
+class ScriptJob:
+    """What `ftc launch` was given, checked on the controller."""
+    workdir: Path  # absolute; copied to every node
+    script: str  # POSIX path inside the workdir
+    args: list[str] = field(default_factory=list)  # passed to the script as given, never through a shell
+    output: str = "output"  # rank 0's output folder, relative to the workdir: fetched home
+    ppn: int = 0  # ranks per node; 0: the node facts' default, as for ftc's own jobs
+    requirements: Path | None = None  # installed into the stack's venv on every node, once per content
+    env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
+    max_workdir_mb: int = MAX_WORKDIR_MB
+
+    @property
+    def command(self) -> str:
+        """The command as a user would type it (shown by `ftc runs`)."""
+        return shlex.join(["python", self.script, *self.args])
+
+
+# ---- checks: pure but for reading the files named ------------------------------------------------------
+
+def _no_control(key: str, value: str) -> str:
+    if control_character(value):
+        raise UsageError(f"{key}={value!r} holds a control character (a newline, a tab, ...); give one without")
+    return value
+
+
+def validate(script: str, args: list[str], workdir: str | None = None, output: str | None = None,
+             ppn: str | None = None, requirements: str | None = None, env: list[str] | None = None,
+             max_workdir_mb: str | None = None) -> ScriptJob:
+    """Every setting of `ftc launch` checked before anything starts; one UsageError naming the value."""
+    if not script:
+        raise UsageError("SCRIPT is missing; give the training script: `ftc launch -- train.py [ARGS...]`")
+    for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("OUTPUT", output or ""),
+                       ("REQUIREMENTS", requirements or ""), *(("ARGS", a) for a in args)):
+        _no_control(key, value)
+    script_path = Path(local_path("script", script))
+    root = Path(local_path("workdir", workdir)) if workdir else script_path.parent
+    if not root.is_dir():
+        raise UsageError(f"WORKDIR={workdir!r} is not a directory; give the folder your script runs from")
+    if not script_path.is_file():
+        raise UsageError(f"SCRIPT={script!r} is not a file ({script_path}); give your training script's path")
+    try:
+        inside = script_path.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise UsageError(f"SCRIPT={script!r} is outside WORKDIR={str(root)!r}: only the workdir is copied to the nodes; "
+                         "give a script inside it, or a WORKDIR that holds it") from None
+    job = ScriptJob(workdir=root, script=inside.as_posix(), args=list(args),
+                    output=_relative_inside("OUTPUT", output or "output"),
+                    ppn=whole(1, 512)("ppn", ppn) if ppn else 0,
+                    env=_env_pairs(env or []),
+                    max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb
+                    else MAX_WORKDIR_MB)
+    if requirements:
+        path = Path(local_path("requirements", requirements))
+        if path.is_dir():
+            raise UsageError(f"REQUIREMENTS={requirements!r} is a directory; give a requirements file")
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"REQUIREMENTS={requirements!r} cannot be read ({exc.strerror or exc}); give a "
+                             "requirements file pip can read") from None
+        job.requirements = path
+    return job
+
+
+def _relative_inside(key: str, raw: str) -> str:
+    """A folder inside the workdir, as a normalised POSIX path ('a/b'); '..', absolute paths and the
+    workdir itself are refused. Pure."""
+    path = PurePosixPath(raw)
+    parts = [p for p in path.parts if p != "."]
+    if path.is_absolute() or ".." in parts or not parts:
+        raise UsageError(f"{key}={raw!r} is not a folder inside the workdir; allowed: a relative path such as "
+                         "'output' (no '..', not absolute, not the workdir itself)")
+    return "/".join(parts)
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME.match(key):
+            raise UsageError(f"ENV={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. --env HF_HOME=/data")
+        if key in RESERVED_ENV:
+            raise UsageError(f"ENV={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
+        _no_control("ENV", value)
+        env[key] = value
+    return env
+
+
+def refuse_ppn_over_cores(job: ScriptJob, facts) -> None:
+    smallest = min(facts, key=lambda f: f.physical_cores)
+    if job.ppn > smallest.physical_cores:
+        raise UsageError(f"PPN={job.ppn}: {job.ppn} ranks per node but node {smallest.hostname} has only "
+                         f"{smallest.physical_cores} physical cores; allowed: 1..{smallest.physical_cores}")
+
+
+# ---- the workdir: what is copied -----------------------------------------------------------------------
+
+def workdir_files(root: Path) -> list[Path]:
+    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT and what a .gitignore (at
+    any level) ignores, as git reads it."""
+    import pathspec
+
+    found: list[Path] = []
+
+    def walk(folder: Path, rules: list[tuple[Path, "pathspec.PathSpec"]]) -> None:
+        ignore = folder / ".gitignore"
+        if ignore.is_file():
+            rules = [*rules, (folder, pathspec.PathSpec.from_lines("gitwildmatch",
+                                                                   ignore.read_text(errors="replace").splitlines()))]
+        for entry in sorted(folder.iterdir()):
+            if entry.name in ALWAYS_LEFT_OUT:
+                continue
+            is_dir = entry.is_dir()
+            if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
+                continue
+            if is_dir:
+                walk(entry, rules)
+            elif entry.is_file():
+                found.append(entry)
+    walk(root, [])
+    return found
+
+
+def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
+    """The bytes to copy; over the limit, refused naming the largest entries of the workdir."""
+    sizes: dict[str, int] = {}
+    for path in files:
+        top = path.relative_to(root).parts[0] + ("/" if len(path.relative_to(root).parts) > 1 else "")
+        sizes[top] = sizes.get(top, 0) + path.stat().st_size
+    total = sum(sizes.values())
+    if total > limit_mb * 2**20:
+        largest = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in
+                            sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+        raise UsageError(f"WORKDIR={str(root)!r} holds {total / 2**20:.1f} MB to copy to every node, over the "
+                         f"{limit_mb} MB limit (largest: {largest}); list what the nodes do not need in its "
+                         f".gitignore, or raise MAX_WORKDIR_MB")
+    return total
+
+
+def pack(root: Path, files: list[Path], into: Path) -> None:
+    """A gzipped tar of the files, paths relative to the workdir."""
+    with tarfile.open(into, "w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+
+
+# ---- on the nodes --------------------------------------------------------------------------------------
+
+def send_workdir(state: st.ClusterState, tarball: Path, remote_dir: str, requirements: Path | None) -> None:
+    """The workdir's copy into <job>/workdir on every node (local nodes share this machine: the head's
+    copy serves them all), and the requirements file beside it."""
+    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
+    in_dir = shlex.quote(remote_dir)
+    for node in nodes:
+        with connect(state, node) as conn:
+            run(conn, node, "send workdir", f"mkdir -p {in_dir}/{SCRIPT_WORKDIR} {in_dir}/logs")
+            conn.put(str(tarball), f"{remote_dir}/workdir.tar.gz")
+            if requirements:
+                conn.put(str(requirements), f"{remote_dir}/requirements.txt")
+            run(conn, node, "send workdir", f"tar -xzf {in_dir}/workdir.tar.gz -C {in_dir}/{SCRIPT_WORKDIR} "
+                                            f"&& rm -f {in_dir}/workdir.tar.gz")
+
+
+PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the requirement|Invalid requirement:|"
+                        r"Failed to build|does not exist\.|Could not install packages due to an \w+:?)\s*(.*)")
+
+
+def install_requirements(state: st.ClusterState, python: str, requirements: Path, remote_dir: str) -> None:
+    """pip install -r into the stack's venv on every node, skipped where this file's content was already
+    installed (a marker in the venv, named by its hash). pip runs in the workdir's copy, so a relative
+    path in the file names a file of your workdir. A failure names the node and the package."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    venv = str(PurePosixPath(python).parent.parent)
+    marker = shlex.quote(f"{venv}/.ftc-requirements/{digest}")
+    in_dir = shlex.quote(remote_dir)
+    for node in state.nodes:
+        clock = time.monotonic()
+        console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
+        with connect(state, node) as conn:
+            out = run(conn, node, "requirements",
+                      f"if [ -e {marker} ]; then echo SKIP; exit 0; fi; cd {in_dir}/{SCRIPT_WORKDIR} && "
+                      f"{{ {shlex.quote(python)} -m pip install --disable-pip-version-check -q -r ../requirements.txt "
+                      f"> ../requirements.log 2>&1; code=$?; }}; "
+                      f"if [ $code = 0 ]; then mkdir -p {shlex.quote(venv + '/.ftc-requirements')} && touch {marker}; "
+                      f"echo DONE; else echo FAILED; tail -n 20 ../requirements.log; fi")
+        lines = out.splitlines()
+        if lines[:1] == ["SKIP"]:
+            console.print(f"requirements {requirements.name} on {node.name}: already installed (skipped)", markup=False)
+            continue
+        if lines[:1] != ["DONE"]:
+            why = next((m.group(0).strip() for line in lines for m in [PIP_FAILED.search(line)] if m), "") or \
+                next((line for line in reversed(lines) if line.strip()), "no output")
+            raise FtcError(f"requirements {requirements} failed on {node.name}: {why}; fix the file and launch again "
+                           f"(pip's whole output: {remote_dir}/requirements.log on {node.name})")
+        console.print(f"requirements {requirements.name} on {node.name}: installed in {time.monotonic() - clock:.1f}s",
+                      markup=False)
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = False) -> int:
+    """Check everything, copy the workdir, install the requirements, start the ranks; then follow the job
+    (runner/job.py) unless detached."""
+    from . import job as jobs
+    state = st.load(name)
+    facts = load_facts(name)
+    if job.ppn:
+        refuse_ppn_over_cores(job, facts)
+    files = workdir_files(job.workdir)
+    if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
+        raise UsageError(f"SCRIPT={job.script!r} is left out of the copy by WORKDIR's .gitignore; un-ignore it")
+    refuse_oversized(job.workdir, files, job.max_workdir_mb)
+    job_id = f"script-{runs.utc_stamp()}"
+    remote_dir = f"{state.head.workdir}/jobs/{job_id}"
+    env = {**job.env, "FTC_RUN_ID": job_id}
+    if state.cluster_spec.spot:
+        from .jobspec import metadata_endpoint
+        env["FTC_METADATA_ENDPOINT"] = metadata_endpoint()
+    try:
+        spec = cluster_launch(state, facts, f"{job.command} (your script, from {job.workdir})", remote_dir,
+                              "runner.node.script_rank", [job.output, job.script, *job.args], ppn=job.ppn or None,
+                              env=env)
+    except ValueError as exc:
+        raise UsageError(f"PPN={job.ppn}: {exc}") from None
+    if render_only:
+        print(render_launch(spec), end="")
+        return 0
+    jobs.refuse_dead_nodes(state)
+    results_dir = runs.default_results_dir(name, job_id)
+    settings = {"kind": "script", "task": "script", "model": "", "command": job.command, "workdir": str(job.workdir),
+                "output": job.output, "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
+                "threads_per_rank": spec.plan.threads, "exit_code": None, "output_bytes": None}
+
+    def prepare(locked_state: st.ClusterState) -> None:
+        with tempfile.TemporaryDirectory(prefix="ftc-workdir-") as scratch:
+            tarball = Path(scratch) / "workdir.tar.gz"
+            pack(job.workdir, files, tarball)
+            send_workdir(locked_state, tarball, remote_dir, job.requirements)
+        if job.requirements:
+            install_requirements(locked_state, facts[0].python_executable, job.requirements, remote_dir)
+
+    record = jobs.start(name, spec, st.JobInfo(id=job_id, task="script", remote_dir=remote_dir,
+                                               results_dir=results_dir, kind="script", output=job.output),
+                        None, prepare)
+    runs.record_start(state, record, settings)
+    console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)", markup=False)
+    if detach:
+        console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
+                      markup=False)
+        return 0
+    return jobs.follow(name)
+
+
+def output_bytes(results: Path) -> int:
+    folder = results / "output"
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+

@@ -1,0 +1,245 @@
+"""Your own training script on the cluster (`ftc launch`): real sshd nodes, Intel MPI's mpirun, gloo
+ranks and real training. What every rank sees, the outcome a failing rank gives, cancel, the
+requirements step, and the bad input refused before anything starts."""
+
+import base64
+import hashlib
+import io
+import json
+import subprocess
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ftc, processes_under
+from helpers import gloo_script, last_job, one_error, state_of, up_local, wait_for
+
+from runner import script_job
+from runner.node.protocol import RankExit, first_failure
+from runner.node.script_rank import torchrun_env
+
+EXAMPLE = REPO / "examples" / "hf_trainer_glue.py"
+
+
+# ---- the decisions, pure ------------------------------------------------------------------------------
+
+def test_each_rank_gets_torchruns_variables_with_its_node_as_group():
+    env = torchrun_env(rank=5, world=8, local_rank=1, local_world=4)
+    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
+    assert env["LOCAL_WORLD_SIZE"] == "4" and env["GROUP_RANK"] == "1"
+
+
+def test_the_first_rank_to_fail_is_the_one_named_not_those_mpirun_stopped_after_it():
+    exits = [RankExit(0, "a", 143, 12.0), RankExit(1, "b", 3, 10.0), RankExit(2, "b", 0, 9.0)]
+    assert first_failure(exits).rank == 1
+    assert first_failure([RankExit(0, "a", 0, 1.0)]) is None
+
+
+def test_the_workdir_copy_leaves_out_git_venv_caches_and_what_gitignore_ignores(tmp_path):
+    for name in ("train.py", "data/a.tsv", "data/big.bin", "sub/keep.txt", "sub/skip.log", ".git/HEAD",
+                 ".venv/bin/python", "pkg/__pycache__/m.pyc", "output/old.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / ".gitignore").write_text("*.bin\noutput/\n")
+    (tmp_path / "sub" / ".gitignore").write_text("*.log\n")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert copied == [".gitignore", "data/a.tsv", "sub/.gitignore", "sub/keep.txt", "train.py"]
+
+
+def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "huge.bin").write_bytes(b"\0" * (3 * 2**20))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    with pytest.raises(script_job.UsageError, match=r"3\.0 MB to copy to every node, over the 2 MB limit "
+                                                    r"\(largest: data/ 3\.0 MB, train\.py 0\.0 MB\)"):
+        script_job.refuse_oversized(tmp_path, script_job.workdir_files(tmp_path), 2)
+
+
+@pytest.mark.parametrize("raw", ["../out", "/tmp/out", ".", "a/../../b"])
+def test_an_output_folder_outside_the_workdir_is_refused(raw):
+    with pytest.raises(script_job.UsageError, match="is not a folder inside the workdir"):
+        script_job._relative_inside("OUTPUT", raw)
+
+
+# ---- bad input: one line, exit code 2, nothing started ----------------------------------------------------
+
+def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, tmp_path):
+    workdir = tmp_path / "work"
+    script = gloo_script(workdir)
+    (tmp_path / "outside.py").write_text("print(1)\n")
+    (workdir / "big.bin").write_bytes(b"\0" * (2 * 2**20))
+    up_local("nb", nodes=1)  # up, not bootstrapped
+    before = state_of(ftc_home, "nb")
+    cases = [
+        (["--name", "nb", "--", str(workdir / "missing.py")], "SCRIPT="),
+        (["--name", "nb", "--workdir", str(workdir), "--", str(tmp_path / "outside.py")], "is outside WORKDIR="),
+        (["--name", "nb", "--", str(script), "--requirements", "x"], None),  # after the script: its own argument
+        (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "REQUIREMENTS="),
+        (["--name", "nb", "--requirements", str(workdir), "--", str(script)], "is a directory"),
+        (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "OUTPUT='../elsewhere' is not a folder"),
+        (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
+        (["--name", "nb", "--env", "not a pair", "--", str(script)], "ENV='not a pair'"),
+        (["--name", "nb", "--ppn", "0", "--", str(script)], "PPN="),
+        (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
+        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "ARGS="),
+        (["--name", "no-such-cluster", "--", str(script)], "NAME='no-such-cluster'"),
+        (["--name", "nb", "--", str(script)], "is not bootstrapped"),
+    ]
+    for args, named in cases:
+        proc = ftc("launch", *args)
+        if named is None:  # `--requirements x` after the script went to the script: the cluster is what stops it
+            assert proc.returncode == 2 and "is not bootstrapped" in one_error(proc)
+            continue
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert named in one_error(proc), (args, proc.stderr)
+    assert state_of(ftc_home, "nb") == before
+    assert not (ftc_home / "runs").exists()
+    assert not list((Path(before["nodes"][0]["workdir"])).glob("jobs/*"))
+    assert ftc("down", "--name", "nb").returncode == 0
+
+
+# ---- real runs on two local nodes --------------------------------------------------------------------------
+
+def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home(ftc_home, cluster, minilm,
+                                                                                    glue_dir, tmp_path):
+    proc = ftc("launch", "--name", cluster, "--workdir", str(REPO / "examples"), "--", str(EXAMPLE),
+               "--model", minilm, "--train-file", str(glue_dir / "mrpc" / "train.tsv"),
+               "--validation-file", str(glue_dir / "mrpc" / "dev.tsv"), "--max-train-samples", "32",
+               "--max-eval-samples", "16", "--epochs", "1", "--batch-size", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = last_job(ftc_home, cluster)
+    assert job["kind"] == "script" and job["state"] == "finished"
+    output = Path(job["results_dir"]) / "output"
+    result = json.loads((output / "result.json").read_text())
+    assert result["world_size"] == 2 and 0 <= result["eval_accuracy"] <= 1
+    assert (output / "model.safetensors").exists() or list(output.glob("*.safetensors"))
+    ranks = [json.loads((output / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["local_rank"], r["group_rank"]) for r in ranks] == [(0, 0, 0), (1, 0, 1)]
+    assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])  # each rank on its own cores
+    assert {r["omp_num_threads"] for r in ranks} == {str(len(ranks[0]["cpus"]))}
+
+    listed = json.loads(ftc("runs", "--json").stdout)
+    run = next(r for r in listed if r["id"] == job["id"])
+    assert run["kind"] == "script" and run["exit_code"] == 0 and run["output_bytes"] > 0
+    assert run["command"].startswith("python hf_trainer_glue.py --model")
+    assert (run["nodes"], run["ranks_per_node"]) == (2, 1) and run["wall_seconds"] > 0
+    shown = ftc("runs", "show", job["id"])
+    assert shown.returncode == 0, shown.stderr
+    assert "python hf_trainer_glue.py" in shown.stdout and "rank 0's log" in shown.stdout
+
+
+def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
+    # A workdir and a script whose names would run commands if any shell read them unquoted.
+    # (a relative canary: whichever folder a shell would run it in lies under tmp_path, FTC_HOME included)
+    run_me = "$(touch pwned)"
+    workdir = tmp_path / f"w {run_me} `touch pwned`; 'q\""
+    script = gloo_script(workdir, name=f"s;{run_me}.py")
+    ok = ftc("launch", "--name", cluster, "--env", f"MY_SETTING=x {run_me}", "--", str(script),
+             f"a {run_me}", "`touch pwned`", "c;d", "'e\"")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    job = last_job(ftc_home, cluster)
+    seen = [json.loads((Path(job["results_dir"]) / "output" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["RANK"] for s in seen] == ["0", "1"] and {s["WORLD_SIZE"] for s in seen} == {"2"}
+    assert {s["sum"] for s in seen} == {3.0} and {s["GROUP_RANK"] for s in seen} == {"0", "1"}
+    assert seen[0]["words"] == [f"a {run_me}", "`touch pwned`", "c;d", "'e\""]
+    assert seen[0]["MY_SETTING"] == f"x {run_me}" and seen[0]["FTC_RUN_ID"] == job["id"]
+    assert seen[0]["MASTER_PORT"] and seen[0]["MASTER_ADDR"]
+    assert seen[0]["cwd"] == str(Path(job["remote_dir"]) / "workdir") == seen[0]["path0"]
+    assert not set(seen[0]["cpus"]) & set(seen[1]["cpus"])
+    assert not list(tmp_path.rglob("pwned"))
+    # it ended without leaving the process group: ftc's wrapper left it, and every rank exited 0
+    exits = [json.loads((Path(job["results_dir"]) / "logs" / f"rank{r}.exit.json").read_text()) for r in (0, 1)]
+    assert [e["code"] for e in exits] == [0, 0]
+
+    failed = ftc("launch", "--name", cluster, "--", str(script), "--fail-rank", "1", "--code", "3")
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    assert f"rank 1 on node {cluster}-1 failed first (exit code 3)" in failed.stderr
+    assert "rank 1 gives up with 3" in failed.stderr  # the last lines of its log
+    job = last_job(ftc_home, cluster)
+    assert job["state"] == "failed"
+    listed = json.loads(ftc("runs", "--json").stdout)
+    assert next(r for r in listed if r["id"] == job["id"])["exit_code"] == 3
+
+
+def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_path):
+    script = gloo_script(tmp_path / "work")
+    started = ftc("launch", "--name", cluster, "--detach", "--", str(script), "--hold")
+    assert started.returncode == 0, started.stderr
+    job = last_job(ftc_home, cluster)
+    held = Path(job["remote_dir"]) / "workdir" / "held"
+    wait_for(held.exists, "the script to reach its hold point", timeout=300)
+    assert len(processes_under(Path(job["remote_dir"]))) >= 3  # launch script, mpirun, ranks
+    cancel = ftc("cancel", "--name", cluster)
+    assert cancel.returncode == 0, cancel.stderr
+    assert last_job(ftc_home, cluster)["state"] == "cancelled"
+    # the launch script, mpirun and every rank (their command lines or folders are the job's) are gone
+    wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the script's processes to end", timeout=60)
+
+
+def _wheel(folder: Path, name: str, value: str) -> Path:
+    """A pure-Python wheel made by hand (no build backend, no index): module `name` with VALUE."""
+    dist = f"{name}-1.0"
+    files = {f"{name}/__init__.py": f"VALUE = {value!r}\n",
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: ftc-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        for path, text in {**files, f"{dist}.dist-info/RECORD": record}.items():
+            wheel.writestr(path, text)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dist}-py3-none-any.whl"
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ftc_home, cluster, tmp_path):
+    import sys
+    package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's marker applies
+    workdir = tmp_path / "work"
+    wheel = _wheel(workdir / "wheels", package, "installed")
+    (workdir / "use.py").write_text(f"import {package}\nprint('probe says', {package}.VALUE, flush=True)\n")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n./wheels/{wheel.name}\n")
+    try:
+        first = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert f"requirements requirements.txt ({hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]}) on " \
+            f"{cluster}-0: installing" in first.stderr
+        assert f"on {cluster}-0: installed in" in first.stderr
+        assert "probe says installed" in first.stdout
+        second = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert f"requirements requirements.txt on {cluster}-0: already installed (skipped)" in second.stderr
+        assert "installed in" not in second.stderr
+
+        bad = tmp_path / "bad.txt"
+        bad.write_text(f"--no-index\n{package}-missing-dependency==9.9\n")
+        refused = ftc("launch", "--name", cluster, "--requirements", str(bad), "--", str(workdir / "use.py"))
+        assert refused.returncode == 1
+        line = refused.stderr.strip().splitlines()[-1]
+        assert f"failed on {cluster}-0" in line and f"{package}-missing-dependency==9.9" in line, line
+        assert last_job(ftc_home, cluster)["id"] != "" and len(state_of(ftc_home, cluster)["jobs"]) == 2
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", package], capture_output=True)
+        venv_marker = Path(sys.prefix) / ".ftc-requirements" / hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+        venv_marker.unlink(missing_ok=True)
+
+
+def test_a_ppn_above_the_nodes_cores_is_refused_before_anything_starts(ftc_home, cluster, tmp_path):
+    script = gloo_script(tmp_path / "work")
+    proc = ftc("launch", "--name", cluster, "--ppn", "512", "--", str(script))
+    assert_refused_on_cluster(proc, "PPN=512: 512 ranks per node but node", ftc_home, cluster)
+    big = tmp_path / "work" / "big.bin"
+    big.write_bytes(b"\0" * (2 * 2**20))
+    proc = ftc("launch", "--name", cluster, "--max-workdir-mb", "1", "--", str(script))
+    assert_refused_on_cluster(proc, "over the 1 MB limit (largest: big.bin 2.0 MB", ftc_home, cluster)
+
+
+def assert_refused_on_cluster(proc, named: str, home: Path, cluster: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert named in one_error(proc)
+    assert state_of(home, cluster)["jobs"] == [] and not (home / "runs").exists()
+
