@@ -65,7 +65,7 @@ test-intel: setup
 
 # ruff with its security rules (S); each rule left out is justified in pyproject.toml.
 lint: setup
-	$(VENV)/bin/ruff check provision runner tests
+	$(VENV)/bin/ruff check provision runner tests examples
 
 # Offline-capable: the packaged MiniLM and ../shared/data/glue when the hub is out of reach. All of
 # MRPC's 3,668 training pairs, 2 epochs, 32 per rank (a global batch of 64 on 2 nodes) at lr 2e-4,

@@ -28,7 +28,7 @@ p.add_argument("--label-column", default="", help="default: Quality, is_duplicat
 p.add_argument("--epochs", type=float, default=1)
 p.add_argument("--batch-size", type=int, default=16, help="per process")
 p.add_argument("--lr", type=float, default=5e-5)
-p.add_argument("--max-train-samples", type=int, default=0, help="0 = all")
+p.add_argument("--max-train-samples", type=int, default=0, help="the first N rows; 0 = all")
 p.add_argument("--max-eval-samples", type=int, default=0, help="0 = all")
 p.add_argument("--max-length", type=int, default=128)
 p.add_argument("--output-dir", default=os.environ.get("FTC_OUTPUT_DIR") or "./output")
@@ -102,7 +102,7 @@ def accuracy(pred):
     return {"accuracy": float((np.argmax(pred.predictions, axis=-1) == pred.label_ids).mean())}
 
 
-# bf16 pays off only where the CPU does bf16 math natively (AMX or AVX512-BF16); elsewhere fp32 is faster.
+# bf16 pays off only where the CPU does bf16 math natively (AMX or AVX512-BF16); elsewhere it is emulated, and slower.
 cpu_flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
 bf16 = args.precision == "bf16" or (args.precision == "auto" and bool({"amx_bf16", "avx512_bf16"} & set(cpu_flags)))
 
@@ -111,10 +111,10 @@ model = AutoModelForSequenceClassification.from_pretrained(
 training_args = TrainingArguments(
     output_dir=str(out),
     use_cpu=True,
-    # gloo is torch's CPU backend. Alone (no WORLD_SIZE > 1) there must be none: accelerate would ask an absent group.
+    # gloo: torch's CPU backend. A single process must have none, or accelerate asks for a process group that isn't there.
     ddp_backend="gloo" if int(env("WORLD_SIZE", "1")) > 1 else None,
-    # On by default, it multiplies each rank's loss by the world size, expecting the model to divide by the global
-    # token count; a sequence classifier returns a per-batch mean instead, so losses and gradients came out N times too large.
+    # On (the default), Trainer multiplies each rank's loss by the world size, expecting the model to divide by the
+    # global token count. A classifier returns a plain batch mean, so losses and gradients would be N times too large.
     average_tokens_across_devices=False,
     ddp_find_unused_parameters=False,  # every weight is used each step: skip DDP's extra walk over the graph
     bf16=bf16,

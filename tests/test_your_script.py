@@ -117,7 +117,7 @@ def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_hom
     ranks = [json.loads((output / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["local_rank"], r["group_rank"]) for r in ranks] == [(0, 0, 0), (1, 0, 1)]
     assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])  # each rank on its own cores
-    assert {r["omp_num_threads"] for r in ranks} == {str(len(ranks[0]["cpus"]))}
+    assert {int(r["omp_num_threads"]) for r in ranks} == {len(ranks[0]["cpus"])}
 
     listed = json.loads(ftc("runs", "--json").stdout)
     run = next(r for r in listed if r["id"] == job["id"])
