@@ -125,6 +125,7 @@ training_args = TrainingArguments(
     eval_strategy="no",  # evaluated once, after training, below
     save_strategy="no",  # no checkpoints: the final model is saved once at the end
     logging_steps=5,
+    disable_tqdm=True,  # progress as logged lines: a bar redrawn with \r is one endless line in a cluster log
     # TensorBoard event files go to <output_dir>/runs/<date>_<host> (or $TENSORBOARD_LOGGING_DIR), rank 0 only.
     report_to=["tensorboard"] if importlib.util.find_spec("tensorboard") else "none",
 )

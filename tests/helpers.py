@@ -211,3 +211,16 @@ def gloo_script(workdir: Path, name: str = "gloo_job.py") -> Path:
 
 def last_job(home: Path, name: str) -> dict:
     return state_of(home, name)["jobs"][-1]
+
+
+def assert_script_runs_across_nodes(home: Path, name: str, tmp_path: Path) -> None:
+    """`ftc launch` of gloo_script on a 2-node cluster whose nodes are not this machine's (own servers,
+    EC2): it runs on both, rank 0's output comes home, rank 1's stays on its node, its log comes home."""
+    script = gloo_script(tmp_path / "script-work")
+    proc = ftc("launch", "--name", name, "--", str(script), "hello")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = last_job(home, name)
+    results = Path(job["results_dir"])
+    seen = json.loads((results / "output" / "rank0.json").read_text())
+    assert seen["world"] == 2 and seen["sum"] == 3.0 and seen["words"] == ["hello"]
+    assert "rank 1 summed 3.0" in (results / "logs" / "rank1.log").read_text()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, REPO, assert_nothing_left, ftc, point_aws_at, sshd_pids
+from helpers import assert_script_runs_across_nodes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
 
@@ -88,7 +89,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
     assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
-def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir):
+def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir, tmp_path):
     up = ftc("up", "--name", "steps", *AWS)
     assert up.returncode == 0, up.stderr[-3000:]
     described = instances_of(ec2, "steps")
@@ -107,6 +108,7 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     job = ftc("finetune", "--name", "steps", *job_flags(minilm, glue_dir), timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "dev accuracy" in job.stdout
+    assert_script_runs_across_nodes(ftc_home, "steps", tmp_path)
 
     # terminated behind ftc's back: status says so, and the node is really gone
     ec2.terminate_instances(InstanceIds=[node1["id"]])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc
-from helpers import assert_bootstrapped, assert_refused, toy_csv, wait_for
+from helpers import assert_bootstrapped, assert_refused, assert_script_runs_across_nodes, toy_csv, wait_for
 
 from provision.errors import UsageError
 from provision.providers.ssh import Host, fingerprint, hosts_of, parse_probe, verdicts
@@ -227,6 +227,10 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     assert (remote / "data" / "validation.csv").read_bytes() == dev.read_bytes()
     launch = (remote / "launch.sh").read_text()
     assert str(remote / "data" / "train.csv") in launch and str(train) not in launch
+
+    # Your own script: each host runs it from its own copy of the workdir; rank 0's output and every
+    # rank's log come home.
+    assert_script_runs_across_nodes(ftc_home, "own", tmp_path)
 
     # A job still training on both hosts when the cluster goes: destroy stops it everywhere.
     busy = ftc("finetune", "--name", "own", "--detach", "--task", "mrpc", "--model", minilm, "--data-dir",

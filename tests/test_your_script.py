@@ -243,3 +243,39 @@ def assert_refused_on_cluster(proc, named: str, home: Path, cluster: str) -> Non
     assert named in one_error(proc)
     assert state_of(home, cluster)["jobs"] == [] and not (home / "runs").exists()
 
+
+
+def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path):
+    """One rank's wrapper, started as mpirun starts it (cwd: the job's directory), on a node whose
+    metadata service announces a reclaim: the script is told by SIGTERM and reads FTC_PREEMPTED=1."""
+    import os
+    import sys
+
+    from fake_imds import FakeIMDS
+    job_dir = tmp_path / "job"
+    (job_dir / "workdir").mkdir(parents=True)
+    (job_dir / "workdir" / "spot.py").write_text(
+        "import os, signal, time\nfrom pathlib import Path\n"
+        "out = Path(os.environ['FTC_OUTPUT_DIR'])\n"
+        "def stop(signum, frame):\n"
+        "    (out / 'told.txt').write_text(Path(os.environ['FTC_PREEMPTED_FILE']).read_text())\n"
+        "    raise SystemExit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "(out / 'waiting').touch()\n"
+        "while True:\n    time.sleep(0.2)\n")
+    imds = FakeIMDS()
+    try:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "FTC_METADATA_ENDPOINT": imds.url}
+        rank = subprocess.Popen([sys.executable, "-m", "runner.node.script_rank", "output", "spot.py"], cwd=job_dir,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            wait_for((job_dir / "workdir" / "output" / "waiting").exists, "the script to start waiting")
+            imds.armed = True
+            assert rank.wait(timeout=120) == 0, rank.stdout.read()
+        finally:
+            rank.kill()
+            rank.wait()
+    finally:
+        imds.close()
+    assert (job_dir / "workdir" / "output" / "told.txt").read_text() == "FTC_PREEMPTED=1\n"
+    assert json.loads((job_dir / "logs" / "rank0.exit.json").read_text())["code"] == 0
