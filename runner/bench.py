@@ -31,7 +31,7 @@ from provision.values import boolean, local_path, whole, whole_list, writable_di
 
 from .model_files import packaged_model
 from .node import facts as node_facts
-from .node.protocol import RESULTS_FILE, TrainResults, parse_allreduce
+from .node.protocol import RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "same epochs, pretrained weights")
     p.add_argument("--with-seed", action="store_true", help="--accuracy: also the seed recipe")
     p.add_argument("--model", default=None, help="--accuracy: pretrained model directory (default: packaged MiniLM)")
+    p.add_argument("--launch", action="store_true",
+                   help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
+                        "torchrun on the same cores, at the largest --ranks; into OUT/bench.json's `launch`")
     return p
 
 
@@ -182,11 +185,14 @@ def gemm_peak(cores: list[int], dtype: str, size: int) -> float:
 
 
 def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, program: str,
-           args: list[str], allocator: str = "") -> tuple[Path, str]:
-    """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly."""
+           args: list[str], allocator: str = "", workdir: Path | None = None) -> tuple[Path, str]:
+    """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly.
+    `workdir`: your script's folder, copied to where script_rank runs it (the job's workdir/)."""
     job_dir = out / "runs" / name
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
+    if workdir:
+        shutil.copytree(workdir, job_dir / SCRIPT_WORKDIR)
     hostfile = job_dir / "hostfile"
     hostfile.write_text("localhost\n" if mpi != "openmpi" else f"localhost slots={ranks}\n")
     spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
@@ -320,6 +326,8 @@ def measure(args: argparse.Namespace) -> int:
     if args.accuracy:
         model = Path(args.model).resolve() if args.model else args.tokenizer
         return accuracy(out, data_dir, model, physical, mpi, args.with_seed)
+    if args.launch:
+        return launch_vs_torchrun(out, args, physical, mpi)
     rank_counts = args.ranks
     layers = 2 if args.quick else 6
     bench = Bench(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers), data_dir,
@@ -569,6 +577,86 @@ def bootstrap_scaling(out: Path, sizes: tuple[int, ...] = (1, 8), repeats: int =
     (out / "bootstrap.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     print(json.dumps(report, indent=2, allow_nan=False))
     return 0
+
+
+EXAMPLE = REPO / "examples" / "hf_trainer_glue.py"
+
+
+def launch_vs_torchrun(out: Path, args: argparse.Namespace, physical: list[int], mpi: str) -> int:
+    """Your own script, launched two ways on the same cores and rows, alternating, `repeats` rounds:
+    ftc's launch (script_rank through the rendered launch script: each rank on its own cores,
+    OMP_NUM_THREADS, the allocator) and plain torchrun as the Hugging Face guide has a user start it
+    by hand (OMP_NUM_THREADS = cores per rank, no pinning, no allocator). The rate is the script's own:
+    rows over Trainer's train_runtime, one whole pass. Written into OUT/bench.json's `launch`."""
+    ranks, per_rank = max(args.ranks), args.cores_per_rank
+    cores, rows, repeats = physical[:ranks * per_rank], args.rows or (64 if args.quick else 2048), args.repeats or 3
+    model = trained_shape(out / f"distilbert-{2 if args.quick else 6}-layers-weights", args.tokenizer,
+                          2 if args.quick else 6)
+    workdir = out / "launch-workdir"
+    workdir.mkdir(exist_ok=True)
+    shutil.copy(EXAMPLE, workdir / EXAMPLE.name)
+    script_args = ["--model", str(model), "--train-file", str(args.data_dir / "mrpc" / "train.tsv"),
+                   "--validation-file", str(args.data_dir / "mrpc" / "dev.tsv"), "--max-train-samples", str(rows),
+                   "--max-eval-samples", "32", "--epochs", "1", "--batch-size", "32"]
+    allocator = pick_allocator(node_facts.gather(""))
+    print(f"launch bench on {node_facts.cpu_info()[0]}: {EXAMPLE.name}, {ranks} ranks x {per_rank} cores, {rows} rows, "
+          f"{repeats} rounds alternating; ftc's allocator {allocator or 'glibc'}", flush=True)
+    rates: dict[str, list[float]] = {"ftc": [], "torchrun": []}
+    for repeat in range(repeats):
+        for how in ("ftc", "torchrun") if repeat % 2 == 0 else ("torchrun", "ftc"):
+            name = f"launch-{how}-{ranks}-r{repeat}"
+            if how == "ftc":
+                job_dir, _ = launch(name, out, ranks, cores, per_rank, mpi, "script_rank",
+                                    ["output", EXAMPLE.name, *script_args], allocator, workdir)
+                result = json.loads((job_dir / SCRIPT_WORKDIR / "output" / "result.json").read_text())
+            else:
+                result = by_hand_torchrun(name, out, ranks, cores, per_rank, workdir / EXAMPLE.name, script_args)
+            rates[how].append(round(result["train_samples"] / result["train_runtime"], 3))
+            print(f"  {name}: {rates[how][-1]:.1f} rows/s ({result['train_runtime']:.1f} s pass, "
+                  f"{result['precision']})", flush=True)
+    row = {"script": f"examples/{EXAMPLE.name}", "ranks": ranks, "cores_per_rank": per_rank, "rows_per_pass": rows,
+           "repeats": repeats, "cpu": node_facts.cpu_info()[0], "allocator": allocator or "glibc malloc",
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+           "model": "distilbert-base-uncased architecture, random weights" + (", 2 layers (quick)" if args.quick else ""),
+           "torchrun": "python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT, under taskset of the "
+                       "same cores, OMP_NUM_THREADS = cores per rank, no pinning, no allocator",
+           "rate": "rows / Trainer's train_runtime, one whole pass; medians, [min, max]"}
+    for how, values in rates.items():
+        row[f"{how}_rows_per_s"], row[f"{how}_rows_per_s_range"] = summary(values)
+        row[f"{how}_rows_per_s_runs"] = values
+    row["launch_speedup"] = round(row["ftc_rows_per_s"] / row["torchrun_rows_per_s"], 3)
+    report_path = out / "bench.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report["launch"] = row
+    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    print(f"ftc launch / plain torchrun: {row['launch_speedup']:.2f}x ({row['ftc_rows_per_s']:.1f} vs "
+          f"{row['torchrun_rows_per_s']:.1f} rows/s at {ranks} x {per_rank} cores); wrote {report_path} (launch)")
+    return 0
+
+
+def trained_shape(target: Path, vocab_from: Path, layers: int) -> Path:
+    """make_distilbert's model with its (random) weights saved: a script loads it with from_pretrained."""
+    from transformers import AutoModelForSequenceClassification, DistilBertConfig
+    make_distilbert(target, vocab_from, layers)
+    AutoModelForSequenceClassification.from_config(DistilBertConfig.from_pretrained(target)).save_pretrained(target)
+    return target
+
+
+def by_hand_torchrun(name: str, out: Path, ranks: int, cores: list[int], per_rank: int, script: Path,
+                     script_args: list[str]) -> dict:
+    job_dir = out / "runs" / name
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["OMP_NUM_THREADS"] = str(per_rank)
+    command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node", str(ranks), str(script), *script_args,
+               "--output-dir", str(job_dir / "output")]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
+    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
+    return json.loads((job_dir / "output" / "result.json").read_text())
 
 
 def markdown(r: dict) -> str:
