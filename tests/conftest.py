@@ -36,13 +36,17 @@ LONGEST = {
     "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 300,
     "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 232,
     "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 230,  # ~
+    "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 160,
     "test_checkpoints_are_also_copied_to_s3": 148,
     "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 122,
-    "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 110,  # ~
+    "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 125,
     "test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing": 100,  # ~
-    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 100,  # ~
+    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 115,  # ~
     "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 90,  # ~
     "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 83,
+    "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 60,
+    "test_requirements_are_installed_once_and_a_bad_one_names_node_and_package": 45,
+    "test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names": 40,
     "test_one_shot_run_tears_down_after_itself": 73,
     "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 70,  # ~
     "test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_nothing_else": 70,  # ~

@@ -108,3 +108,21 @@ def test_quick_0_is_the_full_bench_and_every_bench_flag_has_help(ftc_home, tmp_p
     from runner.bench import build_parser
     assert [a.dest for a in build_parser()._actions if not a.help] == []
 
+
+
+def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores(ftc_home, tmp_path):
+    out = tmp_path / "bench"
+    proc = ftc("bench", "--launch", "--quick", "--repeats", "1", "--out", str(out), timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch = json.loads((out / "bench.json").read_text())["launch"]
+    assert (launch["ranks"], launch["rows_per_pass"], launch["repeats"]) == (2, 64, 1)
+    assert launch["launch_speedup"] == round(launch["ftc_rows_per_s"] / launch["torchrun_rows_per_s"], 3)
+    ftc_out = out / "runs" / "launch-ftc-2-r0" / "workdir" / "output"
+    torchrun_out = out / "runs" / "launch-torchrun-2-r0" / "output"
+    for folder in (ftc_out, torchrun_out):  # the same script, rows and world on both sides
+        result = json.loads((folder / "result.json").read_text())
+        assert result["world_size"] == 2 and result["train_samples"] == 64
+    ranks = [json.loads((ftc_out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])  # ftc's launch: each rank on its own core
+    by_hand = [json.loads((torchrun_out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert by_hand[0]["cpus"] == by_hand[1]["cpus"] == sorted(ranks[0]["cpus"] + ranks[1]["cpus"])  # unpinned
