@@ -1,6 +1,7 @@
 """Render the Jinja templates in templates/ (every generated script and config lives there)."""
 
 import functools
+import re
 import shlex
 from pathlib import Path
 
@@ -14,7 +15,14 @@ def _environment():
     env = Environment(loader=FileSystemLoader(TEMPLATES_DIR), undefined=StrictUndefined,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["quote"] = shlex.quote
+    env.filters["comment"] = comment
     return env
+
+
+def comment(text: str) -> str:
+    """A value inside a `#` comment line: its control characters written as escapes (a newline would
+    end the comment and make the rest of the value a command). Pure."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: m.group().encode("unicode_escape").decode(), str(text))
 
 
 def render(name: str, **values) -> str:

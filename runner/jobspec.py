@@ -17,7 +17,7 @@ from provision.providers import traits
 from provision.providers.local import split_cores
 from provision.stacks import STACKS
 from provision.ui import console
-from provision.values import local_path, number, one_of, whole, writable_dir
+from provision.values import control_character, label, local_path, number, one_of, whole, writable_dir
 
 from . import runs
 from .jobflags import JOB_FLAGS
@@ -76,6 +76,10 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
     """Every job setting checked before any rank starts. Pure but for the file checks. `resume`: the
     job continues an earlier run, so its RESULTS may hold that run."""
     job = JobSpec()
+    for key, value in values.items():  # a newline in a path or a name would end a line of a script or a log
+        if isinstance(value, str) and control_character(value):
+            raise UsageError(f"{label(key)}={value!r} holds a control character (a newline, a tab, ...); "
+                             "give a value without one")
     task = str(values.get("task") or (datafiles.CUSTOM if values.get("train_file") else job.task))
     try:
         job.task = task if task == datafiles.CUSTOM else glue.task_name(task)
@@ -244,7 +248,7 @@ def resolve_data_files(job: JobSpec, values: dict) -> None:
         raise UsageError(f"{exc.filename}: cannot be read ({exc.strerror})") from None
     except datafiles.DataProblems as exc:
         raise UsageError(str(exc)) from None
-    kind = f"classes {', '.join(task.labels)}" if task.labels else "regression (float labels)"
+    kind = f"classes {datafiles.shown(task.labels)}" if task.labels else "regression (float labels)"
     console.print(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
                   f"label from {task.label}: {kind}", markup=False, soft_wrap=True)
 

@@ -189,3 +189,15 @@ def test_a_hub_model_this_machine_cannot_load_is_refused_before_any_node_starts(
         "error: MODEL='some-org/not-cached-anywhere' is not in this machine's Hugging Face cache and the hub is out of "
         "reach; give MODEL=/path/to/a/model/directory, or MODEL=auto for the packaged MiniLM")
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
+
+
+@pytest.mark.parametrize("flag", ["--train-file", "--validation-file", "--model", "--data-dir", "--text-columns",
+                                  "--label-column"])
+def test_a_control_character_in_any_path_or_name_is_refused_before_any_node_starts(ftc_home, tmp_path, flag):
+    """A newline in a file or model name would end a line of the launch script (issue 27: it ran a
+    command on the head node); it is refused, whatever the value names."""
+    bad = f"{tmp_path}/x\ntouch pwned\n.csv"
+    proc = ftc("run", "--name", "cc", "--nodes", "1", "--task", "custom", "--train-file", str(tmp_path / "t.csv"),
+               flag, bad)
+    assert_refused(proc, "holds a control character", ftc_home)
+    assert sshd_pids(ftc_home) == [] and not list(tmp_path.rglob("pwned"))
