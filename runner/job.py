@@ -235,6 +235,11 @@ def finish(name: str) -> int:
             st.save(state)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
         results = fetch(state, job)
+        if job.state == "cancelled":  # stopped on purpose: no failure to explain
+            runs.record_end(results, job.state)
+            console.print(f"job {job.id} was cancelled; what it wrote before is home: {results}", markup=False,
+                          soft_wrap=True)
+            return 0
         if job.kind == "script":
             failed = first_failure(read_rank_exits(results / "logs"))
             code = failed.code if failed and code != 0 else code

@@ -145,9 +145,9 @@ def _upload(checkpoint: Path, job: st.JobInfo) -> None:
 
 def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
     """Where a file of the job's directory lands under its results directory; None: it stays on the
-    node. Every node's rank logs come home. From the head node: a fine-tuning job's files (but no
-    checkpoint older than the last); a script's output.log and rank 0's output folder (as output/),
-    not the rest of the workdir's copy. Pure."""
+    node. Every node's rank logs come home. From the head node: a fine-tuning job's files, but no
+    checkpoint older than the last nor the data files sent to the nodes; a script's output.log and
+    rank 0's output folder (as output/), not the rest of the workdir's copy. Pure."""
     if relative.startswith("logs/"):
         return relative
     if not on_head:
@@ -157,6 +157,8 @@ def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
         if relative.startswith(output):
             return f"{SCRIPT_OUTPUT_HOME}/{relative[len(output):]}"
         return relative if "/" not in relative else None
+    if relative.startswith("data/"):  # your data files, copied out to the nodes: you have them
+        return None
     return None if relative.startswith("checkpoints/") and relative != CHECKPOINT_FILE else relative
 
 

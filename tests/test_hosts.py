@@ -225,6 +225,7 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     remote = Path(done["remote_dir"])
     assert (remote / "data" / "train.csv").read_bytes() == train.read_bytes()
     assert (remote / "data" / "validation.csv").read_bytes() == dev.read_bytes()
+    assert not (Path(done["results_dir"]) / "data").exists()  # the data files sent out are not fetched back
     launch = (remote / "launch.sh").read_text()
     assert str(remote / "data" / "train.csv") in launch and str(train) not in launch
 

@@ -53,6 +53,10 @@ def test_cancel_stops_a_detached_job(ftc_home, minilm, glue_dir):
         # cancel signals the job's process group; the ranks are not in it (mpirun starts them through
         # ssh, under hydra's proxy), and end when that proxy loses mpirun: cancel does not wait for it
         wait_for(lambda: not job_processes(ftc_home), "the job's processes to end")
+        fetched = ftc("fetch", "--name", "jp")  # a cancelled job is no failure: its files come home, exit 0
+        assert fetched.returncode == 0 and " was cancelled; what it wrote before is home" in fetched.stderr, fetched.stderr
+        job = json.loads((ftc_home / "clusters" / "jp" / "state.json").read_text())["jobs"][-1]
+        assert json.loads((Path(job["results_dir"]) / "run.json").read_text())["status"] == "cancelled"
     finally:
         ftc("down", "--name", "jp", check=True)
 
