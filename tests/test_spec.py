@@ -148,6 +148,17 @@ def test_make_variables_reach_ftc_as_data_never_as_shell_code(ftc_home, tmp_path
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").glob("*/state.json"))
 
 
+@pytest.mark.parametrize("flags", [[], ["-i"]])
+@pytest.mark.parametrize("variable,target", [("LABEL_COLUMN", "finetune"), ("NAME", "cluster"), ("ARGS", "launch")])
+def test_a_newline_in_a_make_variable_is_refused_before_any_recipe_runs(ftc_home, tmp_path, flags, variable, target):
+    """The rest of the value after a newline would be a recipe line of its own (under `make -i` it ran)."""
+    marker = tmp_path / "ran"
+    proc = make(*flags, target, f"{variable}=x\ntouch {marker} #", home=ftc_home)
+    assert proc.returncode == 2 and not marker.exists(), proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.endswith(f"*** error: {variable} holds a newline; give a value without one.  Stop."), line
+
+
 def test_config_whose_cluster_is_not_a_table_is_refused(ftc_home, tmp_path):
     config = tmp_path / "ftc.toml"
     config.write_text("cluster = 5\n")
