@@ -12,6 +12,8 @@ from helpers import toy_csv
 
 from runner.node import datafiles, glue
 
+TOO_LARGE = "is too large a number; allowed: numbers within a float's range (±1.8e308), or words"
+
 
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
@@ -48,8 +50,16 @@ def test_macro_f1_averages_every_class():
       "dev.csv: column 'label': label 'z' is not among the training file's classes (x, y)"]),
     ("text,label\na,x\nb,y\n", "text,score\na,x\n", ["dev.csv: line 1: no column 'label' (columns: text, score); "
                                                      "name the file's columns with LABEL_COLUMN"]),
+    ("text,text,label\na,b,x\nc,d,y\n", None,
+     ["train.csv: line 1, column 'text': named 2 times in the header; give each column its own name"]),
+    ("text,label\na,x\nb,y\n", "label,text,label\nx,a,y\n",
+     ["dev.csv: line 1, column 'label': named 2 times in the header; give each column its own name"]),
+    ("text,label\na,1\nb," + "9" * 400 + "\nc," + "9" * 5000 + "\n", None,
+     ["train.csv: line 3, column 'label': label 999999999999...9999 (400 digits) " + TOO_LARGE,
+      "train.csv: line 4, column 'label': label 999999999999...9999 (5000 digits) " + TOO_LARGE]),
 ], ids=["field count", "no text column", "labels not finite or missing", "one class", "validation labels outside",
-        "validation without the label column"])
+        "validation without the label column", "a column named twice", "a validation column named twice",
+        "whole-number labels past a float"])
 def test_bad_data_files_are_refused_one_line_each_before_anything_launches(ftc_home, tmp_path, train, validation,
                                                                              lines):
     train_file = write(tmp_path / "train.csv", train)
@@ -70,17 +80,45 @@ def test_bad_data_files_are_refused_one_line_each_before_anything_launches(ftc_h
     (["--train-file", "{dev}", "--validation-file", "{dev}", "--text-columns", "a,b,c"],
      "TEXT_COLUMNS='a,b,c': give one or two column names"),
     (["--train-file", "{tmp}/bad.jsonl", "--validation-file", "{dev}"], "{tmp}/bad.jsonl: line 2: not JSON"),
+    (["--train-file", "{dev}", "--validation-file", "{dev}", "--text-columns", "label"],
+     "{dev}: line 1, column 'label': both a text column (TEXT_COLUMNS) and the label column (LABEL_COLUMN)"),
+    (["--train-file", "{dev}", "--validation-file", "{dev}", "--label-column", "text"],
+     "{dev}: line 1, column 'text': both a text column (TEXT_COLUMNS) and the label column (LABEL_COLUMN)"),
+    (["--train-file", "{tmp}/huge400.jsonl", "--validation-file", "{dev}"],
+     "{tmp}/huge400.jsonl: line 2, column 'label': label 999999999999...9999 (400 digits) " + TOO_LARGE),
+    (["--train-file", "{tmp}/huge5000.jsonl", "--validation-file", "{dev}"],
+     "{tmp}/huge5000.jsonl: line 2, column 'label': label -99999999999...9999 (5000 digits) " + TOO_LARGE),
+    (["--train-file", "{tmp}/twice.jsonl", "--validation-file", "{dev}"],
+     "{tmp}/twice.jsonl: line 2, column 'text': named twice in the object; give each key once"),
 ], ids=["no training file", "missing", "a directory", "unknown extension", "files with a GLUE task", "three text columns",
-        "a line that is not JSON"])
+        "a line that is not JSON", "the label column as text", "the text column as label", "a 400-digit JSON label",
+        "a 5000-digit JSON label", "a JSON key given twice"])
 def test_bad_data_file_flags_are_refused_in_one_line(ftc_home, tmp_path, flags, line):
     dev = write(tmp_path / "dev.csv", "text,label\na,x\nb,y\n")
     write(tmp_path / "rows.txt", "text,label\na,x\n")
     write(tmp_path / "bad.jsonl", '{"text": "a", "label": "x"}\n{"text": \n{"text": "b", "label": "y"}\n')
+    for name, digits in (("huge400", "9" * 400), ("huge5000", "-" + "9" * 5000)):
+        write(tmp_path / f"{name}.jsonl", f'{{"text": "a", "label": 1}}\n{{"text": "b", "label": {digits}}}\n')
+    write(tmp_path / "twice.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "text": "c", "label": "y"}\n')
     filled = [flag.format(tmp=tmp_path, dev=dev) for flag in flags]
     proc = ftc("finetune", "--name", "nowhere", *filled)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and line.format(tmp=tmp_path, dev=dev) in lines[0], lines
+
+
+def test_stray_labels_are_capped_and_long_class_lists_abbreviated(ftc_home, tmp_path):
+    train = write(tmp_path / "train.csv", "text,label\n" + "".join(f"t{i},c{i:02d}\n" for i in range(30)))
+    dev = write(tmp_path / "dev.csv", "text,label\n" + "".join(f"d{i},u{i:02d}\n" for i in range(25)))
+    classes = "c00, c01, c02, c03, c04, c05, c06, c07, c08, c09, ... (30 classes)"
+    proc = ftc("finetune", "--name", "nowhere", "--train-file", str(train), "--validation-file", str(dev))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.removeprefix("error: ").strip().splitlines()
+    assert lines[0] == f"{dev}: column 'label': label 'u00' is not among the training file's classes ({classes})"
+    assert len(lines) == 21 and lines[-1] == "... and 5 more problems in the same file", lines
+    proc = ftc("finetune", "--name", "nowhere", "--train-file", str(train), "--validation-file", str(train))
+    assert f"{train}: text from text, label from label: classes {classes}\n" in proc.stderr  # then: no such cluster
+    assert proc.returncode == 2 and "no cluster of that name" in proc.stderr
 
 
 def test_two_node_job_on_a_toy_csv_learns_and_records_its_classes(ftc_home, tmp_path, minilm):

@@ -30,7 +30,48 @@ DEFAULT_SINGLE = "text"
 DEFAULT_LABEL = "label"
 CUSTOM = "custom"  # the task name of your own files
 MAX_PROBLEMS = 20  # per file: the first ones say what is wrong; hundreds more would hide them
+MAX_SHOWN = 10  # classes named in a message; a file with thousands would make one line of megabytes
 WHOLE = re.compile(r"^[+-]?\d+$")
+
+
+class Huge:
+    """A JSON whole number too large for a float (or for Python's int parsing, past 4300 digits): kept
+    as its digits, so the row's label check names it instead of a traceback from json.loads."""
+
+    def __init__(self, digits: str):
+        self.digits = digits
+
+
+class Duplicate(Exception):
+    """A JSON object naming one key twice: json.loads would keep the last silently."""
+
+
+def unique_keys(pairs: list) -> dict:
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        seen = set()
+        raise Duplicate(next(name for name, _ in pairs if name in seen or seen.add(name)))
+    return row
+
+
+def whole(text: str) -> int | Huge:
+    """A whole number written in digits as an int, Huge when no float holds it (the labels become floats)."""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 309:  # past float's range, and int() itself refuses past 4300 digits
+        return Huge(text)
+    value = -int(digits) if text.startswith("-") else int(digits)
+    try:
+        float(value)
+    except OverflowError:
+        return Huge(text)
+    return value
+
+
+def shown(classes: tuple[str, ...]) -> str:
+    """A class list for a message: every class, or the first MAX_SHOWN and how many there are."""
+    if len(classes) <= MAX_SHOWN:
+        return ", ".join(classes)
+    return f"{', '.join(classes[:MAX_SHOWN])}, ... ({len(classes)} classes)"
 
 
 class DataProblems(ValueError):
@@ -48,9 +89,10 @@ class Layout:
     label: str
 
 
-def records(path: Path) -> Iterator[tuple[int, dict | None, str]]:
+def records(path: Path) -> Iterator[tuple[int, dict | list | None, str]]:
     """(line, row, problem) for each row: the row as a dict (None where the line is not a row,
-    with the problem in words). CSV/TSV rows map the header's names to their fields."""
+    with the problem in words: `column 'c': what` when it is one column's). CSV/TSV rows map the
+    header's names to their fields; the header itself comes first, as the list of its names."""
     kind = FORMATS.get(path.suffix.lower())
     with open(path, encoding="utf-8-sig", newline="") as fh:
         if kind == "json":
@@ -58,9 +100,15 @@ def records(path: Path) -> Iterator[tuple[int, dict | None, str]]:
                 if not text.strip():
                     continue
                 try:
-                    row = json.loads(text)
-                except ValueError as exc:
+                    row = json.loads(text, parse_int=whole, object_pairs_hook=unique_keys)
+                except json.JSONDecodeError as exc:
                     yield line, None, f"not JSON ({exc.msg} at character {exc.colno})"
+                    continue
+                except RecursionError:
+                    yield line, None, "not JSON this reader takes (nested too deeply)"
+                    continue
+                except Duplicate as exc:
+                    yield line, None, f"column {exc.args[0]!r}: named twice in the object; give each key once"
                     continue
                 yield (line, row, "") if isinstance(row, dict) else (line, None, "not a JSON object")
             return
@@ -69,7 +117,12 @@ def records(path: Path) -> Iterator[tuple[int, dict | None, str]]:
         header = next(reader, None)
         if header is None:
             return
-        yield 1, {name: name for name in header}, "header"
+        twice = next((name for name in header if header.count(name) > 1), None)
+        if twice is not None:  # pandas would rename the second, csv's dict keeps it: refused, not guessed
+            yield 1, None, (f"column {twice!r}: named {header.count(twice)} times in the header; "
+                            "give each column its own name")
+            return
+        yield 1, header, "header"
         for fields in reader:
             if not fields:
                 continue  # a blank line, as pandas skips it
@@ -82,6 +135,8 @@ def records(path: Path) -> Iterator[tuple[int, dict | None, str]]:
 def label_key(raw) -> int | float | str:
     """A label as a value: whole numbers as int, other numbers as float, the rest as text.
     Raises ValueError for a missing or non-finite one."""
+    if isinstance(raw, Huge):
+        raise ValueError(too_large(raw.digits))
     if raw is None or raw == "" or isinstance(raw, (list, dict)):
         raise ValueError("no label" if raw in (None, "") else "a label must be a string or a number")
     if isinstance(raw, bool):
@@ -89,7 +144,10 @@ def label_key(raw) -> int | float | str:
     if isinstance(raw, str):
         text = raw.strip()
         if WHOLE.match(text):
-            return int(text)
+            value = whole(text)
+            if isinstance(value, Huge):
+                raise ValueError(too_large(text))
+            return value
         try:
             value = float(text)
         except ValueError:
@@ -99,6 +157,13 @@ def label_key(raw) -> int | float | str:
     if not math.isfinite(value):
         raise ValueError(f"label {raw!r} is not a finite number")
     return int(value) if isinstance(value, int) else float(value)
+
+
+def too_large(digits: str) -> str:
+    start = digits if len(digits) <= 20 else f"{digits[:12]}...{digits[-4:]}"
+    count = len(digits.lstrip("+-"))
+    return (f"label {start} ({count} digits) is too large a number; "
+            "allowed: numbers within a float's range (±1.8e308), or words")
 
 
 def classes_of(keys: set) -> tuple[str, ...] | None:
@@ -138,13 +203,17 @@ def scan(path: Path, layout: Layout | None, text_columns: str = "", label_column
         for line, row, problem in records(path):
             if problem == "header" or (row is not None and layout is None):
                 layout = layout or layout_of(text_columns, label_column, list(row))
+                if layout.label in layout.text:
+                    return layout, keys, count, [
+                        f"{path}: line {line}, column {layout.label!r}: both a text column (TEXT_COLUMNS) and the "
+                        "label column (LABEL_COLUMN); allowed: text columns other than the label's"]
                 missing = missing_column(path, line, list(row), layout) if problem == "header" else ""
                 if missing:
                     return layout, keys, count, [missing]
                 if problem == "header":
                     continue
             if row is None:
-                problems.append(f"{path}: line {line}: {problem}")
+                problems.append(f"{path}: line {line}{',' if problem.startswith('column ') else ':'} {problem}")
                 continue
             found = row_problem(row, layout)
             if found:
@@ -189,9 +258,10 @@ def check(train: Path, validation: Path, text_columns: str = "", label_column: s
         what = "is not a number (the training labels are: regression)"
     else:
         stray = sorted({str(k) for k in dev_keys} - set(classes))
-        what = f"is not among the training file's classes ({', '.join(classes)})"
+        what = f"is not among the training file's classes ({shown(classes)})"
     if stray:
-        raise DataProblems([f"{validation}: column {layout.label!r}: label {label!r} {what}" for label in stray])
+        raise DataProblems(capped([f"{validation}: column {layout.label!r}: label {label!r} {what}"
+                                   for label in stray]))
     return task_of(layout, classes)
 
 
