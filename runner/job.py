@@ -35,7 +35,15 @@ from .node.protocol import (
 )
 from .report import for_terminal, print_results, show_failure
 from .script_job import output_bytes
-from .transfer import copy_checkpoint, data_files_on_nodes, fetch, home_checkpoint, send_data_files
+from .transfer import (
+    copy_checkpoint,
+    data_files_on_nodes,
+    fetch,
+    folders_on_nodes,
+    home_checkpoint,
+    send_data_files,
+    send_folders,
+)
 
 TAIL_LINES = 15  # of a failed script rank's log, shown when the job ends
 
@@ -60,6 +68,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
                                   state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))
     on_nodes, data_copies = data_files_on_nodes(job, state.provider, remote_dir)  # run.json keeps your own paths
+    on_nodes, folder_copies = folders_on_nodes(on_nodes, state.provider, state.head.workdir)
     try:
         what = Path(job.train_file).name if job.train_file else f"GLUE {job.task.upper()}"
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
@@ -80,7 +89,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     writable_dir("results", results_dir)
     record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
                                           checkpoint_s3=job.checkpoint_s3), resume_from,
-                   lambda locked: send_data_files(locked, data_copies))
+                   lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")

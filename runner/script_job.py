@@ -10,8 +10,6 @@ gloo interface (provision/launch.py, the one launch builder), FTC_OUTPUT_DIR and
 import hashlib
 import re
 import shlex
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -27,6 +25,7 @@ from provision.values import control_character, local_path, whole
 
 from . import runs
 from .node.protocol import SCRIPT_WORKDIR
+from .transfer import send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
 MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
@@ -177,28 +176,19 @@ def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
     return total
 
 
-def pack(root: Path, files: list[Path], into: Path) -> None:
-    """A gzipped tar of the files, paths relative to the workdir."""
-    with tarfile.open(into, "w:gz") as tar:
-        for path in files:
-            tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
-
-
 # ---- on the nodes --------------------------------------------------------------------------------------
 
-def send_workdir(state: st.ClusterState, tarball: Path, remote_dir: str, requirements: Path | None) -> None:
+def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_dir: str,
+                 requirements: Path | None) -> None:
     """The workdir's copy into <job>/workdir on every node (local nodes share this machine: the head's
     copy serves them all), and the requirements file beside it."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
-    in_dir = shlex.quote(remote_dir)
     for node in nodes:
         with connect(state, node) as conn:
-            run(conn, node, "send workdir", f"mkdir -p {in_dir}/{SCRIPT_WORKDIR} {in_dir}/logs")
-            conn.put(str(tarball), f"{remote_dir}/workdir.tar.gz")
+            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(remote_dir)}/logs")
+            send_tree(conn, node, root, files, f"{remote_dir}/{SCRIPT_WORKDIR}")
             if requirements:
                 conn.put(str(requirements), f"{remote_dir}/requirements.txt")
-            run(conn, node, "send workdir", f"tar -xzf {in_dir}/workdir.tar.gz -C {in_dir}/{SCRIPT_WORKDIR} "
-                                            f"&& rm -f {in_dir}/workdir.tar.gz")
 
 
 PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the requirement|Invalid requirement:|"
@@ -272,10 +262,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
                 "threads_per_rank": spec.plan.threads, "exit_code": None, "output_bytes": None}
 
     def prepare(locked_state: st.ClusterState) -> None:
-        with tempfile.TemporaryDirectory(prefix="ftc-workdir-") as scratch:
-            tarball = Path(scratch) / "workdir.tar.gz"
-            pack(job.workdir, files, tarball)
-            send_workdir(locked_state, tarball, remote_dir, job.requirements)
+        send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
         if job.requirements:
             install_requirements(locked_state, facts[0].python_executable, job.requirements, remote_dir)
 

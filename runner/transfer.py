@@ -4,14 +4,17 @@ rank logs).
 """
 
 import errno
+import hashlib
 import os
 import shlex
 import shutil
 import stat
+import tarfile
+import tempfile
 import threading
 from contextlib import ExitStack
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from provision import state as st
 from provision.errors import FtcError
@@ -20,6 +23,7 @@ from provision.ssh import connect, follow_silence_s, run
 from provision.ui import console
 
 from .jobspec import JobSpec
+from .node import glue
 from .node.protocol import CHECKPOINT_FILE, SCRIPT_OUTPUT_HOME, SCRIPT_WORKDIR
 
 # Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
@@ -54,6 +58,78 @@ def send_data_files(state: st.ClusterState, copies: dict[str, str]) -> None:
             run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in copies})))
             for remote, local in copies.items():
                 conn.put(local, remote)
+
+
+def folders_on_nodes(job: JobSpec, provider: str, head_workdir: str) -> tuple[JobSpec, dict[str, tuple[Path, list[Path]]]]:
+    """Where nodes that are not this machine read a local model directory and a local GLUE directory
+    (its task's folder only): a copy in the cluster's cache, `<workdir>/cache/<kind>-<content hash>`,
+    the same path on every node, sent once per content. Node path -> (local folder, its files).
+    Local nodes read them where they are."""
+    if traits(provider).shares_this_machine:
+        return job, {}
+    copies: dict[str, tuple[Path, list[Path]]] = {}
+    if Path(job.model).is_dir():
+        files = sorted(p for p in Path(job.model).rglob("*") if p.is_file())
+        node = f"{head_workdir}/cache/model-{content_digest(Path(job.model), files)}"
+        copies[node] = (Path(job.model), files)
+        job = replace(job, model=node)
+    if job.data_dir:
+        files = [glue.split_file(job.data_dir, job.task, split) for split in ("train", "dev")]
+        node = f"{head_workdir}/cache/glue-{content_digest(Path(job.data_dir), files)}"
+        copies[node] = (Path(job.data_dir), files)
+        job = replace(job, data_dir=node)
+    return job, copies
+
+
+def content_digest(root: Path, files: list[Path]) -> str:
+    """A folder's files, by relative path and content: the cache key of its copy on the nodes."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(2**20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def send_folders(state: st.ClusterState, copies: dict[str, tuple[Path, list[Path]]]) -> None:
+    """Each folder to every node that does not hold it whole yet (a marker written last says so),
+    after a check of the node's free space: unpacked beside, then moved into place."""
+    for node in state.nodes if copies else []:
+        with connect(state, node) as conn:
+            for remote, (root, files) in copies.items():
+                quoted = shlex.quote(remote)
+                if run(conn, node, "send folder", f"test -e {quoted}/{FOLDER_COMPLETE} && echo HELD || true").strip():
+                    continue
+                size = sum(p.stat().st_size for p in files)
+                parent = shlex.quote(str(PurePosixPath(remote).parent))
+                free = int(run(conn, node, "send folder", f"mkdir -p {parent} && df -Pk {parent} | tail -n 1")
+                           .split()[3]) * 1024
+                if size + SPACE_MARGIN > free:
+                    raise FtcError(f"{root} needs {_mb(size + SPACE_MARGIN)} on {node.name}, which has {_mb(free)} free "
+                                   "there; free some space on the node (or use a bigger root volume) and run again")
+                console.print(f"copying {root} ({_mb(size)}) to {node.name}", markup=False, soft_wrap=True)
+                send_tree(conn, node, root, files, remote)
+                run(conn, node, "send folder", f"touch {quoted}/{FOLDER_COMPLETE}")
+
+
+FOLDER_COMPLETE = ".ftc-complete"  # in a folder copied to a node: the copy is whole
+
+
+def send_tree(conn, node: st.NodeInfo, root: Path, files: list[Path], remote: str) -> None:
+    """`files` (under `root`) into the node's folder `remote`, keeping their relative paths: one tar
+    through SFTP, unpacked beside and moved into place, so a copy cut short leaves no folder that
+    looks whole."""
+    quoted, partial = shlex.quote(remote), shlex.quote(f"{remote}.partial")
+    with tempfile.TemporaryDirectory(prefix="ftc-send-") as scratch:
+        tarball = Path(scratch) / "folder.tar"
+        with tarfile.open(tarball, "w") as tar:
+            for path in files:
+                tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+        run(conn, node, "send folder", f"rm -rf {partial} && mkdir -p {partial}")
+        conn.put(str(tarball), f"{remote}.tar")
+    run(conn, node, "send folder", f"tar -xf {quoted}.tar -C {partial} && rm -f {quoted}.tar && "
+                                   f"rm -rf {quoted} && mv {partial} {quoted}")
 
 
 def home_checkpoint(results_dir: str | Path) -> Path:

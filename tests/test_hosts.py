@@ -228,6 +228,9 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     assert not (Path(done["results_dir"]) / "data").exists()  # the data files sent out are not fetched back
     launch = (remote / "launch.sh").read_text()
     assert str(remote / "data" / "train.csv") in launch and str(train) not in launch
+    # the model directory too: each server reads a copy in the cluster's cache, not the path here
+    assert f"--model {workdirs[0]}/cache/model-" in launch and f"--model {minilm}" not in launch
+    assert f"copying {minilm} " in job.stderr
 
     # Your own script: each host runs it from its own copy of the workdir; rank 0's output and every
     # rank's log come home.
@@ -238,6 +241,9 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
                str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "3000", "--epochs", "1")
     assert busy.returncode == 0, busy.stderr
     output = Path(json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]["remote_dir"])
+    launch = (output / "launch.sh").read_text()
+    assert f"--data-dir {workdirs[0]}/cache/glue-" in launch  # GLUE's task folder: copied too
+    assert f"copying {glue_dir} " in busy.stderr and f"copying {minilm} " not in busy.stderr  # the model: once
     wait_for(lambda: "step" in read(output / "output.log"), "the detached job to train")
     assert len(processes_carrying(workdirs)) >= 2  # launch script, mpirun, ranks
 
