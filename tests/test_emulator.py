@@ -66,14 +66,16 @@ def job_flags(minilm: str, glue_dir: Path) -> list[str]:
             "--epochs", "1"]
 
 
-AWS = ["--provider", "aws", "--nodes", "2", "--ssh-cidr", "203.0.113.7/32", "--yes", "1"]
+# The watchdog's lifetime far beyond any test's (168 emulated hours: 84 minutes at MINUTE_S), so that no
+# node powers off under a test however loaded the machine; the watchdog's own test gives its own.
+AWS = ["--provider", "aws", "--nodes", "2", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--max-hours", "168"]
 
 
 def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec2, emulator, ftc_home, minilm,
                                                                               glue_dir):
     made = subprocess.run(["make", "-s", "-C", str(REPO), "run", "PROVIDER=aws", "NODES=2", "NAME=emu", "TASK=mrpc",
                            f"MODEL={minilm}", f"DATA_DIR={glue_dir}", "MAX_TRAIN_SAMPLES=32", "EPOCHS=1", "YES=1",
-                           "SSH_CIDR=203.0.113.7/32"], capture_output=True, text=True, timeout=600,
+                           "SSH_CIDR=203.0.113.7/32", "MAX_HOURS=168"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "FTC_HOME": str(ftc_home)})
     assert made.returncode == 0, made.stderr[-3000:]
     assert "verified: mpirun hostname on 2 node(s)" in made.stdout and "dev accuracy" in made.stdout
