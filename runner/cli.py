@@ -571,6 +571,16 @@ COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "bootstrap": c
             "sweep": cmd_sweep, "runs": cmd_runs}
 
 
+def refuse_undecodable_home() -> None:
+    """FTC_HOME's path goes into scripts, configs and JSON written as UTF-8: a byte that is not
+    UTF-8 would fail half-way through `up` (a node launched, then rolled back)."""
+    home = os.environ.get("FTC_HOME", "")
+    try:
+        os.fsencode(home).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"FTC_HOME={os.fsencode(home)!r} holds a byte that is not UTF-8; give a path in UTF-8") from None
+
+
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -584,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
     try:
+        refuse_undecodable_home()
         st.refuse_home_in_node_root()
         if args.command in WRITE_FTC_HOME:
                 writable_dir("ftc_home", str(st.ftc_home()))

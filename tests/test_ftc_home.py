@@ -1,7 +1,10 @@
 """Where the controller's state may live: never under a server's ~/.ftc-node, whose directories are
 own servers' clusters (ftc would take each for one of its own, and advise removing its own state)."""
 
-from conftest import ftc
+import os
+
+from conftest import ftc, sshd_pids
+from helpers import one_error
 
 
 def test_ftc_home_under_a_servers_node_root_is_refused_in_one_line_before_anything(tmp_path):
@@ -22,3 +25,12 @@ def test_ftc_home_under_a_servers_node_root_is_refused_in_one_line_before_anythi
 def test_a_directory_merely_named_like_the_node_root_is_a_fine_ftc_home(tmp_path):
     listed = ftc("status", env={"FTC_HOME": str(tmp_path / ".ftc-nodes")})
     assert listed.returncode == 0, listed.stderr
+
+
+def test_an_ftc_home_that_is_not_utf8_is_refused_before_anything_starts(ftc_home, tmp_path):
+    home = os.fsdecode(os.fsencode(str(tmp_path)) + b"/h\xff")
+    for argv in (["up", "--name", "u8", "--nodes", "1"], ["status"]):
+        proc = ftc(*argv, env={"FTC_HOME": home})
+        assert proc.returncode == 2 and "holds a byte that is not UTF-8" in one_error(proc), proc.stderr
+    assert not os.path.exists(os.fsencode(str(tmp_path)) + b"/h\xff")
+    assert sshd_pids(tmp_path) == []
