@@ -23,7 +23,7 @@ from provision.ui import answer, console
 from provision.values import writable_dir
 
 from . import runs
-from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_model, train_args
+from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
 from .node.protocol import (
     CHECKPOINT_FILE,
     EXIT_PREEMPTED,
@@ -81,7 +81,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if render_only:
         print(render_launch(spec), end="")
         return 0
-    refuse_unreachable_model(job, state.provider)
+    refuse_unreachable_inputs(job, state.provider)
     settings = {**job_settings(job), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
                 "threads_per_rank": spec.plan.threads}
     if resume or resume_from:

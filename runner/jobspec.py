@@ -166,11 +166,17 @@ def resolve_model(raw: str | None) -> str:
     return raw
 
 
-def refuse_unreachable_model(job: JobSpec, provider: str) -> None:
-    """Where the nodes are this machine, a hub id must be in its Hugging Face cache or the hub in
-    reach: else every rank would fail loading it, after the cluster was made. Other nodes download
-    it themselves, from wherever they are."""
-    if not traits(provider).shares_this_machine or Path(job.model).is_dir():
+def refuse_unreachable_inputs(job: JobSpec, provider: str) -> None:
+    """Where the nodes are this machine, a hub model must be in its Hugging Face cache or the hub in
+    reach, and so must GLUE when no DATA_DIR is given: else every rank would fail loading it, after
+    the cluster was made. Other nodes download them themselves, from wherever they are."""
+    if not traits(provider).shares_this_machine:
+        return
+    if job.task != datafiles.CUSTOM and not job.data_dir and not hub_reachable():
+        shared = f", or DATA_DIR=auto for the copy in {SHARED_GLUE}" if SHARED_GLUE.exists() else ""
+        raise UsageError(f"TASK={job.task!r} without DATA_DIR reads GLUE from the hub, which is out of reach; give "
+                         f"DATA_DIR=/path/to/glue (<dir>/{job.task}/train.tsv){shared}")
+    if Path(job.model).is_dir():
         return
     from huggingface_hub import try_to_load_from_cache
     if isinstance(try_to_load_from_cache(job.model, "config.json"), str) or hub_reachable():

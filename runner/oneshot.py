@@ -18,7 +18,7 @@ from provision.ui import console
 
 from . import runs
 from .job import finetune, job_settings
-from .jobspec import RECIPE_EPOCHS, JobSpec, check_ppn_fits, refuse_unreachable_model
+from .jobspec import RECIPE_EPOCHS, JobSpec, check_ppn_fits, refuse_unreachable_inputs
 from .model_files import parameter_count
 from .node.facts import cpu_info
 from .node.protocol import EXIT_PREEMPTED
@@ -30,7 +30,7 @@ MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives u
 
 def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume: bool = False) -> int:
     check_ppn_fits(spec, job)
-    refuse_unreachable_model(job, spec.provider)
+    refuse_unreachable_inputs(job, spec.provider)
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     if checkpoint:  # before anything launches; finetune checks the world size once the ranks are planned
         runs.refuse_other_job(checkpoint.parent.parent, spec.name, job_settings(job))

@@ -15,7 +15,7 @@ from provision.ui import answer, console
 
 from . import runs
 from .job import finetune, refuse_if_busy
-from .jobspec import JobSpec, check_ppn_fits, refuse_unreachable_model
+from .jobspec import JobSpec, check_ppn_fits, refuse_unreachable_inputs
 from .node.protocol import RESULTS_FILE
 from .node.units import duration
 from .report import pyplot
@@ -59,7 +59,7 @@ def check_before_launch(spec, job: JobSpec, sizes: list[int], out: Path) -> None
     """What would stop the sweep half-way, refused while nothing has changed: a job running on the
     cluster it would reuse or replace, a PPN some size's nodes cannot hold, a size's results
     directory that already holds a run, a model this machine's nodes cannot load."""
-    refuse_unreachable_model(job, spec.provider)
+    refuse_unreachable_inputs(job, spec.provider)
     if st.exists(spec.name):
         refuse_if_busy(st.load(spec.name))
     for nodes in sizes:

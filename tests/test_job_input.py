@@ -191,6 +191,19 @@ def test_a_hub_model_this_machine_cannot_load_is_refused_before_any_node_starts(
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
 
 
+@pytest.mark.parametrize("command", [["run", "--nodes", "1"], ["sweep", "--nodes", "1,2"]])
+def test_glue_without_a_data_dir_offline_is_refused_before_any_node_starts(ftc_home, minilm, command, tmp_path):
+    """A forgotten DATA_DIR offline: the ranks would spend their retries on the hub, after the cluster was made."""
+    flags = ["--out", str(tmp_path / "sweep")] if command[0] == "sweep" else []
+    proc = ftc(*command, "--name", "nodata", *flags, "--task", "mrpc", "--model", minilm, "--yes", "1",
+               env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: TASK='mrpc' without DATA_DIR reads GLUE from the hub, which is out of reach; give DATA_DIR=" \
+        in one_error(proc)
+    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
+    assert sshd_pids(ftc_home) == []
+
+
 @pytest.mark.parametrize("flag", ["--train-file", "--validation-file", "--model", "--data-dir", "--text-columns",
                                   "--label-column"])
 def test_a_control_character_in_any_path_or_name_is_refused_before_any_node_starts(ftc_home, tmp_path, flag):
