@@ -24,6 +24,7 @@ from provision.values import writable_dir
 
 from . import runs
 from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
+from .node import glue
 from .node.protocol import (
     CHECKPOINT_FILE,
     EXIT_PREEMPTED,
@@ -36,6 +37,7 @@ from .node.protocol import (
 from .report import for_terminal, print_results, show_failure
 from .script_job import output_bytes
 from .transfer import (
+    content_digest,
     copy_checkpoint,
     data_files_on_nodes,
     fetch,
@@ -114,7 +116,20 @@ def job_settings(job: JobSpec) -> dict:
             "validation_file": job.validation_file or None, "precision": job.precision,
             "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
             "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
-            "max_eval_samples": job.max_eval_samples or None}
+            "max_eval_samples": job.max_eval_samples or None, "text_columns": job.text_columns or None,
+            "label_column": job.label_column or None, "data_sha256": data_digest(job)}
+
+
+def data_digest(job: JobSpec) -> str | None:
+    """The content of the rows the job trains and evaluates on (your files, or a local GLUE task's):
+    a resume on changed data is another job. None for GLUE from the hub."""
+    if job.train_file:
+        files = [Path(job.train_file), Path(job.validation_file)]
+    elif job.data_dir:
+        files = [glue.split_file(job.data_dir, job.task, split) for split in ("train", "dev")]
+    else:
+        return None
+    return content_digest(Path("/"), [f.absolute() for f in files])
 
 
 def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:

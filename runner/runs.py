@@ -58,7 +58,9 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
 # What makes a resumed job the same job as the one whose checkpoint it continues: its data, its
 # model, and everything that shapes its steps and its schedule.
 SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "epochs", "lr",
-            "max_train_samples", "precision", "dropout", "world_size")
+            "max_train_samples", "precision", "dropout", "world_size", "text_columns", "label_column", "data_sha256")
+# Recorded only since the data's content and columns were: a run.json without them is not told apart by them.
+RECORDED_LATER = ("text_columns", "label_column", "data_sha256")
 LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision")  # unset (None, or precision auto): the recipe's
 
 
@@ -94,7 +96,8 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
         raise UsageError(f"{where}, which finished; a finished run is never written into: start a new job "
                          "without --resume")
     recorded, now = as_run(record), as_run(settings)
-    known = [key for key in SAME_JOB if key != "world_size" or (recorded[key] and now[key])]
+    known = [key for key in SAME_JOB if (key != "world_size" or (recorded[key] and now[key])) and
+             (key not in RECORDED_LATER or key in record)]
     differs = [f"{key} {recorded.get(key)!r} -> {now.get(key)!r}" for key in known if recorded.get(key) != now.get(key)]
     if differs:
         raise UsageError(f"{where}, another job than this one ({'; '.join(differs)}); --resume continues the "

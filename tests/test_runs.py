@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import REPO, ftc
 from helpers import one_error, tiny_job
 
@@ -119,6 +120,29 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
             assert f"another job than this one ({named})" in str(exc)
         else:
             raise AssertionError(f"{change} was not refused")
+
+
+def test_resume_refuses_changed_data_or_columns_and_run_json_records_them(ftc_home, tmp_path):
+    from provision.errors import UsageError
+    from runner import runs
+    from runner.job import job_settings
+    from runner.jobspec import JobSpec
+    train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+    train.write_text("text,label\na,0\nb,1\n")
+    dev.write_text("text,label\na,0\n")
+    job = JobSpec(task="custom", train_file=str(train), validation_file=str(dev), text_columns="text")
+    recorded = {"id": "custom-1", "cluster": "c", "status": "cancelled", **job_settings(job)}
+    (tmp_path / "run.json").write_text(json.dumps(recorded))
+    runs.refuse_other_job(tmp_path, "c", job_settings(job))  # the same data and columns: resumable
+    train.write_text("text,label\na,0\nb,1\nc,2\n")  # a row more, and a third class
+    for settings, named in ((job_settings(job), "data_sha256"),
+                            (job_settings(JobSpec(**{**job.__dict__, "text_columns": "other"})), "text_columns"),
+                            (job_settings(JobSpec(**{**job.__dict__, "label_column": "stars"})), "label_column")):
+        with pytest.raises(UsageError, match=f"another job than this one \\(.*{named} "):
+            runs.refuse_other_job(tmp_path, "c", settings)
+    earlier = {k: v for k, v in recorded.items() if k not in runs.RECORDED_LATER}  # a run.json from before
+    (tmp_path / "run.json").write_text(json.dumps(earlier))
+    runs.refuse_other_job(tmp_path, "c", job_settings(job))
 
 
 GOOD_RUN = {"id": "good", "cluster": "c", "provider": "local", "task": "mrpc", "model": "m", "nodes": 1,
