@@ -21,7 +21,7 @@ from provision.values import control_character, label, local_path, number, one_o
 
 from . import runs
 from .jobflags import JOB_FLAGS
-from .model_files import check_model_dir, packaged_model
+from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue, spot
 from .node.facts import NodeFacts, cpu_topology
 from .node.recipes import RECIPES
@@ -90,10 +90,12 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
             setattr(job, key, parse(key, values[key]))
     job.model = resolve_model(values.get("model"))
     if job.task == datafiles.CUSTOM:
-        resolve_data_files(job, values)
+        labels = resolve_data_files(job, values)
     else:
         refuse_data_files(values, job.task)
         job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
+        labels = glue.TASKS[job.task].labels
+    refuse_other_head(job.model, values.get("model"), labels)
     if values.get("results"):  # absolute: `ftc fetch` from another directory brings them to the same place
         job.results = writable_dir("results", values["results"])
         if not resume:
@@ -224,9 +226,10 @@ def refuse_data_files(values: dict, task: str) -> None:
                              f"give TASK=custom, or leave {key.upper()} out")
 
 
-def resolve_data_files(job: JobSpec, values: dict) -> None:
+def resolve_data_files(job: JobSpec, values: dict) -> tuple[str, ...] | None:
     """TASK=custom: both files read here with the nodes' own reader (datafiles.check) before anything
-    launches. Every problem is one line naming the file, line and column."""
+    launches. Every problem is one line naming the file, line and column. Returns the classes (None:
+    regression)."""
     if values.get("data_dir"):
         raise UsageError(f"DATA_DIR={values['data_dir']!r} is for GLUE tasks; TASK=custom reads TRAIN_FILE "
                          "and VALIDATION_FILE")
@@ -257,6 +260,21 @@ def resolve_data_files(job: JobSpec, values: dict) -> None:
     kind = f"classes {datafiles.shown(task.labels)}" if task.labels else "regression (float labels)"
     console.print(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
                   f"label from {task.label}: {kind}", markup=False, soft_wrap=True)
+    return task.labels
+
+
+def refuse_other_head(model: str, raw, labels) -> None:
+    """A model whose weights hold a classification head already (fine-tuned before) must have one output
+    per class of this data (one for regression): from_pretrained would fail on every rank otherwise.
+    Refused here rather than the head replaced without a word (the Trainer's ignore_mismatched_sizes):
+    a head trained for other classes is seldom what was meant."""
+    if not Path(model).is_dir():
+        return
+    outputs, wanted = head_outputs(Path(model)), len(labels) if labels else 1
+    if outputs is not None and outputs != wanted:
+        what = f"{wanted} classes ({datafiles.shown(labels)})" if labels else "a regression target (1 output)"
+        raise UsageError(f"MODEL={raw!r} holds a classification head of {outputs} outputs, but the data has {what}; "
+                         "give the base model (without a head: a new one is made), or one fine-tuned on these labels")
 
 
 def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:

@@ -86,6 +86,22 @@ def parameter_count(path: Path) -> int | None:
     return sum(math.prod(shape) for shape in tensors.values()) or None
 
 
+# The last layer of a sequence-classification head, by architecture's naming: BERT, DistilBERT, DeBERTa,
+# ModernBERT (classifier), RoBERTa (classifier.out_proj), decoder models (score).
+HEAD_LAYERS = ("classifier.weight", "classifier.out_proj.weight", "score.weight")
+
+
+def head_outputs(path: Path) -> int | None:
+    """The outputs of the classification head the weights already hold (a model fine-tuned before);
+    None for a model without one (a base model: the head is made new) or weights whose shapes only
+    loading tells."""
+    weights = [path / name for name in WEIGHTS if (path / name).exists()]
+    tensors = _check_weights(weights[0]) if weights else {}
+    shapes = [shape for name, shape in tensors.items() if name.endswith(HEAD_LAYERS) and len(shape) == 2
+              and not name.endswith("pre_classifier.weight")]
+    return shapes[0][0] if shapes else None
+
+
 def _json(file: Path):
     try:
         return json.loads(file.read_bytes())

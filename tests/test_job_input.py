@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc, sshd_pids
-from helpers import assert_refused, one_error, tiny_job
+from helpers import assert_refused, last_line, one_error, tiny_job, toy_csv
 
 MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 MRPC_ROW = "1\t1\t2\tA cat sat.\tA cat was sitting.\n"
@@ -214,3 +214,37 @@ def test_a_control_character_in_any_path_or_name_is_refused_before_any_node_star
                flag, bad)
     assert_refused(proc, "holds a control character", ftc_home)
     assert sshd_pids(ftc_home) == [] and not list(tmp_path.rglob("pwned"))
+
+
+def tiny_model(folder: Path, head: int | None) -> Path:
+    """A BERT directory that passes every file check: config, tokenizer, and a safetensors file whose
+    header holds the input embedding and, when `head`, a trained classification head of that many outputs."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 4, "hidden_size": 2}))
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n")
+    tensors = {"bert.embeddings.word_embeddings.weight": [4, 2], **({"classifier.weight": [head, 2]} if head else {})}
+    table, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 4 * shape[0] * shape[1]
+        table[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps(table).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * offset)
+    return folder
+
+
+def test_a_trained_head_of_another_size_than_the_datas_classes_is_refused_before_launch(ftc_home, tmp_path, glue_dir):
+    """MRPC has 2 classes: a head of 3 outputs would fail from_pretrained on every rank after launch."""
+    three = tiny_model(tmp_path / "three", head=3)
+    proc = ftc("run", "--name", "hd", "--nodes", "1", "--task", "mrpc", "--model", str(three), "--data-dir", str(glue_dir))
+    assert_refused(proc, f"MODEL={str(three)!r} holds a classification head of 3 outputs, but the data has 2 classes "
+                         "(0, 1); give the base model", ftc_home)
+    train = toy_csv(tmp_path / "t.csv", 9)
+    proc = ftc("run", "--name", "hd", "--nodes", "1", "--task", "custom", "--train-file", str(train),
+               "--validation-file", str(train), "--text-columns", "review", "--label-column", "stars",
+               "--model", str(three))
+    assert proc.returncode == 2 and "but the data has 2 classes (neg, pos)" in last_line(proc)
+    assert sshd_pids(ftc_home) == []
+    from runner.jobspec import refuse_other_head
+    for model in (tiny_model(tmp_path / "two", head=2), tiny_model(tmp_path / "base", head=None)):
+        refuse_other_head(str(model), str(model), ("0", "1"))  # a head that fits, or none: a new one is made
