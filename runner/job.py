@@ -89,10 +89,11 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if resume or resume_from:
         runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)
-    record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                                          checkpoint_s3=job.checkpoint_s3), resume_from,
-                   lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
-    runs.record_start(state, record, settings)
+    with runs.results_claimed(results_dir, check_unused=not (resume or resume_from)):
+        record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
+                                              checkpoint_s3=job.checkpoint_s3), resume_from,
+                       lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
+        runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
     if detach:

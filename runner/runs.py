@@ -7,9 +7,13 @@ plus `$FTC_HOME/runs/elsewhere`, the list of results directories given as RESULT
 listed whichever directory the command ran from and after its cluster is destroyed.
 """
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -102,6 +106,29 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
     if differs:
         raise UsageError(f"{where}, another job than this one ({'; '.join(differs)}); --resume continues the "
                          "same job only: start a new job without --resume, or resume with its settings")
+
+
+@contextlib.contextmanager
+def results_claimed(results_dir: str | Path, check_unused: bool) -> Iterator[None]:
+    """Hold RESULTS for one job from the check that it holds no run until that job's run.json is
+    written: two jobs started at once with the same RESULTS (on two clusters) would both pass the
+    check and write into one directory. A lock file per directory under FTC_HOME, flocked; the second
+    is refused while the first holds it."""
+    locks = st.ftc_home() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(os.fsencode(Path(results_dir).absolute())).hexdigest()[:24]
+    with open(locks / f"results-{key}", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"RESULTS={str(results_dir)!r} is being claimed by another job starting now; give "
+                             "another RESULTS, or start this job once that one has started") from None
+        try:
+            if check_unused:
+                refuse_reuse("results", results_dir)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def utc_stamp() -> str:

@@ -248,3 +248,19 @@ def test_a_trained_head_of_another_size_than_the_datas_classes_is_refused_before
     from runner.jobspec import refuse_other_head
     for model in (tiny_model(tmp_path / "two", head=2), tiny_model(tmp_path / "base", head=None)):
         refuse_other_head(str(model), str(model), ("0", "1"))  # a head that fits, or none: a new one is made
+
+
+def test_results_claimed_by_a_job_starting_now_is_refused(ftc_home, tmp_path, minilm, glue_dir):
+    """Two jobs started at once with one RESULTS (on two clusters) both passed the check for an earlier
+    run; now the first holds RESULTS from that check until its run.json is written. The test holds it."""
+    from runner import runs
+    results = tmp_path / "shared-results"
+    assert ftc("up", "--name", "rc", "--nodes", "1").returncode == 0
+    try:
+        with runs.results_claimed(results, check_unused=True):
+            proc = ftc("finetune", "--name", "rc", *tiny_job(minilm, glue_dir), "--results", str(results))
+        assert proc.returncode == 2 and f"RESULTS={str(results)!r} is being claimed by another job starting now" \
+            in one_error(proc)
+        assert json.loads((ftc_home / "clusters" / "rc" / "state.json").read_text())["jobs"] == []
+    finally:
+        assert ftc("down", "--name", "rc").returncode == 0
