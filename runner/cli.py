@@ -43,9 +43,14 @@ SPEC_HELP = {
 }
 
 
+# A switch: bare (`--yes`) is on; with a value (`--yes 0`, YES=0 from make) the one boolean parser reads it.
+SWITCH = {"nargs": "?", "const": "1", "metavar": "1|0"}
+
+
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     for key in PARSERS:
-        p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, metavar=key.upper(),
+        kind = SWITCH if PARSERS[key] is boolean else {"metavar": key.upper()}
+        p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, **kind,
                        help=SPEC_HELP.get(key, f"the cluster's {key} setting (README: Variables)"))
     p.add_argument("--config", default=None, help="TOML file with cluster settings ([cluster] table)")
 
@@ -71,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="create a cluster (and bootstrap it)")
     _spec_flags(p)
-    p.add_argument("--yes", default=None, help="skip the confirmation (YES=1)")
+    p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
     p.add_argument("--bootstrap", default=None, help="1 (default) or 0: stop once nodes are running")
     p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0", help="same as --bootstrap 0")
     p.add_argument("--dry-run", action="store_true", help="AWS: check credentials, permissions, quota; create nothing")
@@ -105,14 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="up, bootstrap, finetune, fetch, down: one shot")
     _spec_flags(p)
     _job_flags(p, resume_help="continue from the last checkpoint this controller holds of the task (or in RESULTS)")
-    p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
-    p.add_argument("--keep", default=None, help="1: keep the cluster afterwards (KEEP=1)")
+    p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
+    p.add_argument("--keep", default=None, **SWITCH, help="keep the cluster afterwards (KEEP=1)")
 
     p = sub.add_parser("sweep", help="the same job on clusters of each size: the 2021 recipe's table, ours beside it")
     _spec_flags(p)
     _job_flags(p)
-    p.add_argument("--yes", default=None, help="1: skip the confirmation (YES=1)")
-    p.add_argument("--keep", default=None, help="1: keep the last cluster afterwards (KEEP=1)")
+    p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
+    p.add_argument("--keep", default=None, **SWITCH, help="keep the last cluster afterwards (KEEP=1)")
     p.add_argument("--out", default=None,
                    help="where the table and plot go (default $FTC_HOME/runs/<cluster>/sweep-<task>-<UTC time>)")
 
@@ -134,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _plan_parser(sub)
     _runs_parser(sub)
+    for name, action in sub.choices.items():  # `ftc up --help` says what `up` does, as `ftc --help` lists it
+        action.description = action.description or next(c.help for c in sub._choices_actions if c.dest == name)
 
     p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
@@ -299,7 +306,7 @@ def _print_status(state: st.ClusterState, nodes) -> None:
         table.add_column(column)
     for node, live in zip(state.nodes, nodes):
         table.add_row(node.name, node.id, f"{node.public_ip} / {node.private_ip}",
-                      f"{node.ssh_user}@:{node.ssh_port}", live.state, live.detail)
+                      f"{node.ssh_user}@{node.public_ip}:{node.ssh_port}", live.state, live.detail)
     for live in nodes[len(state.nodes):]:  # launched, never joined: the `up` that made it stopped
         table.add_row("(not joined)", live.id, "-", "-", live.state, live.detail)
     answer.print(table)

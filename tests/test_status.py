@@ -61,3 +61,18 @@ def test_a_running_job_shows_as_lost_once_every_instance_is_gone(aws, ftc_home):
     assert "mrpc-1: running" not in shown.stdout
     assert ftc("down", "--name", "gone").returncode == 0
     assert_nothing_left(aws.ec2(), "gone")
+
+
+def test_switches_work_bare_status_names_each_nodes_ssh_host_and_every_command_has_a_description(ftc_home):
+    up = ftc("up", "--name", "sw", "--nodes", "1", "--no-bootstrap", "--yes")  # a bare switch is on
+    assert up.returncode == 0, up.stderr
+    try:
+        node = json.loads((ftc_home / "clusters" / "sw" / "state.json").read_text())["nodes"][0]
+        status = ftc("status", "--name", "sw")
+        assert f"{node['ssh_user']}@{node['public_ip']}:{node['ssh_port']}" in status.stdout, status.stdout
+    finally:
+        assert ftc("down", "--name", "sw").returncode == 0
+    assert "create a cluster (and bootstrap it)" in ftc("up", "--help").stdout
+    assert "run your own training script on every rank" in ftc("launch", "--help").stdout
+    refused = ftc("up", "--name", "sw", "--spot", "maybe")
+    assert refused.returncode == 2 and "SPOT='maybe'" in refused.stderr
