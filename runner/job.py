@@ -29,13 +29,14 @@ from .node.protocol import (
     CHECKPOINT_FILE,
     EXIT_PREEMPTED,
     PREEMPTED_FILE,
+    SCRIPT_WORKDIR,
     RankExit,
     first_failure,
     parse_checkpoint,
     read_rank_exits,
 )
 from .report import for_terminal, print_results, show_failure
-from .script_job import output_bytes
+from .script_job import output_bytes, remove_on_nodes
 from .transfer import (
     content_digest,
     copy_checkpoint,
@@ -260,6 +261,8 @@ def finish(name: str) -> int:
             st.save(state)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
         results = fetch(state, job)
+        if job.kind == "script":
+            remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}")  # home now: the copies go
         if job.state == "cancelled":  # stopped on purpose: no failure to explain
             runs.record_end(results, job.state)
             console.print(f"job {job.id} was cancelled; what it wrote before is home: {results}", markup=False,

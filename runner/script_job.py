@@ -8,6 +8,7 @@ gloo interface (provision/launch.py, the one launch builder), FTC_OUTPUT_DIR and
 """
 
 import hashlib
+import os
 import re
 import shlex
 import time
@@ -33,7 +34,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
-                "FTC_WORLD_SIZE", "FTC_SELF_PIN", "PYTHONPATH", "LD_PRELOAD")
+                "FTC_WORLD_SIZE", "FTC_SELF_PIN", "PYTHONPATH", "LD_PRELOAD",
+                "PATH", "LD_LIBRARY_PATH")  # the stack's mpirun and Python are found through these
 
 
 @dataclass
@@ -71,6 +73,9 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
     for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("OUTPUT", output or ""),
                        ("REQUIREMENTS", requirements or ""), *(("ARGS", a) for a in args)):
         _no_control(key, value)
+    for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("REQUIREMENTS", requirements or "")):
+        if value != value.strip():  # read as given: ' lead.py' is not lead.py
+            raise UsageError(f"{key}={value!r} begins or ends with a space; give the path without it")
     script_path = Path(local_path("script", script))
     root = Path(local_path("workdir", workdir)) if workdir else script_path.parent
     if not root.is_dir():
@@ -84,9 +89,9 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                          "give a script inside it, or a WORKDIR that holds it") from None
     job = ScriptJob(workdir=root, script=inside.as_posix(), args=list(args),
                     output=_relative_inside("OUTPUT", output or "output"),
-                    ppn=whole(1, 512)("ppn", ppn) if ppn else 0,
+                    ppn=whole(1, 512)("ppn", ppn) if ppn is not None else 0,
                     env=_env_pairs(env or []),
-                    max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb
+                    max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
                     else MAX_WORKDIR_MB)
     if requirements:
         path = Path(local_path("requirements", requirements))
@@ -125,18 +130,21 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def refuse_ppn_over_cores(job: ScriptJob, facts) -> None:
-    smallest = min(facts, key=lambda f: f.physical_cores)
-    if job.ppn > smallest.physical_cores:
-        raise UsageError(f"PPN={job.ppn}: {job.ppn} ranks per node but node {smallest.hostname} has only "
-                         f"{smallest.physical_cores} physical cores; allowed: 1..{smallest.physical_cores}")
+def refuse_ppn_over_cores(job: ScriptJob, facts, names: list[str]) -> None:
+    """`names`: the nodes' names, in the facts' order."""
+    cores, name = min((f.physical_cores, name) for f, name in zip(facts, names))
+    if job.ppn > cores:
+        raise UsageError(f"PPN={job.ppn}: {job.ppn} ranks per node but node {name} has only {cores} physical "
+                         f"core(s); allowed: 1..{cores}")
 
 
 # ---- the workdir: what is copied -----------------------------------------------------------------------
 
 def workdir_files(root: Path) -> list[Path]:
     """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT and what a .gitignore (at
-    any level) ignores, as git reads it."""
+    any level) ignores, as git reads it. A link to a file is copied as the file; a link to a folder is
+    left out (said on stderr): followed, a link to `.` or `/` would copy without end. A name that is
+    not UTF-8, or a folder that cannot be read, is refused naming it."""
     import pathspec
 
     found: list[Path] = []
@@ -146,13 +154,26 @@ def workdir_files(root: Path) -> list[Path]:
         if ignore.is_file():
             rules = [*rules, (folder, pathspec.PathSpec.from_lines("gitwildmatch",
                                                                    ignore.read_text(errors="replace").splitlines()))]
-        for entry in sorted(folder.iterdir()):
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError as exc:
+            raise UsageError(f"WORKDIR: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
+                             ".gitignore") from None
+        for entry in entries:
             if entry.name in ALWAYS_LEFT_OUT:
                 continue
+            try:
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UsageError(f"WORKDIR: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
+                                 "the fetch need; rename it, or list it in .gitignore") from None
             is_dir = entry.is_dir()
             if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
                 continue
-            if is_dir:
+            if is_dir and entry.is_symlink():
+                console.print(f"left out of the copy: {entry.relative_to(root)} (a link to a folder)", markup=False,
+                              soft_wrap=True)
+            elif is_dir:
                 walk(entry, rules)
             elif entry.is_file():
                 found.append(entry)
@@ -189,6 +210,17 @@ def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_d
             send_tree(conn, node, root, files, f"{remote_dir}/{SCRIPT_WORKDIR}")
             if requirements:
                 conn.put(str(requirements), f"{remote_dir}/requirements.txt")
+
+
+def remove_on_nodes(state: st.ClusterState, path: str) -> None:
+    """Best effort: a folder of the job removed from every node that answers."""
+    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
+    for node in nodes:
+        try:
+            with connect(state, node, attempts=1) as conn:
+                run(conn, node, "clean up", f"rm -rf {shlex.quote(path)}")
+        except Exception:  # noqa: BLE001, S110 - a node that does not answer keeps it until `ftc down`
+            pass
 
 
 PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the requirement|Invalid requirement:|"
@@ -235,7 +267,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     state = st.load(name)
     facts = load_facts(name)
     if job.ppn:
-        refuse_ppn_over_cores(job, facts)
+        refuse_ppn_over_cores(job, facts, [n.name for n in state.nodes])
     files = workdir_files(job.workdir)
     if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
         raise UsageError(f"SCRIPT={job.script!r} is left out of the copy by WORKDIR's .gitignore; un-ignore it")
@@ -262,9 +294,13 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
                 "threads_per_rank": spec.plan.threads, "exit_code": None, "output_bytes": None}
 
     def prepare(locked_state: st.ClusterState) -> None:
-        send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
-        if job.requirements:
-            install_requirements(locked_state, facts[0].python_executable, job.requirements, remote_dir)
+        try:
+            send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
+            if job.requirements:
+                install_requirements(locked_state, facts[0].python_executable, job.requirements, remote_dir)
+        except BaseException:  # nothing starts: no copy of the workdir is left on the nodes
+            remove_on_nodes(locked_state, remote_dir)
+            raise
 
     record = jobs.start(name, spec, st.JobInfo(id=job_id, task="script", remote_dir=remote_dir,
                                                results_dir=results_dir, kind="script", output=job.output),

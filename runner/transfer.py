@@ -123,7 +123,7 @@ def send_tree(conn, node: st.NodeInfo, root: Path, files: list[Path], remote: st
     quoted, partial = shlex.quote(remote), shlex.quote(f"{remote}.partial")
     with tempfile.TemporaryDirectory(prefix="ftc-send-") as scratch:
         tarball = Path(scratch) / "folder.tar"
-        with tarfile.open(tarball, "w") as tar:
+        with tarfile.open(tarball, "w", dereference=True) as tar:  # a link to a file goes as the file
             for path in files:
                 tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
         run(conn, node, "send folder", f"rm -rf {partial} && mkdir -p {partial}")
@@ -273,6 +273,9 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
                 _copy_whole(sftp, remote, local, info)
+            except FileNotFoundError:  # removed on the node since it was listed: nothing of it to bring
+                console.print(f"not fetched: {remote} on {node.name} (gone since it was listed)", style="yellow",
+                              markup=False, soft_wrap=True)
             except connection_lost() as exc:
                 raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
                                f"incomplete and no file is left half-copied: {again}") from None
@@ -286,10 +289,15 @@ def _mb(size: int) -> str:
 
 
 def _walk(sftp, directory: str, worth=lambda _directory: True):
-    """Every file under `directory` on the node, with its attributes (size, mtime), in the folders
-    `worth` accepts."""
+    """Every regular file under `directory` on the node, with its attributes (size, mtime), in the
+    folders `worth` accepts. Links are not followed (one to `/` would bring the node home); a folder
+    holding a name that is not UTF-8 is left out, said on stderr."""
     try:
         entries = sftp.listdir_attr(directory)
+    except UnicodeDecodeError:
+        console.print(f"not fetched: {directory} (a name in it is not UTF-8)", style="yellow", markup=False,
+                      soft_wrap=True)
+        return
     except OSError:
         return
     for entry in entries:
@@ -297,5 +305,5 @@ def _walk(sftp, directory: str, worth=lambda _directory: True):
         if stat.S_ISDIR(entry.st_mode):
             if worth(path):
                 yield from _walk(sftp, path, worth)
-        else:
+        elif stat.S_ISREG(entry.st_mode):
             yield path, entry

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import subprocess
 import uuid
 import zipfile
@@ -56,6 +57,20 @@ def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
         script_job.refuse_oversized(tmp_path, script_job.workdir_files(tmp_path), 2)
 
 
+def test_links_in_the_workdir_copy_files_not_folders_and_a_name_not_utf8_is_refused(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.csv").write_text("a,b\n")
+    (tmp_path / "same.csv").symlink_to(tmp_path / "data" / "rows.csv")  # a link to a file: copied as the file
+    (tmp_path / "loop").symlink_to(".")  # links to folders: followed, these copy without end
+    (tmp_path / "root").symlink_to("/")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert copied == ["data/rows.csv", "same.csv", "train.py"]
+    (tmp_path / os.fsdecode(b"bad\xff.txt")).write_text("x")
+    with pytest.raises(script_job.UsageError, match=r"the name b'.*bad\\xff\.txt' is not UTF-8"):
+        script_job.workdir_files(tmp_path)
+
+
 @pytest.mark.parametrize("raw", ["../out", "/tmp/out", ".", "a/../../b"])
 def test_an_output_folder_outside_the_workdir_is_refused(raw):
     with pytest.raises(script_job.UsageError, match="is not a folder inside the workdir"):
@@ -82,6 +97,9 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "ENV='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "PPN="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
+        (["--name", "nb", "--", f" {script}"], "begins or ends with a space"),
+        (["--name", "nb", "--env", "PATH=/x", "--", str(script)], "ftc sets PATH"),
+        (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "MAX_WORKDIR_MB=''"),
         (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "ARGS="),
         (["--name", "no-such-cluster", "--", str(script)], "NAME='no-such-cluster'"),
         (["--name", "nb", "--", str(script)], "is not bootstrapped"),
@@ -279,3 +297,44 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
         imds.close()
     assert (job_dir / "workdir" / "output" / "told.txt").read_text() == "FTC_PREEMPTED=1\n"
     assert json.loads((job_dir / "logs" / "rank0.exit.json").read_text())["code"] == 0
+
+
+LEAVES_THINGS = """
+import os, subprocess, sys
+out = os.environ["FTC_OUTPUT_DIR"]
+print("stdin gave", repr(sys.stdin.read()), flush=True)  # every rank: nothing, not a wait for ever
+subprocess.Popen(["sleep", "{tag}"])  # holds the output pipe
+subprocess.Popen(["sleep", "{tag}"], stdout=subprocess.DEVNULL, start_new_session=True)  # a session of its own
+if os.environ["RANK"] == "0":  # local nodes share one output folder
+    os.symlink("/etc", os.path.join(out, "etc-link"))  # links in the output folder: not followed home
+    os.symlink("/no/such/file", os.path.join(out, "dangling"))
+    os.makedirs(os.path.join(out, "odd"), exist_ok=True)
+    open(os.path.join(os.fsencode(out), b"odd/bad\\xff.txt"), "w").write("x")  # a name not UTF-8
+    open(os.path.join(out, "ok.txt"), "w").write("home")
+print("done", flush=True)
+"""
+
+
+def test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home(ftc_home, cluster,
+                                                                                             tmp_path):
+    tag = str(6000 + os.getpid() % 3000)  # this test's own `sleep` duration, to find what it left
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "leaves.py").write_text(LEAVES_THINGS.replace("{tag}", tag))
+    proc = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "leaves.py"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("stdin gave ''") == 2
+    job = last_job(ftc_home, cluster)
+    output = Path(job["results_dir"]) / "output"
+    assert (output / "ok.txt").read_text() == "home"
+    assert not (output / "etc-link").exists() and not (output / "dangling").exists()
+    assert "(a name in it is not UTF-8)" in proc.stderr
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if _reads(p) == f"sleep\0{tag}\0"]
+    assert left == [], "processes the script started outlived the job"
+    assert not (Path(job["remote_dir"]) / "workdir").exists()  # the workdir's copy goes once the job is home
+
+
+def _reads(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

@@ -12,11 +12,14 @@ SIGTERM, and FTC_PREEMPTED_FILE holds `FTC_PREEMPTED=1`.
     python -m runner.node.script_rank OUTPUT SCRIPT [ARGS...]   (cwd: the job's directory)
 """
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,23 +51,81 @@ def main(argv: list[str]) -> int:
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
     (workdir / output).mkdir(parents=True, exist_ok=True)
     (job_dir / "logs").mkdir(exist_ok=True)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the script starts in a session of its own is adopted here, not by init
+    # stdin: nothing (a rank's inherited one is mpirun's socket, where a read would wait for ever); a
+    # process group of its own, so that what it leaves running is found and stopped; killed with this
+    # process if mpirun kills this one outright
     child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("script_main.py")), script, *args],
-                             cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # mpirun stopping the job stops the script
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        signal.signal(sig, lambda signum, _frame: _signal_group(child.pid, signum))
     watcher = _watch_spot(child, note)
-    with open(job_dir / "logs" / f"rank{dist.rank}.log", "ab") as log:
-        for line in iter(child.stdout.readline, b""):
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-            log.write(line)
-            log.flush()
+    reader = threading.Thread(target=_tee, args=(child.stdout, job_dir / "logs" / f"rank{dist.rank}.log"), daemon=True)
+    reader.start()
     code = child.wait()
+    _stop_leftovers(child.pid)  # their ends of the output pipe close with them
+    reader.join(timeout=LEFTOVER_OUTPUT_S)
     if watcher:
         watcher.stop()
     code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
     write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time()))
     return code
+
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2)
+LEFTOVER_OUTPUT_S = 60  # a hang guard: the pipe closes once every process that held it is stopped
+
+
+def _prctl(option: int, value: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _tee(stream, log_path: Path) -> None:
+    """The script's output, line by line, to mpirun (output.log on the head node) and to the rank's log."""
+    with open(log_path, "ab") as log:
+        for line in iter(stream.readline, b""):
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            log.write(line)
+            log.flush()
+
+
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+def _stop_leftovers(group: int) -> None:
+    """What the script left running when it ended: its process group, and what it started in a session
+    of its own (adopted by this process, a subreaper): stopped, so nothing of a job outlives it."""
+    _signal_group(group, signal.SIGKILL)
+    for _ in range(100):
+        adopted = _children()
+        if not adopted:
+            return
+        for pid, state in adopted:
+            if state != "Z":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.05)
+
+
+def _children() -> list[tuple[int, str]]:
+    """This process's child processes, with their state letter (Z: ended, not yet reaped)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            found.append((int(stat.parent.name), fields[0]))
+    return found
 
 
 def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
@@ -79,7 +140,7 @@ def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
             super().run()
             if self.notice is not None:
                 note.write_text("FTC_PREEMPTED=1\n")
-                child.send_signal(signal.SIGTERM)
+                _signal_group(child.pid, signal.SIGTERM)
     watcher = Notify(endpoint)
     watcher.start()
     return watcher
