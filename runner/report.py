@@ -10,6 +10,7 @@ as runner/node/protocol.py writes and parses it: rank 0's progress while it trai
 metrics after each evaluation.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from provision.ui import answer, console
 from runner.node.protocol import RESULTS_FILE, TrainResults, ended, parse_dev, parse_progress, split_clock
 from runner.node.units import duration
 
-from .runs import read_run_file, runs_root
+from .runs import RECORD, read_run_file, runs_root
 
 RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\](?:<std(?:out|err)>:)?\s?")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -372,22 +373,52 @@ def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> No
     plt.close(fig)
 
 
+# What run.json holds that is not a setting of the job: where and when it ran, and how it ended.
+NOT_SETTINGS = {"id", "cluster", "started_at", "ended_at", "status", "results_dir", "remote_dir", "exit_code",
+                "output_bytes", "data_sha256"}
+
+
+def differing_settings(records: list[dict]) -> dict[str, list]:
+    """The settings (run.json's) whose values are not the same in every run, each run's value in
+    order; what a run did not record is None. Pure."""
+    keys = sorted({k for r in records for k in r} - NOT_SETTINGS)
+    return {k: [r.get(k) for r in records] for k in keys if len({json.dumps(r.get(k)) for r in records}) > 1}
+
+
 def compare(runs: list[dict], path: Path) -> None:
-    """The runs side by side: the table on stdout, one plot (dev metric per epoch, throughput over time)."""
+    """The runs side by side: the table and the settings that differ on stdout; one plot (dev metric
+    and training loss per epoch, throughput over time)."""
     answer.print(runs_table(runs, f"{len(runs)} runs compared", answer.width))
+    differ = differing_settings([read_run_file(Path(r["results_dir"]), RECORD)[0] for r in runs])
+    if differ:
+        from rich.table import Table
+        table = Table(title="settings that differ", title_justify="left")
+        for column in ("setting", *(escape(r["id"]) for r in runs)):
+            table.add_column(column)
+        for key, values in differ.items():
+            table.add_row(escape(key), *(escape("-" if v is None else str(v)) for v in values))
+        answer.print(table)
     plt = pyplot()
-    fig, (dev, speed) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (dev, loss, speed) = plt.subplots(1, 3, figsize=(16, 4))
+    shown = []
     for run in runs:
         epochs, steps = epoch_rows(Path(run["results_dir"]))
         key = next((k for e in epochs for k in e if k.startswith("eval_")), None)
         label = f"{run['cluster']}/{run['id']}"
         if key:
-            dev.plot([e["epoch"] for e in epochs if key in e], [e[key] for e in epochs if key in e], "o-",
-                     label=f"{label} ({key[5:]})")
+            points = [(e["epoch"], e[key]) for e in epochs if isinstance(e.get(key), (int, float))]
+            dev.plot([x for x, _ in points], [y for _, y in points], "o-", label=f"{label} ({key[5:]})")
+            shown += [y for _, y in points]
+        trained = [e for e in epochs if isinstance(e.get("train_loss"), (int, float))]
+        loss.plot([e["epoch"] for e in trained], [e["train_loss"] for e in trained], "o-", label=label)
         speed.plot([s["seconds"] / 60 for s in steps], [s["samples_per_second"] for s in steps], ".-", label=label)
+    if shown and all(0 <= y <= 1 for y in shown):  # the whole scale: noise must not look like a difference
+        dev.set_ylim(0, 1)
+    loss.set_ylim(bottom=0)
     dev.set(xlabel="epoch", ylabel="dev metric", title="dev metric per epoch")
+    loss.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="training loss")
     speed.set(xlabel="minutes since the first logged step", ylabel="samples/s (running average)", title="throughput")
-    for axes in (dev, speed):
+    for axes in (dev, loss, speed):
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize="small")
     fig.tight_layout()

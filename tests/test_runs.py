@@ -233,3 +233,21 @@ def test_compare_into_a_directory_is_refused(ftc_home, tmp_path):
     assert proc.returncode == 2 and f"OUT='{plots}' is a directory" in one_error(proc)
     assert list(plots.iterdir()) == []
 
+
+
+def test_compare_shows_the_settings_that_differ(ftc_home, tmp_path):
+    from runner.report import differing_settings
+    assert differing_settings([{"id": "a", "lr": 2e-5, "task": "mrpc"}, {"id": "b", "lr": 2e-4, "task": "mrpc",
+                                                                         "dropout": 0.0}]) == \
+        {"dropout": [None, 0.0], "lr": [2e-5, 2e-4]}
+    for run_id, lr, dropout in (("slow-lr", 2e-5, None), ("fast-lr", 2e-4, 0.0)):
+        folder = ftc_home / "runs" / "c" / run_id
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({**GOOD_RUN, "id": run_id, "lr": lr, "dropout": dropout,
+                                                     "results_dir": str(folder)}))
+    out = tmp_path / "cmp.png"
+    compared = ftc("runs", "compare", "slow-lr", "fast-lr", "--out", str(out))
+    assert compared.returncode == 0, compared.stderr
+    table = compared.stdout.split("settings that differ", 1)[1]
+    assert "lr" in table and "2e-05" in table and "0.0002" in table and "dropout" in table
+    assert "task" not in table and out.read_bytes()[:4] == b"\x89PNG"
