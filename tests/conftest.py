@@ -44,7 +44,9 @@ LONGEST = {
     "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 115,  # ~
     "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 90,  # ~
     "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 83,
+    "test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default": 90,
     "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 60,
+    "test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home": 40,
     "test_requirements_are_installed_once_and_a_bad_one_names_node_and_package": 45,
     "test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names": 40,
     "test_one_shot_run_tears_down_after_itself": 73,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc, processes_under
-from helpers import gloo_script, last_job, one_error, state_of, up_local, wait_for
+from helpers import gloo_script, last_job, make, one_error, state_of, up_local, wait_for
 
 from runner import script_job
 from runner.node.protocol import RankExit, first_failure
@@ -338,3 +338,20 @@ def _reads(path: Path) -> str:
         return path.read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default(ftc_home, minilm, glue_dir):
+    dry = make("-n", "launch", home=ftc_home)  # with no SCRIPT and no ARGS: the example on ../shared's MRPC
+    assert dry.returncode == 0, dry.stderr
+    assert "--script='examples/hf_trainer_glue.py'" in dry.stdout
+    assert f"--args='--train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv" in dry.stdout
+    args = (f"--model {minilm} --train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv "
+            "--max-train-samples 16 --max-eval-samples 16 --batch-size 8")
+    try:
+        real = make("launch", "NAME=mk", f"ARGS={args}", home=ftc_home)
+        assert real.returncode == 0, real.stderr[-3000:]
+        assert "no cluster mk: making one of 2 local nodes" in real.stderr
+        (result,) = (ftc_home / "runs" / "mk").glob("script-*/output/result.json")
+        assert json.loads(result.read_text())["world_size"] == 2
+    finally:
+        assert ftc("down", "--name", "mk").returncode == 0
