@@ -16,7 +16,15 @@ define newline
 
 
 endef
-$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(if $(findstring $(newline),$(value $(v))),\
+# Every variable a recipe reads: set in the environment instead, each is checked the same way (a
+# recipe reads each through $(value), so Make expands none of them).
+INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER CHECKPOINT_S3 CONFIG DATA_DIR DETACH \
+  DROPOUT EPOCHS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
+  MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PROVIDER QUICK RECIPE REGION \
+  REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
+  TRAIN_FILE VALIDATION_FILE WORKDIR YES ZONES
+$(foreach v,$(sort $(INPUTS) $(.VARIABLES)),$(if $(or $(filter command line,$(origin $(v))),\
+  $(and $(filter $(v),$(INPUTS)),$(filter environment,$(origin $(v))))),$(if $(findstring $(newline),$(value $(v))),\
   $(error error: $(v) holds a newline; give a value without one))))
 $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 
@@ -100,8 +108,8 @@ finetune: setup
 # Your own script on every rank (README: your own script). With no SCRIPT: the example Trainer script,
 # offline, on MRPC from ../shared, on the cluster NAME (default demo), made first (2 local nodes) if missing.
 EXAMPLE := examples/hf_trainer_glue.py
-GLUE_DIR ?= $(abspath ../shared/data/glue)
-EXAMPLE_ARGS := --train-file $(GLUE_DIR)/mrpc/train.tsv --validation-file $(GLUE_DIR)/mrpc/dev.tsv \
+SHARED_GLUE := $(abspath ../shared/data/glue)
+EXAMPLE_ARGS := --train-file $(SHARED_GLUE)/mrpc/train.tsv --validation-file $(SHARED_GLUE)/mrpc/dev.tsv \
   --max-train-samples 512 --max-eval-samples 200 --epochs 1
 launch: setup
 	@name=$(call given_or,NAME,demo); $(FTC) status --name "$$name" >/dev/null 2>&1 || { \

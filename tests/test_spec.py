@@ -1,6 +1,7 @@
 """Cluster spec: precedence of the sources, and bad input refused before anything exists."""
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -150,13 +151,28 @@ def test_make_variables_reach_ftc_as_data_never_as_shell_code(ftc_home, tmp_path
 
 @pytest.mark.parametrize("flags", [[], ["-i"]])
 @pytest.mark.parametrize("variable,target", [("LABEL_COLUMN", "finetune"), ("NAME", "cluster"), ("ARGS", "launch")])
-def test_a_newline_in_a_make_variable_is_refused_before_any_recipe_runs(ftc_home, tmp_path, flags, variable, target):
+@pytest.mark.parametrize("given", ["command line", "environment"])
+def test_a_newline_in_a_make_variable_is_refused_before_any_recipe_runs(ftc_home, tmp_path, flags, variable, target,
+                                                                         given):
     """The rest of the value after a newline would be a recipe line of its own (under `make -i` it ran)."""
     marker = tmp_path / "ran"
-    proc = make(*flags, target, f"{variable}=x\ntouch {marker} #", home=ftc_home)
+    value = f"x\ntouch {marker} #"
+    if given == "environment":
+        proc = subprocess.run(["make", "-s", "-C", str(REPO), *flags, target], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "FTC_HOME": str(ftc_home), variable: value})
+    else:
+        proc = make(*flags, target, f"{variable}={value}", home=ftc_home)
     assert proc.returncode == 2 and not marker.exists(), proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.endswith(f"*** error: {variable} holds a newline; give a value without one.  Stop."), line
+
+
+def test_every_variable_a_recipe_reads_is_checked_from_the_environment_too():
+    text = (REPO / "Makefile").read_text()
+    read = set(re.findall(r"\$\(call (?:flag|given_or),([A-Z0-9_]+)", text)) | set(re.findall(r"\$\(value ([A-Z0-9_]+)\)", text))
+    read -= {"VAR"}  # the placeholder in the comments that explain `flag` and `given_or`
+    inputs = set(re.search(r"^INPUTS := (.*?)\n\$", text, re.S | re.M).group(1).replace("\\", " ").split())
+    assert read and read <= inputs, read - inputs
 
 
 def test_config_whose_cluster_is_not_a_table_is_refused(ftc_home, tmp_path):
