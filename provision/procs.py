@@ -86,9 +86,10 @@ def stop(pids: list[int], grace: float = 5.0) -> None:
     _signal([p for p in pids if alive(p)], signal.SIGKILL)
 
 
-def stop_group_command(pid: int, started: int) -> str:
+def stop_group_command(pid: int, started: int, grace_s: int = 2) -> str:
     """Shell, run on the node: stop the process group `pid` leads (a job started under setsid:
-    its mpirun and ranks go with it), only if that process started at `started`."""
+    its mpirun and ranks go with it), only if that process started at `started`; SIGKILL after
+    `grace_s` seconds for what SIGTERM did not end."""
     same = f'[ "$({START_OF.format(pid=pid)} 2>/dev/null)" = "{started}" ]'
-    return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; sleep 2; kill -KILL -- -{pid} 2>/dev/null; "
+    return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; sleep {int(grace_s)}; kill -KILL -- -{pid} 2>/dev/null; "
             f"else echo 'pid {pid} is no longer the job: left alone' >&2; fi; true")

@@ -35,6 +35,7 @@ from .node.protocol import (
     parse_checkpoint,
     read_rank_exits,
 )
+from .node.script_rank import STOP_GRACE_S
 from .report import for_terminal, print_results, show_failure
 from .script_job import output_bytes, remove_on_nodes
 from .transfer import (
@@ -339,7 +340,9 @@ def cancel(name: str) -> int:
                 console.print(f"job {job.id} already ended (exit code {ended}); `ftc fetch --name {name}` collects "
                               "its results", markup=False)
                 return 0
-            run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start))
+            # a script's ranks get the time to stop what it started (script_rank.STOP_GRACE_S) before SIGKILL
+            grace = 2 if job.kind != "script" else STOP_GRACE_S + 5
+            run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start, grace))
         job.state = "cancelled"
         st.save(state)
         runs.record_end(job.results_dir, job.state)

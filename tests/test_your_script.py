@@ -194,6 +194,35 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     # the launch script, mpirun and every rank (their command lines or folders are the job's) are gone
     wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the script's processes to end", timeout=60)
 
+    # A script that ignores SIGTERM and has started processes of its own (in its group, in a session of
+    # its own): cancel leaves none of them.
+    tag = str(7000 + os.getpid() % 2000)
+    (tmp_path / "work" / "stubborn.py").write_text(STUBBORN.replace("{tag}", tag))
+    started = ftc("launch", "--name", cluster, "--detach", "--", str(tmp_path / "work" / "stubborn.py"))
+    assert started.returncode == 0, started.stderr
+    job = last_job(ftc_home, cluster)
+    wait_for((Path(job["remote_dir"]) / "workdir" / "held").exists, "the stubborn script to start", timeout=300)
+    wait_for(lambda: len(_sleeping(tag)) == 4, "both ranks' processes to start")
+    assert ftc("cancel", "--name", cluster).returncode == 0
+    wait_for(lambda: not _sleeping(tag) and not processes_under(Path(job["remote_dir"])),
+             "everything the stubborn script started to end", timeout=120)
+
+
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen(["sleep", "{tag}"], start_new_session=True)  # a session of its own
+subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.setpgid(0, 0); "
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); os.execvp('sleep', ['sleep', '{tag}'])"])
+open("held", "w").close()
+while True:
+    time.sleep(0.2)
+"""
+
+
+def _sleeping(tag: str) -> list[Path]:
+    return [p for p in Path("/proc").glob("[0-9]*/cmdline") if _reads(p) == f"sleep\0{tag}\0"]
+
 
 def _wheel(folder: Path, name: str, value: str) -> Path:
     """A pure-Python wheel made by hand (no build backend, no index): module `name` with VALUE."""
@@ -328,8 +357,7 @@ def test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_an
     assert (output / "ok.txt").read_text() == "home"
     assert not (output / "etc-link").exists() and not (output / "dangling").exists()
     assert "(a name in it is not UTF-8)" in proc.stderr
-    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if _reads(p) == f"sleep\0{tag}\0"]
-    assert left == [], "processes the script started outlived the job"
+    assert _sleeping(tag) == [], "processes the script started outlived the job"
     assert not (Path(job["remote_dir"]) / "workdir").exists()  # the workdir's copy goes once the job is home
 
 

@@ -59,8 +59,13 @@ def main(argv: list[str]) -> int:
                              cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # mpirun stopping the job stops the script
-        signal.signal(sig, lambda signum, _frame: _signal_group(child.pid, signum))
+    def stop(signum, _frame) -> None:
+        """mpirun stopping the job (`ftc cancel`) stops the script: the signal to its process group, then,
+        after STOP_GRACE_S, SIGKILL to whatever of it is left, before a SIGKILL can end this process."""
+        _signal_group(child.pid, signum)
+        threading.Timer(STOP_GRACE_S, _stop_leftovers, args=(child.pid,)).start()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
     watcher = _watch_spot(child, note)
     reader = threading.Thread(target=_tee, args=(child.stdout, job_dir / "logs" / f"rank{dist.rank}.log"), daemon=True)
     reader.start()
@@ -76,6 +81,7 @@ def main(argv: list[str]) -> int:
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2)
 LEFTOVER_OUTPUT_S = 60  # a hang guard: the pipe closes once every process that held it is stopped
+STOP_GRACE_S = 5  # between the signal that stops a job and SIGKILL to what the script left running
 
 
 def _prctl(option: int, value: int) -> None:
@@ -102,16 +108,14 @@ def _stop_leftovers(group: int) -> None:
     of its own (adopted by this process, a subreaper): stopped, so nothing of a job outlives it."""
     _signal_group(group, signal.SIGKILL)
     for _ in range(100):
-        adopted = _children()
+        adopted = [(pid, state) for pid, state in _children() if pid != group]  # the script itself: main's to reap
         if not adopted:
             return
         for pid, state in adopted:
-            if state != "Z":
-                with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                if state != "Z":
                     os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+                os.waitpid(pid, os.WNOHANG)
         time.sleep(0.05)
 
 
