@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="create a cluster (and bootstrap it)")
     _spec_flags(p)
     p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
-    p.add_argument("--bootstrap", default=None, help="1 (default) or 0: stop once nodes are running")
+    p.add_argument("--bootstrap", default=None, **SWITCH, help="1 (default) or 0: stop once nodes are running")
     p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0", help="same as --bootstrap 0")
     p.add_argument("--dry-run", action="store_true", help="AWS: check credentials, permissions, quota; create nothing")
 

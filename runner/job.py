@@ -66,6 +66,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         if not state.jobs:
             raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
         job_id, remote_dir = state.jobs[-1].id, state.jobs[-1].remote_dir
+        if not render_only:
+            refuse_resume_without_checkpoint(state, job_id, remote_dir)
     else:
         job_id = f"{job.task}-{runs.utc_stamp()}"
         remote_dir = f"{state.head.workdir}/jobs/{job_id}"
@@ -113,6 +115,16 @@ def refuse_dead_nodes(state: st.ClusterState) -> None:
             pass
 
 
+def refuse_resume_without_checkpoint(state: st.ClusterState, job_id: str, remote_dir: str) -> None:
+    """A job stopped before its first checkpoint has nothing to resume from: said now, not after the
+    ranks have started and loaded the model."""
+    with connect(state, state.head) as conn:
+        held = run(conn, state.head, "resume", f"test -e {shlex.quote(remote_dir)}/{CHECKPOINT_FILE} && echo held || true")
+    if not held.strip():
+        raise UsageError(f"--resume: job {job_id} saved no checkpoint (it stopped before its first epoch ended); "
+                         "start it anew without --resume")
+
+
 def job_settings(job: JobSpec) -> dict:
     """What run.json records of a job's own settings (the cluster adds nodes, ranks and threads)."""
     return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "train_file": job.train_file or None,
@@ -120,19 +132,19 @@ def job_settings(job: JobSpec) -> dict:
             "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
             "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
             "max_eval_samples": job.max_eval_samples or None, "text_columns": job.text_columns or None,
-            "label_column": job.label_column or None, "data_sha256": data_digest(job)}
+            "label_column": job.label_column or None, **data_digests(job)}
 
 
-def data_digest(job: JobSpec) -> str | None:
-    """The content of the rows the job trains and evaluates on (your files, or a local GLUE task's):
-    a resume on changed data is another job. None for GLUE from the hub."""
+def data_digests(job: JobSpec) -> dict[str, str | None]:
+    """The content of the rows the job trains and evaluates on (your files, or a local GLUE task's),
+    each file's: a resume on changed data is another job. None for GLUE from the hub."""
     if job.train_file:
         files = [Path(job.train_file), Path(job.validation_file)]
     elif job.data_dir:
         files = [glue.split_file(job.data_dir, job.task, split) for split in ("train", "dev")]
     else:
-        return None
-    return content_digest(Path("/"), [f.absolute() for f in files])
+        return {"train_sha256": None, "validation_sha256": None}
+    return {f"{role}_sha256": content_digest(Path("/"), [f.absolute()]) for role, f in zip(("train", "validation"), files)}
 
 
 def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:

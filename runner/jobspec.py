@@ -63,7 +63,7 @@ class JobSpec:
 @functools.cache  # one answer per command: MODEL, DATA_DIR and the model check each ask, and offline each costs a timeout
 def hub_reachable(timeout: float = 3.0) -> bool:
     """False offline, and where the user said so as transformers reads it (HF_HUB_OFFLINE=1)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+    if os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() not in ("", "0", "false", "no", "off"):
         return False
     try:
         socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
@@ -96,6 +96,10 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
         job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
         labels = glue.TASKS[job.task].labels
     refuse_other_head(job.model, values.get("model"), labels)
+    for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too
+        if control_character(getattr(job, key)):
+            raise UsageError(f"{label(key)}={values.get(key)!r} is {getattr(job, key)!r} here, which holds a control "
+                             "character (a newline, a tab, ...); run from a folder without one, or give another path")
     if values.get("results"):  # absolute: `ftc fetch` from another directory brings them to the same place
         job.results = writable_dir("results", values["results"])
         if not resume:
@@ -257,6 +261,8 @@ def resolve_data_files(job: JobSpec, values: dict) -> tuple[str, ...] | None:
         raise UsageError(f"{exc.filename}: cannot be read ({exc.strerror})") from None
     except datafiles.DataProblems as exc:
         raise UsageError(str(exc)) from None
+    # the columns as read, given or not: a resume that names the defaults is the same job
+    job.text_columns, job.label_column = ",".join(filter(None, (task.text_a, task.text_b))), task.label
     kind = f"classes {datafiles.shown(task.labels)}" if task.labels else "regression (float labels)"
     console.print(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
                   f"label from {task.label}: {kind}", markup=False, soft_wrap=True)

@@ -92,14 +92,16 @@ HEAD_LAYERS = ("classifier.weight", "classifier.out_proj.weight", "score.weight"
 
 
 def head_outputs(path: Path) -> int | None:
-    """The outputs of the classification head the weights already hold (a model fine-tuned before);
-    None for a model without one (a base model: the head is made new) or weights whose shapes only
-    loading tells."""
+    """The outputs of the classification head the weights already hold (a model fine-tuned before), from
+    its weight or its bias; None for a model without one (a base model: the head is made new) or weights
+    whose shapes only loading tells (a PyTorch .bin: not checked here)."""
     weights = [path / name for name in WEIGHTS if (path / name).exists()]
     tensors = _check_weights(weights[0]) if weights else {}
-    shapes = [shape for name, shape in tensors.items() if name.endswith(HEAD_LAYERS) and len(shape) == 2
-              and not name.endswith("pre_classifier.weight")]
-    return shapes[0][0] if shapes else None
+    biases = tuple(layer.replace(".weight", ".bias") for layer in HEAD_LAYERS)
+    outputs = [shape[0] for name, shape in tensors.items() if not name.endswith(("pre_classifier.weight",
+                                                                                   "pre_classifier.bias")) and
+               ((name.endswith(HEAD_LAYERS) and len(shape) == 2) or (name.endswith(biases) and len(shape) == 1))]
+    return outputs[0] if outputs else None
 
 
 def _json(file: Path):

@@ -375,7 +375,7 @@ def plot_run(run: dict, epochs: list[dict], steps: list[dict], path: Path) -> No
 
 # What run.json holds that is not a setting of the job: where and when it ran, and how it ended.
 NOT_SETTINGS = {"id", "cluster", "started_at", "ended_at", "status", "results_dir", "remote_dir", "exit_code",
-                "output_bytes", "data_sha256"}
+                "output_bytes", "train_sha256", "validation_sha256"}
 
 
 def differing_settings(records: list[dict]) -> dict[str, list]:

@@ -62,9 +62,10 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
 # What makes a resumed job the same job as the one whose checkpoint it continues: its data, its
 # model, and everything that shapes its steps and its schedule.
 SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "epochs", "lr",
-            "max_train_samples", "precision", "dropout", "world_size", "text_columns", "label_column", "data_sha256")
+            "max_train_samples", "precision", "dropout", "world_size", "text_columns", "label_column", "train_sha256",
+            "validation_sha256")
 # Recorded only since the data's content and columns were: a run.json without them is not told apart by them.
-RECORDED_LATER = ("text_columns", "label_column", "data_sha256")
+RECORDED_LATER = ("text_columns", "label_column", "train_sha256", "validation_sha256")
 LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision")  # unset (None, or precision auto): the recipe's
 
 

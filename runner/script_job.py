@@ -125,7 +125,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"ENV={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. --env HF_HOME=/data")
         if key in RESERVED_ENV:
             raise UsageError(f"ENV={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
-        _no_control("ENV", value)
+        _no_control("ENV", pair)
         env[key] = value
     return env
 

@@ -2,6 +2,7 @@
 GLUE data, the model directory. Each bad one is refused with one line naming the file and what is
 wrong, exit code 2, nothing created."""
 
+import io
 import json
 import struct
 from pathlib import Path
@@ -245,9 +246,17 @@ def test_a_trained_head_of_another_size_than_the_datas_classes_is_refused_before
                "--model", str(three))
     assert proc.returncode == 2 and "but the data has 2 classes (neg, pos)" in last_line(proc)
     assert sshd_pids(ftc_home) == []
+    from provision.errors import UsageError
     from runner.jobspec import refuse_other_head
     for model in (tiny_model(tmp_path / "two", head=2), tiny_model(tmp_path / "base", head=None)):
         refuse_other_head(str(model), str(model), ("0", "1"))  # a head that fits, or none: a new one is made
+    bias_only = tiny_model(tmp_path / "bias", head=None)  # a head known by its bias alone
+    header = json.dumps({"bert.embeddings.word_embeddings.weight": {"dtype": "F32", "shape": [4, 2],
+                                                                    "data_offsets": [0, 32]},
+                         "classifier.bias": {"dtype": "F32", "shape": [3], "data_offsets": [32, 44]}}).encode()
+    (bias_only / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 44)
+    with pytest.raises(UsageError, match="holds a classification head of 3 outputs"):
+        refuse_other_head(str(bias_only), "bias", ("0", "1"))
 
 
 def test_results_claimed_by_a_job_starting_now_is_refused(ftc_home, tmp_path, minilm, glue_dir):
@@ -264,3 +273,35 @@ def test_results_claimed_by_a_job_starting_now_is_refused(ftc_home, tmp_path, mi
         assert json.loads((ftc_home / "clusters" / "rc" / "state.json").read_text())["jobs"] == []
     finally:
         assert ftc("down", "--name", "rc").returncode == 0
+
+
+def test_a_relative_path_made_absolute_in_a_folder_with_a_newline_is_refused(ftc_home, tmp_path):
+    odd = tmp_path / "x\nd"
+    odd.mkdir()
+    train = toy_csv(odd / "t.csv", 9)
+    proc = ftc("run", "--name", "nl", "--nodes", "1", "--task", "custom", "--train-file", train.name,
+               "--validation-file", train.name, "--text-columns", "review", "--label-column", "stars", cwd=odd)
+    assert proc.returncode == 2 and "holds a control character" in last_line(proc), proc.stderr
+    assert sshd_pids(ftc_home) == []
+
+
+def test_columns_are_recorded_as_read_so_naming_the_defaults_is_the_same_job(tmp_path, minilm):
+    from runner.job import job_settings
+    from runner.jobspec import validate_job
+    train = tmp_path / "t.csv"
+    train.write_text("text,label\nit was great,pos\nit was awful,neg\n")
+    given = {"train_file": str(train), "validation_file": str(train), "model": minilm}
+    assert job_settings(validate_job(given)) == job_settings(validate_job({**given, "text_columns": "text",
+                                                                           "label_column": "label"}))
+
+
+@pytest.mark.parametrize("value, online", [("1", False), ("true", False), ("0", True), ("false", True), ("no", True)])
+def test_hf_hub_offline_is_read_as_transformers_reads_it(monkeypatch, value, online):
+    from runner import jobspec
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    monkeypatch.setattr(jobspec.socket, "create_connection", lambda *a, **k: io.BytesIO())  # "the hub answers"
+    jobspec.hub_reachable.cache_clear()
+    try:
+        assert jobspec.hub_reachable() is online
+    finally:
+        jobspec.hub_reachable.cache_clear()

@@ -75,3 +75,20 @@ def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_
     assert fetched.returncode == 0, fetched.stderr
     record = json.loads((Path(job["results_dir"]) / "run.json").read_text())
     assert record["status"] == "finished" and (Path(job["results_dir"]) / "results.json").exists()
+
+
+def test_resume_of_a_job_stopped_before_its_first_checkpoint_is_refused_before_launch(ftc_home, minilm, glue_dir):
+    assert ftc("up", "--name", "nock", "--nodes", "1").returncode == 0
+    try:
+        started = ftc("finetune", "--name", "nock", "--detach", *tiny_job(minilm, glue_dir),
+                      env={"FTC_HOLD_AT_STEP": "1"})  # held before its first step: no epoch, no checkpoint
+        assert started.returncode == 0, started.stderr
+        job = json.loads((ftc_home / "clusters" / "nock" / "state.json").read_text())["jobs"][-1]
+        wait_for((Path(job["remote_dir"]) / "held").exists, "the job to hold before its first step")
+        assert ftc("cancel", "--name", "nock").returncode == 0
+        resumed = ftc("finetune", "--name", "nock", "--resume", "1", *tiny_job(minilm, glue_dir))
+        assert resumed.returncode == 2
+        assert f"--resume: job {job['id']} saved no checkpoint" in one_error(resumed)
+        assert len(json.loads((ftc_home / "clusters" / "nock" / "state.json").read_text())["jobs"]) == 1
+    finally:
+        assert ftc("down", "--name", "nock").returncode == 0

@@ -135,7 +135,7 @@ def test_resume_refuses_changed_data_or_columns_and_run_json_records_them(ftc_ho
     (tmp_path / "run.json").write_text(json.dumps(recorded))
     runs.refuse_other_job(tmp_path, "c", job_settings(job))  # the same data and columns: resumable
     train.write_text("text,label\na,0\nb,1\nc,2\n")  # a row more, and a third class
-    for settings, named in ((job_settings(job), "data_sha256"),
+    for settings, named in ((job_settings(job), "train_sha256"),
                             (job_settings(JobSpec(**{**job.__dict__, "text_columns": "other"})), "text_columns"),
                             (job_settings(JobSpec(**{**job.__dict__, "label_column": "stars"})), "label_column")):
         with pytest.raises(UsageError, match=f"another job than this one \\(.*{named} "):
