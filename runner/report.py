@@ -382,7 +382,8 @@ def differing_settings(records: list[dict]) -> dict[str, list]:
     """The settings (run.json's) whose values are not the same in every run, each run's value in
     order; what a run did not record is None. Pure."""
     keys = sorted({k for r in records for k in r} - NOT_SETTINGS)
-    return {k: [r.get(k) for r in records] for k in keys if len({json.dumps(r.get(k)) for r in records}) > 1}
+    values = {k: [None if r.get(k) == "" else r.get(k) for r in records] for k in keys}  # "" and unset alike
+    return {k: v for k, v in values.items() if len({json.dumps(x) for x in v}) > 1}
 
 
 def compare(runs: list[dict], path: Path) -> None:

@@ -136,3 +136,9 @@ def test_two_node_job_on_a_toy_csv_learns_and_records_its_classes(ftc_home, tmp_
     config = json.loads((results_file.parent / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"} and config["label2id"] == {"neg": 0, "pos": 1}
     assert list((results_file.parent / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_long_label_is_shortened_in_messages():
+    from runner.node.datafiles import shown
+    long = "x" * 100_000
+    assert shown(("a", long)) == f"a, {'x' * 40}... (100000 characters)"

@@ -237,9 +237,9 @@ def test_compare_into_a_directory_is_refused(ftc_home, tmp_path):
 
 def test_compare_shows_the_settings_that_differ(ftc_home, tmp_path):
     from runner.report import differing_settings
-    assert differing_settings([{"id": "a", "lr": 2e-5, "task": "mrpc"}, {"id": "b", "lr": 2e-4, "task": "mrpc",
-                                                                         "dropout": 0.0}]) == \
-        {"dropout": [None, 0.0], "lr": [2e-5, 2e-4]}
+    assert differing_settings([{"id": "a", "lr": 2e-5, "task": "mrpc", "data_dir": ""},
+                               {"id": "b", "lr": 2e-4, "task": "mrpc", "dropout": 0.0}]) == \
+        {"dropout": [None, 0.0], "lr": [2e-5, 2e-4]}  # an empty data_dir and none are the same
     for run_id, lr, dropout in (("slow-lr", 2e-5, None), ("fast-lr", 2e-4, 0.0)):
         folder = ftc_home / "runs" / "c" / run_id
         folder.mkdir(parents=True)

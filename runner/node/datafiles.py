@@ -67,11 +67,20 @@ def whole(text: str) -> int | Huge:
     return value
 
 
+MAX_LABEL_SHOWN = 40  # characters of one label in a message: a label may be a whole paragraph
+
+
+def short(label: str) -> str:
+    """One label for a message: as it is, or its first MAX_LABEL_SHOWN characters and how many it has."""
+    return label if len(label) <= MAX_LABEL_SHOWN else f"{label[:MAX_LABEL_SHOWN]}... ({len(label)} characters)"
+
+
 def shown(classes: tuple[str, ...]) -> str:
-    """A class list for a message: every class, or the first MAX_SHOWN and how many there are."""
+    """A class list for a message: every class, or the first MAX_SHOWN and how many there are; each
+    label shortened (short)."""
     if len(classes) <= MAX_SHOWN:
-        return ", ".join(classes)
-    return f"{', '.join(classes[:MAX_SHOWN])}, ... ({len(classes)} classes)"
+        return ", ".join(map(short, classes))
+    return f"{', '.join(map(short, classes[:MAX_SHOWN]))}, ... ({len(classes)} classes)"
 
 
 class DataProblems(ValueError):
@@ -260,7 +269,7 @@ def check(train: Path, validation: Path, text_columns: str = "", label_column: s
         stray = sorted({str(k) for k in dev_keys} - set(classes))
         what = f"is not among the training file's classes ({shown(classes)})"
     if stray:
-        raise DataProblems(capped([f"{validation}: column {layout.label!r}: label {label!r} {what}"
+        raise DataProblems(capped([f"{validation}: column {layout.label!r}: label {short(label)!r} {what}"
                                    for label in stray]))
     return task_of(layout, classes)
 
