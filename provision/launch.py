@@ -4,7 +4,7 @@ The one launch builder: `ftc finetune`, the bootstrap's verification (Fabric and
 `ftc bench` (simulated nodes) all go through `cluster_launch`/`render_launch`.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runner.node.facts import ALLOCATORS, NodeFacts
 
@@ -101,9 +101,10 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
     """The launch of a node program across this cluster, from its state and node facts."""
     head, wd = facts[0], state.head.workdir
     stack = state.cluster_spec.stack
+    named = [replace(f, hostname=node.name) for f, node in zip(facts, state.nodes)]  # a refusal names ftc's node
     return LaunchSpec(
         description=description, job_dir=job_dir, hostfile=f"{wd}/hostfile", nodes=len(state.nodes),
-        plan=plan_ranks(facts, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
+        plan=plan_ranks(named, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
         gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
         as_root=state.head.ssh_user == "root", program=program or [], env=env or {})

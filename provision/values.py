@@ -102,15 +102,21 @@ def control_character(text: str) -> str:
     return next((c for c in text if ord(c) < 32 or ord(c) == 127), "")
 
 
+def refuse_control_character(key: str, raw: str) -> None:
+    """A value holding a control character is refused, naming it: a newline would end a line of a
+    script, a log or the runs history, and make the rest of the value a line of its own."""
+    if control_character(raw):
+        raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
+                         "give a value without one")
+
+
 def writable_dir(key: str, raw: str) -> str:
     """A directory ftc can write results into, now or once made, as an absolute path: found before
     launch, not after the training. Tried for real (a probe file made and removed in the nearest
     existing directory), since root passes every access() test yet cannot write under /proc;
     nothing is left behind. A control character is refused: the runs history lists directories
     one per line."""
-    if control_character(raw):
-        raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
-                         "give a path without one")
+    refuse_control_character(key, raw)
     path = Path(local_path(key, raw))
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():

@@ -17,7 +17,16 @@ from provision.providers import traits
 from provision.providers.local import split_cores
 from provision.stacks import STACKS
 from provision.ui import console
-from provision.values import control_character, label, local_path, number, one_of, whole, writable_dir
+from provision.values import (
+    control_character,
+    label,
+    local_path,
+    number,
+    one_of,
+    refuse_control_character,
+    whole,
+    writable_dir,
+)
 
 from . import runs
 from .jobflags import JOB_FLAGS
@@ -77,9 +86,8 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
     job continues an earlier run, so its RESULTS may hold that run."""
     job = JobSpec()
     for key, value in values.items():  # a newline in a path or a name would end a line of a script or a log
-        if isinstance(value, str) and control_character(value):
-            raise UsageError(f"{label(key)}={value!r} holds a control character (a newline, a tab, ...); "
-                             "give a value without one")
+        if isinstance(value, str):
+            refuse_control_character(key, value)
     task = str(values.get("task") or (datafiles.CUSTOM if values.get("train_file") else job.task))
     try:
         job.task = task if task == datafiles.CUSTOM else glue.task_name(task)

@@ -22,7 +22,7 @@ from provision.launch import cluster_launch, render_launch
 from provision.providers import traits
 from provision.ssh import connect, run
 from provision.ui import console
-from provision.values import control_character, local_path, whole
+from provision.values import local_path, refuse_control_character, whole
 
 from . import runs
 from .node.protocol import SCRIPT_WORKDIR
@@ -58,12 +58,6 @@ class ScriptJob:
 
 # ---- checks: pure but for reading the files named ------------------------------------------------------
 
-def _no_control(key: str, value: str) -> str:
-    if control_character(value):
-        raise UsageError(f"{key}={value!r} holds a control character (a newline, a tab, ...); give one without")
-    return value
-
-
 def validate(script: str, args: list[str], workdir: str | None = None, output: str | None = None,
              ppn: str | None = None, requirements: str | None = None, env: list[str] | None = None,
              max_workdir_mb: str | None = None) -> ScriptJob:
@@ -72,7 +66,7 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
         raise UsageError("SCRIPT is missing; give the training script: `ftc launch -- train.py [ARGS...]`")
     for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("OUTPUT", output or ""),
                        ("REQUIREMENTS", requirements or ""), *(("ARGS", a) for a in args)):
-        _no_control(key, value)
+        refuse_control_character(key, value)
     for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("REQUIREMENTS", requirements or "")):
         if value != value.strip():  # read as given: ' lead.py' is not lead.py
             raise UsageError(f"{key}={value!r} begins or ends with a space; give the path without it")
@@ -125,17 +119,9 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
             raise UsageError(f"ENV={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. --env HF_HOME=/data")
         if key in RESERVED_ENV:
             raise UsageError(f"ENV={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
-        _no_control("ENV", pair)
+        refuse_control_character("ENV", pair)
         env[key] = value
     return env
-
-
-def refuse_ppn_over_cores(job: ScriptJob, facts, names: list[str]) -> None:
-    """`names`: the nodes' names, in the facts' order."""
-    cores, name = min((f.physical_cores, name) for f, name in zip(facts, names))
-    if job.ppn > cores:
-        raise UsageError(f"PPN={job.ppn}: {job.ppn} ranks per node but node {name} has only {cores} physical "
-                         f"core(s); allowed: 1..{cores}")
 
 
 # ---- the workdir: what is copied -----------------------------------------------------------------------
@@ -266,8 +252,6 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     from . import job as jobs
     state = st.load(name)
     facts = load_facts(name)
-    if job.ppn:
-        refuse_ppn_over_cores(job, facts, [n.name for n in state.nodes])
     files = workdir_files(job.workdir)
     if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
         raise UsageError(f"SCRIPT={job.script!r} is left out of the copy by WORKDIR's .gitignore; un-ignore it")
