@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -224,3 +225,19 @@ def assert_script_runs_across_nodes(home: Path, name: str, tmp_path: Path) -> No
     seen = json.loads((results / "output" / "rank0.json").read_text())
     assert seen["world"] == 2 and seen["sum"] == 3.0 and seen["words"] == ["hello"]
     assert "rank 1 summed 3.0" in (results / "logs" / "rank1.log").read_text()
+
+
+def start_emulator(disks: Path, **env: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`ec2_emulator.py 0` (it binds a free port itself: one picked here could be taken before it
+    binds); its URL from the ready line, and the lines it printed before it: the nodes a killed
+    emulator left, which it stops first (another test's, on the other worker). Read line by line to
+    the ready line: the emulator runs on, so its output never ends."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
+                            env={**os.environ, **env, "FTC_EMULATOR_DIR": str(disks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    before = []
+    for line in proc.stdout:
+        if line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="):
+            return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0], before
+        before.append(line)
+    raise AssertionError("the emulator ended before it was ready:\n" + "".join(before))

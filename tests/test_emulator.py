@@ -5,14 +5,13 @@
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import FTC, REPO, assert_nothing_left, ftc, point_aws_at, sshd_pids
-from helpers import assert_script_runs_across_nodes
+from helpers import assert_script_runs_across_nodes, start_emulator
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
 
@@ -24,22 +23,11 @@ NOTICE_S = 120  # spot notice to reclaim, as on EC2: the run checkpoints within 
 def emulator(tmp_path_factory):
     """The emulator as a user runs it, for the session; on SIGTERM it must leave no node behind."""
     disks = tmp_path_factory.mktemp("emulator")
-    proc, url = start_emulator(disks, FTC_EMULATOR_MINUTE_S=str(MINUTE_S), FTC_EMULATOR_NOTICE_S=str(NOTICE_S))
+    proc, url, _ = start_emulator(disks, FTC_EMULATOR_MINUTE_S=str(MINUTE_S), FTC_EMULATOR_NOTICE_S=str(NOTICE_S))
     yield {"url": url, "disks": disks}
     proc.terminate()
     proc.wait(60)
     assert sshd_pids(disks) == []
-
-
-def start_emulator(disks: Path, **env: str) -> tuple[subprocess.Popen, str]:
-    """`ec2_emulator.py 0`: it binds a free port itself (one picked here could be taken before it
-    binds) and names its URL on the ready line."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
-                            env={**os.environ, **env, "FTC_EMULATOR_DIR": str(disks)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="), line + proc.stdout.read()
-    return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0]
 
 
 @pytest.fixture
@@ -217,7 +205,7 @@ def release_on_every_node(emulator, held: Path) -> None:
 
 def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monkeypatch):
     disks = tmp_path / "disks"
-    proc, url = start_emulator(disks)
+    proc, url, _ = start_emulator(disks)
     env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": "0.1"}
     up = ftc("up", "--name", "left", *AWS, "--no-bootstrap", env=env)

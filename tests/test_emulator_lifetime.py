@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc, sshd_pids
+from helpers import start_emulator
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
 
@@ -19,19 +20,6 @@ import ec2_emulator  # noqa: E402
 UP = ["up", "--provider", "aws", "--nodes", "1", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
 
 
-def start(disks: Path) -> tuple[subprocess.Popen, str, list[str]]:
-    """`ec2_emulator.py 0`; its URL, and the lines it printed before the ready line."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
-                            env={**os.environ, "FTC_EMULATOR_DIR": str(disks)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    before = []
-    for line in proc.stdout:
-        if line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="):
-            return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0], before
-        before.append(line)
-    raise AssertionError("".join(before))
-
-
 def aws_env(url: str) -> dict:
     return {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1", "FTC_AWS_POLL_SECONDS": "0.1"}
@@ -39,7 +27,7 @@ def aws_env(url: str) -> dict:
 
 def test_emulator_whose_terminal_closes_stops_every_node(ftc_home, tmp_path):
     disks = tmp_path / "disks"
-    proc, url, _ = start(disks)
+    proc, url, _ = start_emulator(disks)
     up = ftc(*UP, "--name", "hup", env=aws_env(url))
     assert up.returncode == 0, up.stderr[-3000:]
     assert len(sshd_pids(disks)) == 1
@@ -52,14 +40,14 @@ def test_emulator_whose_terminal_closes_stops_every_node(ftc_home, tmp_path):
 
 def test_new_emulator_stops_the_nodes_a_killed_one_left(ftc_home, tmp_path):
     killed_disks = tmp_path / "killed"
-    killed, url, _ = start(killed_disks)
+    killed, url, _ = start_emulator(killed_disks)
     up = ftc(*UP, "--name", "left", env=aws_env(url))
     assert up.returncode == 0, up.stderr[-3000:]
     (instance,) = [p.name for p in killed_disks.glob("i-*")]
     killed.kill()
     killed.communicate(timeout=60)
     assert len(sshd_pids(killed_disks)) == 1  # the node outlived its emulator
-    successor, _, before = start(tmp_path / "successor")
+    successor, _, before = start_emulator(tmp_path / "successor")
     try:
         assert any(line.startswith(f"{instance}: stopped, at 127.0.1.") and f"pid {killed.pid})" in line
                    for line in before), before
