@@ -24,7 +24,7 @@ JOB_FLAGS = {
     "allreduce": "after-backward (default: cores idle, as the bench measured) or overlap (DDP's buckets during "
                  "backward: may hide the transfer on a real network)",
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
-               "PyTorch's fused kernel (faster: README, Performance)",
+               "PyTorch's fused kernel (faster: docs/performance.md)",
     "ppn": "ranks per node (default: one per socket)",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",

@@ -195,7 +195,7 @@ class UsedRowsSync:
     stages: `agree` (before forward) starts the small all-reduce of a per-row flag that unites
     every rank's rows, so it runs beside forward; `finish` (after backward) all-reduces the rows
     and writes the average back. Starting the rows from a gradient hook during backward instead
-    measured 4% slower at 4 ranks (alternating runs, README's Performance section).
+    measured 4% slower at 4 ranks (alternating runs, docs/performance.md).
     """
 
     def __init__(self, weight: torch.Tensor, compress: bool):
