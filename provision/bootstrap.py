@@ -8,11 +8,14 @@ Host keys are pinned: the controller trusts a node's key once (recorded in the s
 first contact, or by the local provider that generated it) and refuses any other after.
 """
 
+import ast
+import functools
 import hashlib
 import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,15 +34,15 @@ from runner.node.protocol import (
 )
 
 from . import state as st
-from .errors import FtcError, UsageError
+from .errors import FtcError, UsageError, command
 from .keys import keygen
 from .launch import cluster_launch, render_launch
 from .providers import traits
 from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
-from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, missing_from_this_python
+from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, UV_VERSION, missing_from_this_python
 from .templates import render
 from .ui import NodeBoard, answer
-from .values import boolean, from_env
+from .values import boolean, from_env, label
 
 REPO = Path(__file__).resolve().parent.parent
 FILE_MODES = {"ssh_config": 0o600, "bin/ssh": 0o755}  # the rest of a node's files: 0644
@@ -79,8 +82,36 @@ def render_install(state: st.ClusterState, node: st.NodeInfo) -> str:
     own = {"given_python": given_python(state), "min_minor": 11, "no_system_packages": True} \
         if traits(state.provider).own_hosts else {}
     return render("install.sh.j2", stack=stack, venv=venv, pins=STACKS[stack], reuse_only=reuse,
-                  torch_index=TORCH_CPU_INDEX if downloads else "",
-                  extra_index=INTEL_INDEX if stack == "intel" else "", **own)
+                  torch_index=TORCH_CPU_INDEX if downloads else "", uv_version=UV_VERSION,
+                  pip_env=install_pip_env(state, reuse), extra_index=INTEL_INDEX if stack == "intel" else "", **own)
+
+
+def install_pip_env(state: st.ClusterState, reuse: bool) -> dict[str, str]:
+    """This machine's pip settings for a local node that installs: the node has a home of its own
+    (sshd_config.j2), where pip finds no ~/.config/pip, and without them pip and uv take PyPI's torch
+    (the CUDA build, GBs) where this machine's pip is pointed at the CPU build."""
+    return this_machines_pip_settings() if traits(state.provider).shares_this_machine and not reuse else {}
+
+
+@functools.cache
+def this_machines_pip_settings() -> dict[str, str]:
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}).stdout
+    return pip_variables(listed)
+
+
+def pip_variables(listed: str) -> dict[str, str]:
+    """`pip config list` as the PIP_* variables that give an install the same settings. Pure. Only what an
+    install reads ([global], then [install], then PIP_* itself), less the cache: a node keeps its own."""
+    rank = {"global": 1, "install": 2, ":env:": 3}
+    chosen: dict[str, tuple[int, str]] = {}
+    for line in listed.splitlines():
+        name, _, value = line.partition("=")
+        section, _, key = name.partition(".")
+        if section in rank and re.fullmatch(r"[a-z0-9-]+", key) and key != "cache-dir" \
+                and rank[section] > chosen.get(key, (0, ""))[0]:
+            chosen[key] = (rank[section], ast.literal_eval(value))
+    return {f"PIP_{key.upper().replace('-', '_')}": value for key, (_, value) in sorted(chosen.items())}
 
 
 def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
@@ -267,8 +298,8 @@ def load_facts(name: str) -> list[NodeFacts]:
     if st.half_made(state):
         raise UsageError(st.half_made(state))
     if state.phase != "bootstrapped" or not all(p.exists() for p in paths):
-        raise UsageError(f"NAME={name!r} is not bootstrapped (phase {state.phase}); "
-                         f"run `ftc bootstrap --name {name}` first")
+        raise UsageError(f"{label('name')}={name!r} is not bootstrapped (phase {state.phase}); "
+                         f"run `{command('bootstrap', name=name)}` first")
     return [NodeFacts.from_dict(json.loads(p.read_text())) for p in paths]
 
 

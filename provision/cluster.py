@@ -20,10 +20,11 @@ from rich.markup import escape
 from . import providers
 from . import state as st
 from .catalog import REGIONS
-from .errors import UsageError
+from .errors import UsageError, command
 from .providers import traits
 from .spec import PROVIDERS, ClusterSpec
 from .ui import console
+from .values import label
 
 
 @contextmanager
@@ -58,15 +59,16 @@ def still_runs(spec: ClusterSpec) -> str:
     """What an interrupted bootstrap leaves, and the two ways on. Pure."""
     billed = ", billed while they run" if traits(spec.provider).billed else ""
     return (f"cluster {spec.name} still runs ({spec.nodes} {spec.provider} node(s){billed}), not bootstrapped: "
-            f"`ftc bootstrap --name {spec.name}` continues, `make destroy NAME={spec.name}` removes it")
+            f"`{command('bootstrap', name=spec.name)}` continues, `{command('down', name=spec.name)}` removes it")
 
 
 def _create(spec: ClusterSpec, yes: bool = False) -> None:
     """Launch the nodes and wait for them; any failure or interruption rolls back everything created."""
     if st.exists(spec.name):
         existing = st.load(spec.name)
-        raise UsageError(st.half_made(existing) or f"NAME={spec.name!r} already exists ({existing.provider}, "
-                         f"{existing.phase}); use it, or remove it first with `ftc down --name {spec.name}`")
+        raise UsageError(st.half_made(existing) or f"{label('name')}={spec.name!r} already exists "
+                         f"({existing.provider}, {existing.phase}); use it, or remove it first with "
+                         f"`{command('down', name=spec.name)}`")
     _check_settings(spec.provider)
     state = st.ClusterState(name=spec.name, provider=spec.provider, spec=spec.to_dict())
     with st.locked(spec.name, "up", create=True):
@@ -159,11 +161,11 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
     if recorded.get("name", name) != name:  # a copied or renamed directory: the nodes are another name's
         other = recorded["name"]
         return states, (f"cluster {name}: nothing under this name is left running; its state records cluster "
-                        f"{other!r}, whose nodes may still run: `ftc down --name {other}` removes them")
+                        f"{other!r}, whose nodes may still run: `{command('down', name=other)}` removes them")
     said_where = provider_name or recorded.get("provider") in PROVIDERS  # told, or the broken state still says
     unsearched = "" if said_where or "aws" in places else (
         f"cluster {name}: nothing of it is left running on this machine; AWS was not searched (no credentials): "
-        f"if it ran there, `ftc down --name {name} --provider aws --region {region}` with credentials removes "
+        f"if it ran there, `{command('down', name=name, provider='aws', region=region)}` with credentials removes "
         "what is tagged with it")
     return states, unsearched
 
@@ -222,7 +224,7 @@ def release(name: str, keep: bool) -> None:
     if not st.exists(name):
         return
     if keep:
-        console.print(f"KEEP=1: cluster {name} stays; `make destroy NAME={name}` when done", markup=False)
+        console.print(f"{label('keep')}: cluster {name} stays; `{command('down', name=name)}` when done", markup=False)
         return
     with shielded():
         down(name)

@@ -1,11 +1,16 @@
 """The two kinds of failure a user sees, and how a bad command line is reported.
 
 Every message names the value or the resource at fault and says what to do next;
-the CLI prints it as one line and exits with the code below.
+the CLI prints it as one line and exits with the code below. A message names a setting and a next
+command in the form the user runs ftc in: `--text-columns` and `ftc up --name ftc` at the ftc
+command, `TEXT_COLUMNS` and `make cluster NAME=ftc` through the Makefile (`option`, `command`).
 """
 
 import argparse
+import os
+import shlex
 import sys
+from typing import Mapping
 
 
 class FtcError(Exception):
@@ -32,3 +37,35 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
         sys.exit(2)
+
+
+VIA_MAKE = "FTC_VIA_MAKE"  # the Makefile sets it to 1 on every ftc command it runs
+MAKE_NAMES = {"with": "BOOTSTRAPPER"}  # options whose Make variable has another name
+MAKE_TARGETS = {"up": "cluster", "down": "destroy"}  # ftc commands whose make target has another name
+
+
+def via_make(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this ftc was run by the Makefile (`env`: os.environ when None)."""
+    return (os.environ if env is None else env).get(VIA_MAKE) == "1"
+
+
+def option(key: str, env: Mapping[str, str] | None = None) -> str:
+    """A setting named as the user gives it: 'text_columns' is `--text-columns` at the ftc command and
+    `TEXT_COLUMNS` through make. A name already in upper case (an environment variable such as
+    FTC_HOME) is shown as it is. Pure, given `env`."""
+    if key.isupper():
+        return key
+    if via_make(env):
+        return MAKE_NAMES.get(key, key.upper())
+    return "--" + key.replace("_", "-")
+
+
+def command(verb: str, env: Mapping[str, str] | None = None, **settings: object) -> str:
+    """A command to run next, in the user's form: command("up", name="ftc") is `ftc up --name ftc`
+    at the ftc command and `make cluster NAME=ftc` through make; each value quoted for the shell.
+    Pure, given `env`."""
+    make = via_make(env)
+    words = ["make", MAKE_TARGETS.get(verb, verb)] if make else ["ftc", verb]
+    joint = "=" if make else " "
+    words += [f"{option(key, env)}{joint}{shlex.quote(str(value))}" for key, value in settings.items()]
+    return " ".join(words)

@@ -1,18 +1,20 @@
 """`ftc plan`: how long a fine-tuning job takes on N nodes of an instance type, and what it
 costs, before anything is launched. Pure functions; the numbers come in as arguments.
 
-The model: each node trains its share of every global batch at a measured per-node rate
-(a bench result), waits for the slowest node, then the nodes average their gradients with a
-ring all-reduce after backward (ftc's default: nothing of it hides behind compute). Two terms,
-each from its own measurement (`ftc bench`, issue 19):
+The model: each node trains its share of every global batch at a per-node rate (a bench result,
+scaled to the instance's cores and CPU class), waits for the slowest node, then the nodes average
+their gradients with a ring all-reduce. Two terms, each from its own measurement (`ftc bench`, issue 19):
 - the raw collective: the ring moves 2(N-1)/N of the gradient bytes through every node's link,
-  plus one latency per hop, at the instance's bandwidth, but no faster than one TCP flow may go
-  inside a cluster placement group (10 Gbit/s): gloo's ring uses one connection to each neighbour;
+  plus one latency per hop, at the instance's bandwidth, but no faster than its TCP flows may go
+  inside a cluster placement group (10 Gbit/s each);
 - its exposure in training: how much longer the all-reduce took inside training than with idle
   cores, and the wait for the slowest rank as a share of compute.
+The levers (`Levers`) change the first term (flows), what of it is exposed (overlap with backward),
+or how often it is paid (gradient accumulation, which changes the recipe).
 """
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 # Training examples per GLUE task (the canonical train splits).
 GLUE_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qqp": 363846,
@@ -41,11 +43,27 @@ def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = E
     return min(instance_gbps, flows * flow_gbps)
 
 
+@dataclass(frozen=True)
+class Levers:
+    """How the nodes exchange gradients: what `ftc plan` models (its --flows, --allreduce, --accumulate)."""
+    flows: int  # TCP flows per ring peer: each is capped at EC2_FLOW_GBPS, the ring gets min(instance, flows x cap)
+    overlap: bool  # DDP's buckets reduced during backward: only what outlasts backward is exposed; else after it
+    accumulate: int  # micro-batches per all-reduce; above 1 the recipe changes (global batch, lr), so only on request
+
+
+# What ftc's jobs do today: gloo's ring opens one connection to each neighbour, the ftc recipe
+# reduces after backward, nothing accumulates. Switch it to what the bench measures best (issue 28).
+DEFAULT_LEVERS = Levers(flows=1, overlap=False, accumulate=1)
+SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
+
+
 def step_seconds(batch_per_node: int, node_samples_per_s: float, allreduce_s: float, exposure: float,
-                 wait_share: float) -> float:
-    """A step: compute, the wait for the slowest node, then the all-reduce as exposed in training."""
-    compute = batch_per_node / node_samples_per_s
-    return compute * (1 + wait_share) + exposure * allreduce_s
+                 wait_share: float, levers: Levers = DEFAULT_LEVERS) -> float:
+    """A step of `levers.accumulate` micro-batches: their compute, the wait for the slowest node, then
+    the all-reduce as exposed in training (with overlap, only what outlasts the last backward)."""
+    micro = batch_per_node / node_samples_per_s
+    hidden = BACKWARD_SHARE * micro if levers.overlap else 0.0
+    return levers.accumulate * micro * (1 + wait_share) + exposure * max(0.0, allreduce_s - hidden)
 
 
 @dataclass(frozen=True)
@@ -60,15 +78,17 @@ class PlanRow:
 
 
 def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_per_s: float, batch_per_node: int,
-         grad_bytes: float, gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float, setup_s: float,
-         latency_s: float = EC2_LATENCY_S) -> list[PlanRow]:
-    """Predicted rate, time and cost per cluster size. Wall time adds the cluster's setup
-    (launch and bootstrap), which is billed too."""
+         grad_bytes: float, network_gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float,
+         setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S) -> list[PlanRow]:
+    """Predicted rate, time and cost per cluster size, on instances of `network_gbps` each. Wall
+    time adds the cluster's setup (launch and bootstrap), which is billed too."""
+    gbps = flow_limited_gbps(network_gbps, levers.flows)
     rows = []
     for nodes in nodes_list:
         allreduce = ring_allreduce_seconds(grad_bytes, nodes, gbps, latency_s)
         waits = wait_share if nodes > 1 else 0.0
-        rate = nodes * batch_per_node / step_seconds(batch_per_node, node_samples_per_s, allreduce, exposure, waits)
+        step = step_seconds(batch_per_node, node_samples_per_s, allreduce, exposure, waits, levers)
+        rate = nodes * batch_per_node * levers.accumulate / step
         train = epochs * train_samples / rate
         wall = train + setup_s
         rows.append(PlanRow(nodes, rate, rate / (nodes * node_samples_per_s), allreduce, train, wall,
@@ -95,3 +115,147 @@ def local_train_seconds(samples_seen: int, params: int, cores: int, cls: str) ->
     """How long local nodes sharing `cores` of this machine take to train on `samples_seen` rows: a
     step's work grows with the weights, the rate with the cores."""
     return samples_seen / (LOCAL_RATE_PER_CORE[cls] * cores * MINILM_PARAMS / params)
+
+
+CLASS_NAMES = {"bf16": "native bf16", "avx512": "AVX-512 fp32", "avx2": "AVX2 fp32"}
+
+
+def xeon_class(native_bf16: bool) -> str:
+    """The CPU class of a Xeon ftc plans for (the catalog's, a bench host's): every one from Ice Lake
+    on has AVX-512, so where bf16 is not native it trains in fp32 on AVX-512."""
+    return "bf16" if native_bf16 else "avx512"
+
+
+def class_rate(measured_per_core: float, measured_class: str, cls: str) -> float:
+    """A per-core training rate measured on one CPU class, carried to another by the ratio of their
+    measured rates on the same work (LOCAL_RATE_PER_CORE); the ratio is taken to hold for any model."""
+    return measured_per_core * LOCAL_RATE_PER_CORE[cls] / LOCAL_RATE_PER_CORE[measured_class]
+
+
+# More nodes pay when they finish sooner for at most this many times the cost: at least two thirds
+# of what the extra nodes bill buys time (the seed's 4 nodes: 3x sooner for about 1.3x).
+PAYS_COST_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """What a plan took as given besides its levers, named in its recommendation."""
+    node_samples_per_s: float
+    cpu_class: str  # a key of LOCAL_RATE_PER_CORE
+    batch_per_node: int  # rows per node per micro-batch
+    network_gbps: float  # the instance's
+    lr: float  # the recipe's; scaled with accumulation
+
+
+def lever_flags(levers: Levers) -> str:
+    """The `ftc plan` flags that model `levers` (those that differ from the defaults)."""
+    flags = []
+    if levers.flows != DEFAULT_LEVERS.flows:
+        flags.append(f"--flows {levers.flows}")
+    if levers.overlap != DEFAULT_LEVERS.overlap:
+        flags.append(f"--allreduce {'overlap' if levers.overlap else 'after-backward'}")
+    if levers.accumulate != DEFAULT_LEVERS.accumulate:
+        flags.append(f"--accumulate {levers.accumulate}")
+    return " ".join(flags)
+
+
+def describe_levers(levers: Levers, network_gbps: float) -> str:
+    flows = "one TCP flow" if levers.flows == 1 else f"{levers.flows} TCP flows"
+    when = "overlapped with backward" if levers.overlap else "after backward"
+    every = "no accumulation" if levers.accumulate == 1 else f"one all-reduce per {levers.accumulate} micro-batches"
+    return f"{flows} per peer ({flow_limited_gbps(network_gbps, levers.flows):g} Gbit/s), the all-reduce {when}, {every}"
+
+
+def alternative_levers(levers: Levers, network_gbps: float) -> list[Levers]:
+    """What to try when more nodes do not pay: enough flows to fill the instance's link, overlapped with
+    backward; and accumulation (which changes the recipe) where there is none."""
+    flows = max(levers.flows, math.ceil(network_gbps / EC2_FLOW_GBPS))
+    options = []
+    if (flows, True) != (levers.flows, levers.overlap):
+        options.append(replace(levers, flows=flows, overlap=True))
+    if levers.accumulate == 1:
+        options.append(replace(levers, accumulate=SUGGESTED_ACCUMULATE))
+    return options
+
+
+def recommend(rows: list[PlanRow], levers: Levers, assumed: Assumed,
+              alternatives: list[tuple[Levers, list[PlanRow]]]) -> str:
+    """The plan's decision, in words: the fastest and the cheapest node counts, the fastest's speed-up
+    and cost against the cheapest's; where more nodes do not pay, why, and the `alternatives` (levers
+    and their plans) with what they give; then what the plan assumed. Pure."""
+    fastest, cheapest = _fastest(rows), _cheapest(rows)
+    larger = [row for row in rows if row.nodes > cheapest.nodes]
+    paying = [row for row in larger if row.wall_s < cheapest.wall_s and row.usd <= PAYS_COST_RATIO * cheapest.usd]
+    if len(rows) == 1:
+        verdict = f"{_count(rows[0].nodes)} only: give several counts (--nodes 1,2,4) to compare"
+    elif fastest in paying or not larger:
+        verdict = _headline(rows)
+    elif paying:
+        best = _fastest(paying)
+        verdict = (f"{_headline(rows)}; {_count(best.nodes)} {_verb(best.nodes, 'finish')} "
+                   f"{cheapest.wall_s / best.wall_s:.1f}x sooner for {best.usd / cheapest.usd:.1f}x the cost, "
+                   f"the most that pays (at most {PAYS_COST_RATIO:g}x the cost)")
+    else:
+        verdict = f"{_headline(rows)}: more nodes do not pay: {_why_not(larger, levers, assumed, alternatives)}"
+    return (f"{verdict}. Assumed: {assumed.node_samples_per_s:.0f} samples/s per node "
+            f"({CLASS_NAMES[assumed.cpu_class]}), {assumed.batch_per_node} rows per node per micro-batch, "
+            f"{describe_levers(levers, assumed.network_gbps)}{_recipe_note(levers, rows, assumed)}.")
+
+
+def _recipe_note(levers: Levers, rows: list[PlanRow], assumed: Assumed) -> str:
+    """What accumulation does to the recipe at the fastest node count: the global batch grows, and lr
+    is scaled with it (linearly). '' without accumulation: the recipe is never changed silently."""
+    k, batch, nodes = levers.accumulate, assumed.batch_per_node, _fastest(rows).nodes
+    if k == 1:
+        return ""
+    return (f"; it changes the recipe: a global batch of {nodes * batch * k} ({_count(nodes)} x {batch} rows x "
+            f"{k} micro-batches) and lr scaled {k}x to {assumed.lr * k:g}")
+
+
+def _why_not(larger: list[PlanRow], levers: Levers, assumed: Assumed,
+             alternatives: list[tuple[Levers, list[PlanRow]]]) -> str:
+    """Why more nodes do not pay: the setup, where training scales; else the largest count's all-reduce
+    against a step's compute, and the alternatives (levers and their plans) with what they give."""
+    row = max(larger, key=lambda r: r.nodes)
+    if row.efficiency >= 1 / PAYS_COST_RATIO:
+        return (f"the setup ({(row.wall_s - row.train_s) / 60:.0f} min, billed on every node) outweighs the "
+                f"training it saves")
+    micro = assumed.batch_per_node / assumed.node_samples_per_s
+    compute = levers.accumulate * micro
+    exposed = max(0.0, row.allreduce_s - BACKWARD_SHARE * micro) if levers.overlap else row.allreduce_s
+    flows = "one flow" if levers.flows == 1 else f"{levers.flows} flows"
+    what = (f"the all-reduce on {row.nodes} nodes ({row.allreduce_s * 1000:.0f} ms at "
+            f"{flow_limited_gbps(assumed.network_gbps, levers.flows):g} Gbit/s, {flows}"
+            + (f"; {exposed * 1000:.0f} ms of it outlasts backward)" if levers.overlap else ")"))
+    relation = "takes longer than" if exposed >= compute else f"takes {exposed / compute:.0%} of"
+    tries = [f"{lever_flags(alt)} ({_headline(alt_rows)}{_recipe_note(alt, alt_rows, assumed)})"
+             for alt, alt_rows in alternatives]
+    return f"{what} {relation} a step's compute ({compute * 1000:.0f} ms)" + (f"; try {', or '.join(tries)}" if tries else "")
+
+
+def _fastest(rows: list[PlanRow]) -> PlanRow:
+    return min(rows, key=lambda row: (row.wall_s, row.nodes))
+
+
+def _cheapest(rows: list[PlanRow]) -> PlanRow:
+    return min(rows, key=lambda row: (row.usd, row.nodes))
+
+
+def _headline(rows: list[PlanRow]) -> str:
+    """"4 nodes finish 3.2x sooner for 1.3x the cost of 1", or the one count that is both fastest and cheapest."""
+    fastest, cheapest = _fastest(rows), _cheapest(rows)
+    if fastest is cheapest:
+        return f"{_count(fastest.nodes)} {_verb(fastest.nodes, 'finish')} soonest and {_verb(fastest.nodes, 'cost')} least"
+    return (f"{_count(fastest.nodes)} {_verb(fastest.nodes, 'finish')} {cheapest.wall_s / fastest.wall_s:.1f}x sooner "
+            f"for {fastest.usd / cheapest.usd:.1f}x the cost of {cheapest.nodes}")
+
+
+def _count(nodes: int) -> str:
+    return f"{nodes} node" if nodes == 1 else f"{nodes} nodes"
+
+
+def _verb(nodes: int, verb: str) -> str:
+    """The verb agreeing with a node count: "1 node finishes", "4 nodes finish"."""
+    if nodes != 1:
+        return verb
+    return verb + ("es" if verb.endswith("sh") else "s")

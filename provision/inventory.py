@@ -17,12 +17,20 @@ import yaml
 from runner.node.facts import NodeFacts
 
 from . import state as st
-from .bootstrap import ensure_internal_key, facts_paths, mark_bootstrapped, node_package, pin_host_keys, stack_venv
+from .bootstrap import (
+    ensure_internal_key,
+    facts_paths,
+    install_pip_env,
+    mark_bootstrapped,
+    node_package,
+    pin_host_keys,
+    stack_venv,
+)
 from .errors import FtcError, UsageError
 from .providers import traits
-from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX
+from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, UV_VERSION
 from .ui import console
-from .values import local_path
+from .values import label, local_path
 
 PLAYBOOK = Path(__file__).resolve().parent.parent / "ansible" / "site.yml"
 
@@ -44,7 +52,7 @@ def inventory(state: st.ClusterState) -> dict:
             "ansible_host": node.public_ip, "ansible_port": node.ssh_port, "ansible_user": node.ssh_user,
             "ftc_index": node.index, "ftc_workdir": node.workdir, "ftc_private_ip": node.private_ip,
             "ftc_authorized_keys": node.authorized_keys, "ftc_me": node_vars(node), "ftc_venv": venv,
-            "ftc_reuse_only": reuse}
+            "ftc_reuse_only": reuse, "ftc_pip_env": install_pip_env(state, reuse)}
     return {"all": {"children": {"ftc_nodes": {"hosts": hosts, "vars": {
         "ansible_ssh_private_key_file": str(st.access_key_path(state.name)),
         # Local nodes are this machine: its Python runs the modules; AWS nodes have the system's.
@@ -54,6 +62,7 @@ def inventory(state: st.ClusterState) -> dict:
         "ftc_cluster": state.name, "ftc_stack": stack, "ftc_pins": STACKS[stack],
         "ftc_node_files": sorted(node_package()),
         "ftc_torch_index": "" if traits(state.provider).shares_this_machine else TORCH_CPU_INDEX,  # as bootstrap's
+        "ftc_uv_version": UV_VERSION,
         "ftc_extra_index": INTEL_INDEX if stack == "intel" else "",
         "ftc_internal_key": str(internal),
         "ftc_internal_pub": internal.with_suffix(".pub").read_text().strip() if internal.exists() else "",
@@ -70,7 +79,7 @@ def write_inventory(state: st.ClusterState, out: str | None = None) -> Path:
         path.write_text(text)
         path.chmod(0o600)
     except OSError as exc:
-        raise UsageError(f"OUT={out!r} cannot be written ({exc.strerror}); give a path in a writable directory") \
+        raise UsageError(f"{label('out')}={out!r} cannot be written ({exc.strerror}); give a path in a writable directory") \
             from None
     return path
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from runner.node.facts import ALLOCATORS, NodeFacts
 
 from . import state as st
+from .providers import traits
 from .templates import render
 
 MPI_FLAVOURS = ("impi", "mpich", "openmpi")
@@ -25,14 +26,24 @@ class RankPlan:
     ccl_affinity: str = ""  # intel stack: the core of each local rank's oneCCL worker
 
 
+# Cores per rank that trained fastest: on the 16-core AMX host, 4 ranks x 4 cores ran 1.6x one rank
+# x 16 and 1.5x 2 x 8; on 8 cores, 2 x 4 ran 1.35x 1 x 8 (docs/bench.json node_shapes).
+CORES_PER_RANK = 4
+
+
+def default_ppn(sockets: int, physical_cores: int) -> int:
+    """Ranks per node when the job names none: a rank per CORES_PER_RANK cores, at least one per socket."""
+    return max(1, sockets, physical_cores // CORES_PER_RANK)
+
+
 def plan_ranks(facts: list[NodeFacts], stack: str = "stock", ppn: int | None = None) -> RankPlan:
-    """One rank per socket by default; threads from the smallest node's physical cores.
+    """default_ppn ranks per node unless `ppn` is given; threads from the smallest node's physical cores.
 
     On the intel stack one core per rank is given to the oneCCL worker and kept out of
     the compute threads.
     """
     smallest = min(facts, key=lambda f: f.physical_cores)
-    ranks = ppn or max(1, min(f.sockets for f in facts))
+    ranks = ppn or default_ppn(min(f.sockets for f in facts), smallest.physical_cores)
     per_rank = smallest.physical_cores // ranks
     if per_rank < 1:
         raise ValueError(f"{ranks} ranks per node but node {smallest.hostname} has only "
@@ -44,6 +55,15 @@ def plan_ranks(facts: list[NodeFacts], stack: str = "stock", ppn: int | None = N
     cores = smallest.core_cpus
     workers = [cores[(r + 1) * per_rank - 1] for r in range(ranks)]
     return RankPlan(ranks, per_rank - 1, ",".join(map(str, workers)))
+
+
+@dataclass
+class NodePlace:
+    """What one node's ranks run, and where, in that node's own paths."""
+    host: str  # the node's name in the hostfile, as mpirun reaches it
+    job_dir: str  # the ranks' working directory
+    pythonpath: str  # the directory holding the node's copy of the shipped `runner` package
+    command: list[str]  # its Python, the node program and its arguments (or `program`)
 
 
 @dataclass
@@ -67,6 +87,14 @@ class LaunchSpec:
     as_root: bool = False
     program: list[str] = field(default_factory=list)  # instead of the node program: this command (`hostname`)
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank (`ftc launch --env`, FTC_RUN_ID)
+    places: list[NodePlace] = field(default_factory=list)  # per node, in hostfile order; [] or all alike: one command
+
+
+def own_places(spec: LaunchSpec) -> list[NodePlace]:
+    """The per-node places when the nodes' paths differ (accounts with different homes); [] when every
+    node runs the one command in the head's paths. Pure."""
+    alike = {(p.job_dir, p.pythonpath, *p.command) for p in spec.places}
+    return spec.places if len(alike) > 1 else []
 
 
 def render_launch(spec: LaunchSpec) -> str:
@@ -83,7 +111,7 @@ def render_launch(spec: LaunchSpec) -> str:
                   args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
                   stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
-                  as_root=spec.as_root, exported=exported, command=command, env=spec.env)
+                  as_root=spec.as_root, exported=exported, command=command, env=spec.env, places=own_places(spec))
 
 
 def pick_allocator(facts: NodeFacts) -> str:
@@ -95,16 +123,40 @@ def pick_allocator(facts: NodeFacts) -> str:
     return ""
 
 
+def node_path(state: st.ClusterState, node: st.NodeInfo, path: str) -> str:
+    """Where `path`, a path in the head node's directory, lies on `node`: at the same place in the
+    node's own directory. Every node lays its directory out alike (jobs/<id>, cache/, ftc/), but each
+    account has its own home (your servers: alice@srv1 and bob@srv2), so the head's absolute path
+    may not exist on another node. Nodes that share this machine use the head's own files; a path
+    outside the head's directory (a local cluster's data on this machine) stays as it is. Pure."""
+    head = state.head.workdir
+    if traits(state.provider).shares_this_machine or not (path == head or path.startswith(f"{head}/")):
+        return path
+    return node.workdir + path[len(head):]
+
+
+def node_python(state: st.ClusterState, facts: list[NodeFacts], node: st.NodeInfo) -> str:
+    """The stack's Python a node's ranks run: its own, as its facts found it, except on nodes that share
+    this machine, which all run the head's files. Pure."""
+    return facts[0 if traits(state.provider).shares_this_machine else node.index].python_executable
+
+
 def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
                    args: list[str], ppn: int | None = None, program: list[str] | None = None,
                    env: dict[str, str] | None = None) -> LaunchSpec:
-    """The launch of a node program across this cluster, from its state and node facts."""
+    """The launch of a node program across this cluster, from its state and node facts. `job_dir` and
+    the paths in `args` are the head's; each node's ranks get them in its own directory (node_path)."""
     head, wd = facts[0], state.head.workdir
     stack = state.cluster_spec.stack
     named = [replace(f, hostname=node.name) for f, node in zip(facts, state.nodes)]  # a refusal names ftc's node
+    places = [NodePlace(host=node.name, job_dir=node_path(state, node, job_dir),
+                        pythonpath=node_path(state, node, f"{wd}/ftc"),
+                        command=program or [node_python(state, facts, node), "-m", module,
+                                            *(node_path(state, node, arg) for arg in args)])
+              for node in state.nodes]
     return LaunchSpec(
         description=description, job_dir=job_dir, hostfile=f"{wd}/hostfile", nodes=len(state.nodes),
         plan=plan_ranks(named, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
         gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
-        as_root=state.head.ssh_user == "root", program=program or [], env=env or {})
+        as_root=state.head.ssh_user == "root", program=program or [], env=env or {}, places=places)

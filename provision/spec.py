@@ -173,10 +173,10 @@ def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
     one, its top level. Anything else in it is refused by name: a setting ftc would ignore is a mistake."""
     named = path or env.get("FTC_CONFIG")
     candidate = Path(named) if named else Path("ftc.toml")
-    shown = f"CONFIG={str(candidate)!r}"
+    shown = f"{label('config')}={str(candidate)!r}"
     if not candidate.exists():
         if named:
-            raise UsageError(f"CONFIG={named!r} does not exist; give the path of a TOML file")
+            raise UsageError(f"{label('config')}={named!r} does not exist; give the path of a TOML file")
         return {}
     try:
         data = tomllib.loads(candidate.read_text())
@@ -208,8 +208,9 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     if values.get("provider") == "ssh":  # your servers are the nodes: NODES follows HOSTS
         hosts = values.get("hosts", [])
         if "nodes" in values and values["nodes"] != len(hosts):
-            raise UsageError(f"NODES={values['nodes']} but HOSTS names {len(hosts)} server(s); with PROVIDER=ssh "
-                             "leave NODES out: every host in HOSTS is a node")
+            raise UsageError(f"{label('nodes')}={values['nodes']} but {label('hosts')} names {len(hosts)} server(s); "
+                             f"with {label('provider')}=ssh leave {label('nodes')} out: every host in {label('hosts')} "
+                             "is a node")
         values["nodes"] = max(1, len(hosts))
     spec = ClusterSpec(**values)
     check_spec(spec)
@@ -219,16 +220,19 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
 def check_spec(spec: ClusterSpec) -> None:
     """Rules that involve more than one field."""
     if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
-        raise UsageError(f"SSH_CIDR={spec.ssh_cidr!r} opens SSH to the whole internet; "
-                         "give your own address (e.g. 203.0.113.7/32) or set ALLOW_OPEN_SSH=1 to really mean it")
+        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to the whole internet; give your own "
+                         f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
     if spec.provider == "ssh" and not spec.hosts:
-        raise UsageError("PROVIDER='ssh' needs HOSTS: your servers as a comma list of user@host[:port]")
+        raise UsageError(f"{label('provider')}='ssh' needs {label('hosts')}: your servers as a comma list of "
+                         "user@host[:port]")
     if spec.provider == "ssh" and len(spec.hosts) > MAX_NODES:
-        raise UsageError(f"HOSTS names {len(spec.hosts)} servers; allowed: 1..{MAX_NODES}")
+        raise UsageError(f"{label('hosts')} names {len(spec.hosts)} servers; allowed: 1..{MAX_NODES}")
     for key in ("hosts", "ssh_key", "stack_python"):
         if getattr(spec, key) and spec.provider != "ssh":
-            raise UsageError(f"{label(key)} is for your own servers (PROVIDER=ssh), not PROVIDER={spec.provider!r}; "
-                             f"add PROVIDER=ssh or leave {label(key)} out")
+            provider = label("provider")
+            raise UsageError(f"{label(key)} is for your own servers ({provider}=ssh), not {provider}={spec.provider!r}; "
+                             f"add {provider}=ssh or leave {label(key)} out")
     for zone in spec.zones:
         if not zone.startswith(spec.region):
-            raise UsageError(f"ZONES={','.join(spec.zones)!r}: {zone!r} is not in REGION={spec.region!r}")
+            raise UsageError(f"{label('zones')}={','.join(spec.zones)!r}: {zone!r} is not in "
+                             f"{label('region')}={spec.region!r}")

@@ -13,13 +13,17 @@ import io
 import logging
 import os
 import shlex
+import socket
 import tarfile
+import threading
 import time
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from . import state as st
-from .errors import FtcError
+from .errors import FtcError, command
 from .providers import traits
 from .values import from_env, whole
 
@@ -132,10 +136,10 @@ def _mismatch(state: st.ClusterState, node: st.NodeInfo, key: "paramiko.PKey") -
         return (f"host key mismatch: {node.id} presents {key.get_name()} {now}, not the key pinned at first contact "
                 f"({fingerprint(node.host_key)}); "
                 "someone may be in the middle, or the server was reinstalled: check its key with its admin. ftc "
-                f"never logs in to it again under this cluster: `make destroy NAME={state.name}` says what to remove "
-                "there by hand, then `make cluster` pins the new key after you confirm it")
+                f"never logs in to it again under this cluster: `{command('down', name=state.name)}` says what to "
+                f"remove there by hand, then `{command('up')}` pins the new key after you confirm it")
     return (f"host key mismatch: {presented}; someone may be in the middle, or the node was replaced: "
-            f"`make destroy NAME={state.name}` and start anew")
+            f"`{command('down', name=state.name)}` and start anew")
 
 
 def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = None,
@@ -257,6 +261,59 @@ def put_text(conn: "Connection", text: str, remote: str, mode: int = 0o644) -> N
         channel.close()
     if status != 0:
         raise FtcError(f"{conn.host}:{conn.port}: writing {remote} failed: {error.splitlines()[-1] if error else status}")
+
+
+# How long a copy cut by Ctrl-C gets to fail in its thread (it does at once: its socket is gone) and
+# remove what it left half-written, before ftc exits without it.
+CUT_COPY_WAIT_S = 10
+Copied = TypeVar("Copied")
+
+
+def interruptible(transport: "paramiko.Transport", copy: Callable[..., Copied], *args) -> Copied:
+    """`copy(*args)` (SFTP work over `transport`) run in a thread of its own; its result, or its exception.
+
+    Ctrl-C must never land inside paramiko: a KeyboardInterrupt there can cut a packet in half, and
+    the polite close of the file that follows (paramiko's own, on the way out) then waits forever for
+    an answer to a request the server never got whole, or reads the half packet's rest as garbage
+    ("Garbage packet received"). So Ctrl-C lands here, in a wait, instead: the connection is cut at its
+    socket (no SFTP close is attempted), the copy fails at once in its thread, the connection is closed,
+    and KeyboardInterrupt is raised to the caller, which says what an interrupt means at its step."""
+    outcome: dict = {}
+    done = threading.Event()  # waited on rather than joined: a join cut by Ctrl-C marks a running thread ended
+
+    def body() -> None:
+        try:
+            outcome["result"] = copy(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            outcome["error"] = exc
+        finally:
+            done.set()
+    worker, before = threading.Thread(target=body, name="ftc-copy", daemon=True), set(threading.enumerate())
+    try:
+        worker.start()
+        done.wait()
+    except KeyboardInterrupt:
+        _quiet_when_cut(set(threading.enumerate()) - before)
+        with suppress(OSError):  # already closed: nothing left to cut
+            transport.sock.shutdown(socket.SHUT_RDWR)  # wakes every thread that waits on it, the copy's too
+        if worker.ident is not None:  # not when Ctrl-C came before it started
+            done.wait(CUT_COPY_WAIT_S)
+        transport.close()  # its channels marked closed: the caller's close of the connection sends nothing more
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _quiet_when_cut(threads: set[threading.Thread]) -> None:
+    """The copy's threads (paramiko's read-ahead sends its requests from one of its own) fail once their
+    connection is cut under them: their tracebacks say nothing but that, which Ctrl-C asked for."""
+    shown = threading.excepthook
+
+    def hook(args) -> None:
+        if args.thread not in threads:
+            shown(args)
+    threading.excepthook = hook
 
 
 def stream(conn: "Connection", command: str, on_line, silence_s: int = 0) -> None:

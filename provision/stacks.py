@@ -28,6 +28,9 @@ STACKS: dict[str, dict[str, str]] = {
 }
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# uv installs the stack where it can be fetched (templates/installer.sh; `make setup` reads this line):
+# the same pins from the same indexes as pip, several times faster (docs/install.json).
+UV_VERSION = "0.13.9"
 INTEL_INDEX = "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"
 
 

@@ -15,10 +15,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator, get_args, get_origin
 
-from .errors import ClusterBusy, UsageError
+from .errors import ClusterBusy, UsageError, command
 from .providers.records import TRAITS, Resources, traits
 from .spec import ClusterSpec
-from .values import conforms, control_character, kind_name, value_kind
+from .values import conforms, control_character, kind_name, label, value_kind
 
 
 @dataclass
@@ -221,8 +221,8 @@ class CorruptState(Exception):
 def load(name: str) -> ClusterState:
     path = state_path(name)
     if not path.exists():
-        raise UsageError(f"NAME={name!r}: no cluster of that name under {ftc_home()}; "
-                         f"start one with `make cluster NAME={name}` or list them with `ftc status`")
+        raise UsageError(f"{label('name')}={name!r}: no cluster of that name under {ftc_home()}; "
+                         f"start one with `{command('up', name=name)}` or list them with `{command('status')}`")
     try:
         state = ClusterState.from_json(path.read_text())
     except OSError as exc:

@@ -1,8 +1,8 @@
 """One way to parse and validate a value, for every flag, Make variable, environment variable
 and config key. Each kind is a parser factory: `whole(1, 64)("nodes", raw)` returns the value or
-raises UsageError with one line that names the value as the user typed it (NODES='abc') and
-what is allowed. Pure, but for local_path (it reads the working and home directories) and
-writable_dir (it tries a file in the directory); the spec, the job, `ftc plan`, `ftc bench` and
+raises UsageError with one line that names the value as the user typed it (--nodes='abc', or
+NODES='abc' through make) and what is allowed. Pure, but for local_path (it reads the working and
+home directories) and writable_dir (it tries a file in the directory); the spec, the job, `ftc plan`, `ftc bench` and
 the FTC_* tuning variables (`from_env`) all go through here.
 """
 
@@ -13,14 +13,14 @@ import types
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union, get_args, get_origin
 
-from .errors import UsageError
+from .errors import UsageError, option
 
 Parser = Callable[[str, Any], Any]
 
 
 def label(key: str) -> str:
-    """The name the user typed: the Make variable / env suffix in upper case."""
-    return key.upper()
+    """The name the user typed: `--text-columns` at the ftc command, `TEXT_COLUMNS` through make."""
+    return option(key)
 
 
 def whole(lo: int, hi: int) -> Parser:
@@ -136,7 +136,7 @@ def from_env(env: Mapping[str, str], variable: str, parse: Parser, default: Any)
     """A tuning variable (FTC_CONNECT_ATTEMPTS=...): parsed by `parse`, named as the user set it in
     a refusal; `default` when it is unset or empty."""
     raw = env.get(variable, "")
-    return parse(variable.lower(), raw) if raw.strip() else default
+    return parse(variable, raw) if raw.strip() else default  # upper case: named as it is
 
 
 # ---- JSON that ftc wrote and reads back (state.json, run.json, results.json): any bytes may be on

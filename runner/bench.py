@@ -12,6 +12,7 @@ bert-base-uncased vocabulary) with random weights: speed does not depend on the 
 
     python -m runner.bench --out runs/bench            # full: for a real multi-core host
     python -m runner.bench --out runs/bench --quick    # CI: minutes on 2 cores
+    python -m runner.bench --out runs/bench --network c7i --quick   # on an emulated c7i network (root)
 """
 
 import argparse
@@ -21,14 +22,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.errors import OneLineParser, UsageError
-from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, pick_allocator, render_launch
+from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, default_ppn, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
+from . import netem
 from .model_files import packaged_model
 from .node import facts as node_facts
 from .node.protocol import RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
@@ -63,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "same epochs, pretrained weights")
     p.add_argument("--with-seed", action="store_true", help="--accuracy: also the seed recipe")
     p.add_argument("--model", default=None, help="--accuracy: pretrained model directory (default: packaged MiniLM)")
+    p.add_argument("--network", default=None, metavar="INSTANCE",
+                   help="instead: each simulated node in its own network namespace, linked as INSTANCE's nodes are on "
+                        "AWS (c7i: c7i.16xlarge; a per-flow cap and a per-node rate, scaled by this node's rate against "
+                        "the plan's); the raw all-reduce against the plan's, and training with one and several gloo "
+                        "flows per peer, at each of --ranks above 1; into OUT/bench.json's `network` (root)")
+    p.add_argument("--node-shapes", default=None, metavar="NxC,...",
+                   help="instead: node shapes users rent (e.g. 1x16,2x8: nodes x cores per node), ftc at 1, 2 and 4 "
+                        "ranks per node against the peer's torchrun launches; into OUT/bench.json's `node_shapes`")
     p.add_argument("--launch", action="store_true",
                    help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
                         "torchrun on the same cores, at the largest --ranks; into OUT/bench.json's `launch`")
@@ -104,9 +114,32 @@ def checked(args: argparse.Namespace) -> None:
     args.data_dir = glue_dir(args.data_dir)
     if not (args.accuracy and args.model):
         args.tokenizer = tokenizer_dir(args.tokenizer)
+    if args.network:
+        args.network = network_instance(args.network)
+        lacking = netem.missing()
+        if lacking:
+            raise UsageError(f"--network needs network namespaces and tc: {lacking}")
+        physical = len(physical_cores())
+        args.ranks = sorted({1, *(args.ranks or [n for n in ((1, 2) if args.quick else (1, 2, 4)) if n <= physical])})
+        if args.ranks == [1]:
+            raise UsageError("RANKS=1: --network needs a node count above 1 in --ranks (2 or more)")
+    if args.node_shapes is not None:
+        args.node_shapes = node_shape_list(args.node_shapes, len(physical_cores()))
     if not args.accuracy:
         args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
                                                       len(physical_cores()))
+
+
+def network_instance(raw: str) -> str:
+    """The instance type whose network `--network` emulates: a type of the catalog, or a family
+    (c7i) for its 16xlarge, the size the README's cluster uses. Pure."""
+    from provision.catalog import INSTANCE_TYPES
+    name = raw if "." in raw else f"{raw}.16xlarge"
+    if name not in INSTANCE_TYPES:
+        families = sorted({key.split(".")[0] for key in INSTANCE_TYPES})
+        raise UsageError(f"NETWORK={raw!r} is not an instance type; allowed: {', '.join(families)} (their 16xlarge) "
+                         "or a type such as c7i.8xlarge")
+    return name
 
 
 def glue_dir(raw: str | None) -> Path:
@@ -185,9 +218,12 @@ def gemm_peak(cores: list[int], dtype: str, size: int) -> float:
 
 
 def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, program: str,
-           args: list[str], allocator: str = "", workdir: Path | None = None) -> tuple[Path, str]:
+           args: list[str], allocator: str = "", workdir: Path | None = None,
+           network: netem.Layout | None = None, flows: int = 1) -> tuple[Path, str]:
     """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly.
-    `workdir`: your script's folder, copied to where script_rank runs it (the job's workdir/)."""
+    `workdir`: your script's folder, copied to where script_rank runs it (the job's workdir/).
+    `network`: each rank in its own node's namespace of that network, gloo on its first `flows`
+    interfaces (one device each); else all of them over loopback."""
     job_dir = out / "runs" / name
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
@@ -195,11 +231,15 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
         shutil.copytree(workdir, job_dir / SCRIPT_WORKDIR)
     hostfile = job_dir / "hostfile"
     hostfile.write_text("localhost\n" if mpi != "openmpi" else f"localhost slots={ranks}\n")
+    module = f"runner.node.{program}"
     spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
-                      plan=RankPlan(ranks, cores_per_rank), python=sys.executable, module=f"runner.node.{program}",
+                      plan=RankPlan(ranks, cores_per_rank), python=sys.executable, module=module,
                       pythonpath=str(REPO),
                       args=args, mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo", as_root=os.geteuid() == 0,
                       allocator=allocator)
+    if network:
+        spec = replace(spec, master_addr=network.master_addr, gloo_iface=",".join(network.interfaces(flows)),
+                       program=netem.in_node(network, [sys.executable, "-m", module, *args]))
     script = job_dir / "launch.sh"
     script.write_text(render_launch(spec))
     # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
@@ -213,22 +253,25 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
 
 
 def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str],
-               allocator: str = "") -> dict:
+               allocator: str = "", network: netem.Layout | None = None, flows: int = 1) -> dict:
     """One training configuration: runner/node/train.py, its results (as the file holds them: the
     bench reads ftc's and the peer's records side by side, by their shared keys)."""
     job_dir = out / "runs" / name
     job_dir, _ = launch(name, out, ranks, cores, cores_per_rank, mpi, "train",
-                        train_args + ["--output-dir", str(job_dir)], allocator)
+                        train_args + ["--output-dir", str(job_dir)], allocator, network=network, flows=flows)
     return TrainResults.read(job_dir).to_dict()
 
 
-def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, megabytes: float) -> float:
-    """Median time of one gloo all_reduce of `megabytes` of bf16 across `ranks` simulated nodes."""
-    _, stdout = launch(f"allreduce-{ranks}", out, ranks, cores, cores_per_rank, mpi, "allreduce_check",
-                       ["--time-mb", str(megabytes)])
+def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, megabytes: float,
+                      network: netem.Layout | None = None, flows: int = 1, chunks: int = 1) -> float:
+    """Median time of one gloo all_reduce of `megabytes` of bf16 across `ranks` simulated nodes, as
+    `chunks` all_reduces in flight at once."""
+    name = f"allreduce-{ranks}" + (f"-{flows}-flows" if network else "")
+    _, stdout = launch(name, out, ranks, cores, cores_per_rank, mpi, "allreduce_check",
+                       ["--time-mb", str(megabytes), "--chunks", str(chunks)], network=network, flows=flows)
     report = parse_allreduce(stdout)
     if report is None or report.allreduce_seconds is None:
-        raise SystemExit(f"bench allreduce-{ranks}: no timed ALLREDUCE line in its output:\n{stdout[-3000:]}")
+        raise SystemExit(f"bench {name}: no timed ALLREDUCE line in its output:\n{stdout[-3000:]}")
     return report.allreduce_seconds
 
 
@@ -289,13 +332,14 @@ class Bench:
     def cores(self, ranks: int) -> list[int]:
         return self.physical[:ranks * self.cores_per_rank]
 
-    def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = (), rows: int = 0) -> dict:
+    def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = (), rows: int = 0,
+            network: netem.Layout | None = None, flows: int = 1) -> dict:
         # the timeline leaves out the first step (kernel set-up); the pass's wall time counts it
         args = ["--task", "mrpc", *self.common(rows or self.rows), "--no-eval", "--no-save", "--log-every", "1000",
                 "--warmup-steps-untimed", "1",
                 "--recipe", recipe, *(self.ftc_extra if recipe == "ftc" else []), *extra]
         self.runs[name] = run_config(name, self.out, ranks, self.cores(ranks), self.cores_per_rank, self.mpi, args,
-                                     self.allocator)
+                                     self.allocator, network, flows)
         self.report(name)
         return self.runs[name]
 
@@ -328,12 +372,16 @@ def measure(args: argparse.Namespace) -> int:
         return accuracy(out, data_dir, model, physical, mpi, args.with_seed)
     if args.launch:
         return launch_vs_torchrun(out, args, physical, mpi)
+    if args.network:
+        return network_bench(out, args, physical, mpi)
     rank_counts = args.ranks
     layers = 2 if args.quick else 6
     bench = Bench(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers), data_dir,
                   physical, args.cores_per_rank, mpi, rows=args.rows or (128 if args.quick else 2048),
                   repeats=args.repeats or (2 if args.quick else 3), allocator=pick_allocator(node_facts.gather("")),
                   ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
+    if args.node_shapes:
+        return node_shapes_report(bench, args.node_shapes)
     print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {bench.cores_per_rank} per simulated "
           f"node, ranks {rank_counts}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
           f"allocator {bench.allocator or 'glibc'}", flush=True)
@@ -631,6 +679,220 @@ def launch_vs_torchrun(out: Path, args: argparse.Namespace, physical: list[int],
     report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
     print(f"ftc launch / plain torchrun: {row['launch_speedup']:.2f}x ({row['ftc_rows_per_s']:.1f} vs "
           f"{row['torchrun_rows_per_s']:.1f} rows/s at {ranks} x {per_rank} cores); wrote {report_path} (launch)")
+    return 0
+
+
+# The levers `--network` measures at each node count: gloo's devices (one per interface named, each
+# a TCP flow per peer) and when the gradient goes; "flows" is as many as fill the node's rate.
+NETWORK_LEVERS = {"one-flow": (False, []), "flows": (True, []), "flows-overlap": (True, ["--allreduce", "overlap"])}
+
+
+def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi: str) -> int:
+    """ftc's simulated nodes on a network like `args.network`'s on AWS (runner/netem.py): one node
+    alone first (its rate sets the links' scale), then at each node count above 1 the raw all-reduce
+    of the gradient on one flow and on several (measured against the plan's ring model), and whole
+    training passes with each of NETWORK_LEVERS, `repeats` rounds alternating. Into OUT/bench.json's `network`."""
+    from provision import estimate
+    from provision.catalog import INSTANCE_TYPES
+    kind_name, counts = args.network, [n for n in args.ranks if n > 1]
+    kind, layers = INSTANCE_TYPES[kind_name], 2 if args.quick else 6
+    bench = Bench(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers),
+                  args.data_dir, physical, args.cores_per_rank, mpi, rows=args.rows or (256 if args.quick else 2048),
+                  repeats=args.repeats or (1 if args.quick else 3), allocator=pick_allocator(node_facts.gather("")),
+                  ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
+    alone = [whole_pass(bench.ftc(f"net-1-r{i}", 1))["rows_per_s"] for i in range(bench.repeats)]
+    sim_rate, ftc1 = summary(alone)[0], bench.runs["net-1-r0"]
+    wire_bf16 = (args.grad_compress or ("bf16" if ftc1["precision"] == "bf16" else "none")) == "bf16"
+    sim_bytes = parameter_count(bench.model) * (2 if wire_bf16 else 4)
+    real_rate = plan_node_rate(kind_name)
+    real_bytes = estimate.gradient_bytes(bf16=kind.native_bf16)
+    rates = netem.scaled_rates(estimate.EC2_FLOW_GBPS, kind.network_gbps, sim_rate, sim_bytes, real_rate, real_bytes)
+    flows = netem.flows_to_fill(rates)
+    machine = f"{node_facts.cpu_info()[0]}, {len(physical)} physical cores, {bench.cores_per_rank} per simulated node"
+    print(f"network bench on {machine}: {kind_name}'s network ({estimate.EC2_FLOW_GBPS:g} Gbit/s a flow, "
+          f"{kind.network_gbps:g} a node) x {rates.scale:.4f} = {rates.flow_gbit:.3f} and {rates.node_gbit:.3f} Gbit/s: "
+          f"a simulated node trains {sim_rate:.1f} rows/s and moves {sim_bytes / 1e6:.0f} MB a step, one {kind_name} "
+          f"{real_rate:.0f} rows/s (the plan's) and {real_bytes / 1e6:.0f} MB; {flows} flows fill a node", flush=True)
+    entries, checks = [], {}
+    for nodes in counts:
+        with netem.Network(netem.Layout(os.getpid(), nodes, flows, rates)) as layout:
+            checks[str(nodes)] = link_check(layout, rates, flows)
+            print(f"  {nodes} nodes: one flow carries {checks[str(nodes)]['one_flow_gbit']:.3f} Gbit/s, {flows} flows "
+                  f"{checks[str(nodes)]['flows_gbit']:.3f}", flush=True)
+            entries += network_row(bench, layout, nodes, flows, sim_bytes, sim_rate)
+    report = {"instance": kind_name, "machine": machine, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+              "scale": round(rates.scale, 5), "flow_gbit": round(rates.flow_gbit, 4),
+              "node_gbit": round(rates.node_gbit, 4), "flows": flows,
+              "real": {"flow_gbit": estimate.EC2_FLOW_GBPS, "node_gbit": kind.network_gbps,
+                       "rows_per_s": round(real_rate, 2), "grad_bytes": real_bytes},
+              "simulated_node": {"rows_per_s": sim_rate, "rows_per_s_runs": alone, "grad_bytes": sim_bytes,
+                                 "precision": ftc1["precision"], "wire": "bf16" if wire_bf16 else "fp32"},
+              "link_check": checks, "rows_per_pass": bench.rows, "repeats": bench.repeats,
+              "model": f"distilbert-base-uncased architecture, {layers} layers, random weights",
+              "network": "each node in its own network namespace: one veth per flow shaped (tbf) at the flow cap, "
+                         "into the node's router namespace, whose uplink to a bridge is shaped at the node's rate, "
+                         "both ways; gloo given one device per flow (GLOO_SOCKET_IFNAME=f0,f1,...)",
+              "command": "python -m runner.bench " + " ".join(sys.argv[1:]), "entries": entries}
+    report_path = out / "bench.json"
+    merged = json.loads(report_path.read_text()) if report_path.exists() else {}
+    merged["network"] = report
+    report_path.write_text(json.dumps(merged, indent=2, allow_nan=False))
+    for e in entries:
+        print(f"  {e['nodes']} nodes, {e['lever']}: efficiency {e['efficiency']:.2f}, all-reduce {e['allreduce_ms']:.0f} ms "
+              f"(plan {e['allreduce_predicted_ms']:.0f} ms)")
+    print(f"wrote {report_path} (network)")
+    return 0
+
+
+def network_row(bench: Bench, layout: netem.Layout, nodes: int, flows: int, grad_bytes: float,
+                alone_rows_per_s: float) -> list[dict]:
+    """At `nodes` nodes on `layout`: the raw all-reduce on one flow and on `flows` (the gradient in
+    as many pieces in flight), and training passes with each of NETWORK_LEVERS, alternating."""
+    from provision import estimate
+    raw = {n: allreduce_seconds(bench.out, nodes, bench.cores(nodes), bench.cores_per_rank, bench.mpi, grad_bytes / 1e6,
+                                layout, n, n) for n in sorted({1, flows})}
+    rates: dict[str, list[float]] = {name: [] for name in NETWORK_LEVERS}
+    comm: dict[str, list[float]] = {name: [] for name in NETWORK_LEVERS}  # a step's all-reduce, as training saw it
+    for repeat in range(bench.repeats):
+        for name, (many, extra) in NETWORK_LEVERS.items():
+            run = bench.ftc(f"net-{nodes}-{name}-r{repeat}", nodes, extra=extra, network=layout,
+                            flows=flows if many else 1)
+            rates[name].append(whole_pass(run)["rows_per_s"])
+            comm[name].append(statistics.mean(p["comm_s"] for p in run["timeline"]))
+    rows = []
+    for name, (many, _) in NETWORK_LEVERS.items():
+        n = flows if many else 1
+        gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
+        median, spread = summary(rates[name])
+        rows.append({"nodes": nodes, "lever": name, "flows": n, "gloo_socket_ifname": ",".join(layout.interfaces(n)),
+                     "allreduce": "overlap" if "--allreduce" in NETWORK_LEVERS[name][1] else "after-backward",
+                     "rows_per_s": median, "rows_per_s_range": spread, "rows_per_s_runs": rates[name],
+                     "efficiency": round(median / (nodes * alone_rows_per_s), 3),
+                     "allreduce_ms": round(raw[n] * 1000, 1),
+                     "allreduce_in_training_ms": round(statistics.median(comm[name]) * 1000, 1),
+                     "allreduce_predicted_ms": round(estimate.ring_allreduce_seconds(grad_bytes, nodes, gbps) * 1000, 1),
+                     "flow_gbit": round(layout.rates.flow_gbit, 4), "node_gbit": round(layout.rates.node_gbit, 4),
+                     "scale": round(layout.rates.scale, 5)})
+    return rows
+
+
+def link_check(layout: netem.Layout, rates: netem.LinkRates, flows: int) -> dict:
+    """What TCP gets between two nodes of `layout` on one flow and on `flows`: about 2 s at the cap each."""
+    megabytes = rates.flow_gbit * 1e9 / 8 * 2 / 1e6
+    return {"one_flow_gbit": round(netem.tcp_gbit(layout, 1, megabytes), 4),
+            "flows_gbit": round(netem.tcp_gbit(layout, flows, megabytes), 4)}
+
+
+def plan_node_rate(kind_name: str) -> float:
+    """One node's training rate on `kind_name`, as `ftc plan` takes it from docs/bench.json (distilbert)."""
+    from provision import estimate
+    from provision.catalog import INSTANCE_TYPES
+
+    from .plan import DEFAULT_BENCH, bench_figures, plan_rate
+    kind = INSTANCE_TYPES[kind_name]
+    return plan_rate(None, bench_figures(str(DEFAULT_BENCH)), kind, estimate.xeon_class(kind.native_bf16),
+                      estimate.DISTILBERT_PARAMS)[0]
+
+
+def parameter_count(model_dir: Path) -> int:
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---- node shapes: the nodes users rent, ftc's best launch against the peer's ------------------------
+
+# Ranks per node ftc and the peer try on a node, where each rank keeps at least 2 cores.
+RANKS_PER_NODE = (1, 2, 4)
+
+
+def node_shape_list(raw: str, physical: int) -> list[tuple[int, int]]:
+    """`1x16,2x8` as [(1, 16), (2, 8)]: nodes x cores per node, each shape within this host's cores."""
+    shapes = []
+    for item in raw.split(","):
+        nodes, _, cores = item.strip().partition("x")
+        if not (nodes.isdigit() and cores.isdigit() and int(nodes) >= 1 and int(cores) >= 2):
+            raise UsageError(f"NODE_SHAPES={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
+        if int(nodes) * int(cores) > physical:
+            raise UsageError(f"NODE_SHAPES={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
+                             f"this host has {physical}")
+        shapes.append((int(nodes), int(cores)))
+    return shapes
+
+
+def shape_launches(nodes: int, cores_per_node: int) -> tuple[list[int], list[tuple[int, bool]]]:
+    """What each side tries on this shape: ftc's ranks per node; the peer's torchrun processes per
+    node, pinned or not. On one node the peer may leave its ranks unpinned (threads free on all
+    cores); ranks of different nodes never share cores, so on several nodes each is pinned."""
+    ppns = [p for p in RANKS_PER_NODE if cores_per_node % p == 0 and cores_per_node // p >= 2]
+    peer = [(1, True)] + [(p, pinned) for p in ppns[1:] for pinned in ((True, False) if nodes == 1 else (True,))]
+    return ppns, peer
+
+
+def measure_node_shapes(bench: Bench, shapes: list[tuple[int, int]]) -> list[dict]:
+    """Each shape: ftc at every ranks-per-node and the peer at every torchrun launch, alternating,
+    `repeats` rounds on the same cores and rows; each side's best median. A multi-node shape also
+    runs ftc on one node of the same cores, for its efficiency. ftc's default launch (the ranks per
+    node `ftc finetune` picks for a one-socket node of these cores) is named beside its best."""
+    entries = []
+    for nodes, cores in shapes:
+        ppns, peer_launches = shape_launches(nodes, cores)
+        rates: dict[str, list[float]] = {}
+        for repeat in range(bench.repeats):
+            for ppn in ppns:
+                for n in sorted({1, nodes}) if nodes > 1 else (1,):
+                    at = replace(bench, cores_per_rank=cores // ppn)
+                    label = f"ftc {n}x{ppn}x{cores // ppn}"
+                    run = at.ftc(f"shape-{n}n-{ppn}x{cores // ppn}-r{repeat}", n * ppn)
+                    rates.setdefault(label, []).append(whole_pass(run)["rows_per_s"])
+            for ppn, pinned in peer_launches:
+                at = replace(bench, cores_per_rank=cores // ppn)
+                label = f"peer {nodes}x{ppn}x{cores // ppn} {'pinned' if pinned else 'unpinned'}"
+                run = at.peer(f"shape-peer-{nodes}n-{ppn}x{cores // ppn}-{'p' if pinned else 'u'}-r{repeat}",
+                              nodes * ppn, pinned)
+                rates.setdefault(label, []).append(whole_pass(run)["rows_per_s"])
+        entries.append(shape_entry(nodes, cores, ppns, rates, default_ppn(1, cores)))
+    return entries
+
+
+def shape_entry(nodes: int, cores: int, ppns: list[int], rates: dict[str, list[float]], default: int) -> dict:
+    """One shape's row of bench.json's node_shapes: medians, [min, max], each side's best launch."""
+    medians = {label: summary(values) for label, values in rates.items()}
+    ftc = {ppn: medians[f"ftc {nodes}x{ppn}x{cores // ppn}"] for ppn in ppns}
+    best_ppn = max(ftc, key=lambda p: ftc[p][0])
+    peers = {label: m for label, m in medians.items() if label.startswith("peer ")}
+    best_peer = max(peers, key=lambda label: peers[label][0])
+    entry = {"nodes": nodes, "cores_per_node": cores, "ftc_launch": f"{best_ppn}x{cores // best_ppn}",
+             "ftc_rows_per_s": ftc[best_ppn][0], "ftc_rows_per_s_range": ftc[best_ppn][1],
+             "ftc_default_launch": f"{default}x{cores // default}" if default in ftc else None,
+             "peer_launch": best_peer.removeprefix(f"peer {nodes}x"),
+             "peer_rows_per_s": peers[best_peer][0], "peer_rows_per_s_range": peers[best_peer][1],
+             "speedup_vs_peer": round(ftc[best_ppn][0] / peers[best_peer][0], 3),
+             "launches": {label: {"rows_per_s": m[0], "rows_per_s_range": m[1], "runs": rates[label]}
+                          for label, m in medians.items()}}
+    if nodes > 1:
+        one = max(medians[f"ftc 1x{ppn}x{cores // ppn}"][0] for ppn in ppns)
+        entry["efficiency"] = round(ftc[best_ppn][0] / (nodes * one), 3)
+    return entry
+
+
+def node_shapes_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
+    """--node-shapes: measured, then merged into OUT/bench.json as `node_shapes` (beside a bench's report)."""
+    print(f"node shapes on {node_facts.cpu_info()[0]}: {', '.join(f'{n} x {c} cores' for n, c in shapes)}; "
+          f"{bench.rows} rows per pass, {bench.repeats} rounds alternating, mpirun {bench.mpi}", flush=True)
+    entries = measure_node_shapes(bench, shapes)
+    report_path = bench.out / "bench.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report["node_shapes"] = {"cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                             "rows_per_pass": bench.rows, "repeats": bench.repeats, "allocator": bench.allocator or "glibc",
+                             "simulated_nodes": "several nodes: disjoint core sets of one host, loopback TCP (gloo)",
+                             "shapes": entries}
+    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    for e in entries:
+        print(f"{e['nodes']} x {e['cores_per_node']} cores: ftc {e['ftc_launch']} {e['ftc_rows_per_s']:.1f} rows/s, "
+              f"peer {e['peer_launch']} {e['peer_rows_per_s']:.1f}: {e['speedup_vs_peer']:.2f}x"
+              + (f", efficiency {e['efficiency']:.2f}" if "efficiency" in e else ""))
+    print(f"wrote {report_path} (node_shapes)")
     return 0
 
 

@@ -16,14 +16,13 @@ from pathlib import Path
 from rich.markup import escape
 
 from provision import state as st
-from provision.errors import FtcError, OneLineParser, UsageError
+from provision.errors import FtcError, OneLineParser, UsageError, command
 from provision.spec import MAX_NODES, PARSERS, load_config, resolve_spec
 from provision.ui import answer, console
-from provision.values import boolean, number, one_of, whole, whole_list, writable_dir
+from provision.values import boolean, label, number, whole, whole_list, writable_dir
+from runner import plan
 from runner.jobflags import JOB_FLAGS
-from runner.node.units import duration
 
-DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
     "provider": "where the nodes run: local (sshd nodes on this machine, default), aws, ssh",
@@ -35,7 +34,7 @@ SPEC_HELP = {
     "root_volume_gb": "AWS root volume size in GB (default 100)",
     "spot": "1: AWS spot instances; jobs watch for interruption notices",
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
-    "allow_open_ssh": "1: allow SSH_CIDR=0.0.0.0/0",
+    "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
     "max_hours": "AWS: the nodes power off after this many hours (default 4)",
     "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
     "owner": "AWS: the ftc:owner tag (default: your user name)",
@@ -177,10 +176,18 @@ def _plan_parser(sub) -> None:
     p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
     p.add_argument("--instance-type", default=None, help="default: the cluster spec's (c6i.16xlarge)")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
-    p.add_argument("--bench", default=str(DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
+    p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
     p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
+    p.add_argument("--batch-size", default=None, help="rows per node per step (default: the ftc recipe's, 32)")
+    p.add_argument("--flows", default=None, help="TCP flows per ring peer, 10 Gbit/s each in a placement group "
+                                                 "(default 1, as ftc's jobs)")
+    p.add_argument("--allreduce", default=None, metavar="after-backward|overlap",
+                   help="when the gradients are reduced (default after-backward, as ftc's jobs)")
+    p.add_argument("--accumulate", default=None,
+                   help="micro-batches per all-reduce: changes the recipe (global batch, lr scaled); default 1")
+    p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 
 def _runs_parser(sub) -> None:
@@ -226,18 +233,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.dry_run:
         from provision import providers
         if not providers.supports(spec.provider, "dry_run"):
-            raise UsageError("--dry-run checks AWS credentials and quota; it needs PROVIDER=aws")
+            raise UsageError(f"--dry-run checks AWS credentials and quota; it needs {label('provider')}=aws")
         providers.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
     if not bootstrap:  # a job needs the stack first
         console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s), not bootstrapped; "
-                      f"next: `make bootstrap NAME={state.name}`")
+                      f"next: `{command('bootstrap', name=state.name)}`")
         return 0
     from runner.jobspec import hub_reachable
-    offline = "" if hub_reachable() else " MODEL=auto DATA_DIR=auto"  # the packaged MiniLM, ../shared's GLUE
+    offline = {} if hub_reachable() else {"model": "auto", "data_dir": "auto"}  # the packaged MiniLM, ../shared's GLUE
     console.print(f"cluster [bold]{state.name}[/] is {state.phase}: {len(state.nodes)} node(s); "
-                  f"next: `make finetune NAME={state.name}{offline}` or `ftc ssh --name {state.name}`")
+                  f"next: `{command('finetune', name=state.name, **offline)}` or "
+                  f"`{command('ssh', name=state.name)}`")
     return 0
 
 
@@ -255,7 +263,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.name is None and not os.environ.get("FTC_NAME"):
         names = st.all_names()
         if not names and not args.json:
-            console.print("no clusters; start one with `make cluster`")
+            console.print(f"no clusters; start one with `{command('up')}`")
         failed, found = 0, []
         for name in names:
             try:
@@ -326,12 +334,13 @@ def _print_status(state: st.ClusterState, nodes) -> None:
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     name = _cluster_name(args)
     if args.bootstrapper not in ("fabric", "ansible"):
-        raise UsageError(f"BOOTSTRAPPER={args.bootstrapper!r} is not known; allowed: fabric, ansible")
+        raise UsageError(f"{label('with')}={args.bootstrapper!r} is not known; allowed: fabric, ansible")
     from provision.providers import traits
     state = st.load(name)
     if args.bootstrapper == "ansible" and traits(state.provider).user_login:
-        raise UsageError("BOOTSTRAPPER='ansible' is not available for your own servers (PROVIDER=ssh): its inventory "
-                         "logs in with a cluster key they do not have; use BOOTSTRAPPER=fabric (the default)")
+        raise UsageError(f"{label('with')}='ansible' is not available for your own servers (provider ssh): its "
+                         f"inventory logs in with a cluster key they do not have; use {label('with')}=fabric "
+                         "(the default)")
     if args.bootstrapper == "ansible":
         from provision.inventory import run_playbook
         return run_playbook(name)
@@ -346,9 +355,11 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     try:
         index = int(args.node)
     except ValueError:
-        raise UsageError(f"NODE={args.node!r} is not a node index; allowed: 0..{len(state.nodes) - 1}") from None
+        raise UsageError(f"{label('node')}={args.node!r} is not a node index; allowed: 0..{len(state.nodes) - 1}") \
+            from None
     if not 0 <= index < len(state.nodes):
-        raise UsageError(f"NODE={args.node!r} is not a node of {state.name}; allowed: 0..{len(state.nodes) - 1}")
+        raise UsageError(f"{label('node')}={args.node!r} is not a node of {state.name}; "
+                         f"allowed: 0..{len(state.nodes) - 1}")
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     argv = ssh_command(state, state.nodes[index], cmd)
     sys.stdout.flush()
@@ -372,10 +383,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         try:
             words = [args.script, *shlex.split(args.args or "")]
         except ValueError as exc:
-            raise UsageError(f"ARGS={args.args!r} cannot be split into words ({exc}); close its quotes") from None
+            raise UsageError(f"{label('args')}={args.args!r} cannot be split into words ({exc}); close its quotes") \
+                from None
     if words[:1] and words[0].startswith("-"):
-        raise UsageError(f"SCRIPT={words[0]!r} looks like an option; put ftc's options before `--` and the script "
-                         "after it: `ftc launch --name X -- train.py --epochs 1`")
+        if args.script is not None:
+            raise UsageError(f"{label('script')}={words[0]!r} looks like an option; give your script's path")
+        raise UsageError(f"the script {words[0]!r} looks like an option; put ftc's options before `--` and the "
+                         "script after it: `ftc launch --name X -- train.py --epochs 1`")
     job = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
                               ppn=args.ppn, requirements=args.requirements, env=args.env,
                               max_workdir_mb=args.max_workdir_mb)
@@ -413,17 +427,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 0
     if args.runs_command == "compare":
         if len(args.run) < 2:
-            raise UsageError(f"RUN={args.run[0]!r}: compare needs two or more runs; allowed: ids from `ftc runs`")
+            raise UsageError(f"run {args.run[0]!r} alone: compare needs two or more runs; allowed: ids from `ftc runs`")
         found = [runs.find(ref) for ref in args.run]
         chosen = list({run["results_dir"]: run for run in found}.values())  # a run named twice is one run
         if len(chosen) < 2:
-            raise UsageError(f"RUN={' '.join(args.run)!r} names one run; compare needs two or more different runs; "
+            raise UsageError(f"runs {' '.join(args.run)!r} name one run; compare needs two or more different runs; "
                              "allowed: ids from `ftc runs`")
         out = Path(args.out) if args.out else \
             runs.runs_root() / "compare" / ("_vs_".join(r["id"] for r in chosen)[:200] + ".png")
         if out.suffix.lower() != ".png" or out.is_dir():
             what = "is a directory" if out.is_dir() else "is not a .png path"
-            raise UsageError(f"OUT={str(out)!r} {what}; give a file name ending in .png")
+            raise UsageError(f"{label('out')}={str(out)!r} {what}; give a file name ending in .png")
         writable_dir("out", str(out.parent))
         report.compare(chosen, out)
         answer.print(f"plot: {out}", markup=False, soft_wrap=True)
@@ -466,101 +480,69 @@ def cmd_extend(args: argparse.Namespace) -> int:
     hours = PARSERS["max_hours"]("hours", args.hours)
     state = st.load(_cluster_name(args))
     if not providers.supports(state.provider, "extend"):
-        raise UsageError(f"NAME={state.name!r} is a {state.provider} cluster; only aws nodes have a lifetime watchdog")
+        raise UsageError(f"{label('name')}={state.name!r} is a {state.provider} cluster; only aws nodes have a "
+                         "lifetime watchdog")
     providers.extend(state, hours)
     return 0
 
 
-RATE = number(0.1, 1e9, lo_included=True)  # samples/s of one node; below 0.1 a plan runs for years
-
-
-def _bench_figures(path: str) -> dict:
-    """The figures `ftc plan` takes from a bench.json, each through the shared parsers: a file that
-    lacks one or holds a bad one is refused in one line naming the file and the field."""
-    try:
-        bench = json.loads(Path(path).read_text())
-        raw = {"exposure": bench["planner"]["exposure"], "wait_share": bench["planner"]["wait_share"],
-               **{key: bench[key] for key in ("ftc_samples_per_s", "cores_per_rank", "precision", "cpu")}}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"BENCH={path!r} is not a full bench.json with planner figures "
-                         f"({type(exc).__name__}: {exc}); run `ftc bench --out DIR` on a multi-core host") from None
-    parsers = {"exposure": number(0, 100, lo_included=True), "wait_share": number(0, 10, lo_included=True),
-               "ftc_samples_per_s": RATE, "cores_per_rank": whole(1, 1024), "precision": one_of(("bf16", "fp32")),
-               "cpu": lambda _key, value: str(value)}  # only shown
-    try:
-        return {key: parse(key, raw[key]) for key, parse in parsers.items()}
-    except UsageError as exc:
-        raise UsageError(f"BENCH={path!r}: {exc}; run `ftc bench --out DIR` for a sound one") from None
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
-    """The estimator: a measured per-node rate, the bench's all-reduce exposure and wait for the
-    slowest rank, the instance's network (flow-limited) and price, the task's size
-    (provision/estimate.py)."""
-    from rich.table import Table
-
+    """The estimator: a measured per-node rate carried to the instance's cores and CPU class, the
+    bench's all-reduce exposure and wait for the slowest rank, the instance's network (flow-limited)
+    and price, the task's size, the levers (provision/estimate.py); then its decision in one sentence."""
     from provision import estimate
     from provision.catalog import INSTANCE_TYPES
+    from runner.jobspec import PARSERS as JOB_PARSERS
     from runner.node import glue
+    from runner.node.recipes import RECIPES
     try:
         task = glue.task_name(args.task)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    except ValueError:
+        raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
+                         f"{', '.join(glue.TASKS)}") from None
     nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
     kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
         else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
     kind = INSTANCE_TYPES[kind_name]
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
-    bench = _bench_figures(args.bench)
-    model, params = _plan_model(args.model)
-    if args.samples_per_s:
-        rate, source = RATE("samples_per_s", args.samples_per_s), "given"
-    else:
-        rate = bench["ftc_samples_per_s"] * kind.physical_cores / bench["cores_per_rank"]
-        rate *= estimate.DISTILBERT_PARAMS / params  # a step's work grows with the weights
-        source = (f"extrapolated from {bench['cpu']} ({bench['cores_per_rank']} cores, {bench['precision']}, "
-                  f"distilbert) to {kind.physical_cores} cores and {params / 1e6:.1f}M parameters")
-        if bench["precision"] == "bf16" and not kind.native_bf16:
-            source += f"; {kind.cpu} has no native bf16, so it will be slower: measure one node"
-    gbps = estimate.flow_limited_gbps(kind.network_gbps)
-    rows = estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, 32,
-                         estimate.gradient_bytes(bf16=kind.native_bf16, params=params), gbps, bench["exposure"],
-                         bench["wait_share"], kind.usd_per_hour, setup_s)
-    table = Table(title=f"{task} x {epochs} epochs, {escape(model)}, {kind_name} "
-                        f"({kind.cpu}, {kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", title_justify="left")
-    for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(str(row.nodes), f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}",
-                      f"{row.allreduce_s * 1000:.0f} ms", duration(row.train_s), duration(row.wall_s),
-                      f"${row.usd:.2f}")
-    answer.print(table)
-    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce after backward at {gbps:g} Gbit/s "
-                  f"(one TCP flow: at most {estimate.EC2_FLOW_GBPS:g} Gbit/s in a placement group), "
-                  f"{bench['exposure']:.2f}x its idle time as measured in training, and a wait for the slowest "
-                  f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
-                  f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.", markup=False)
+    recipe = RECIPES["ftc"]
+    batch = recipe["batch_size"] if args.batch_size is None else JOB_PARSERS["batch_size"]("batch_size", args.batch_size)
+    levers = plan.plan_levers(args)
+    bench = plan.bench_figures(args.bench)
+    model, params = plan.plan_model(args.model)
+    cls = estimate.xeon_class(kind.native_bf16)
+    rate, source = plan.plan_rate(args.samples_per_s, bench, kind, cls, params)
+
+    def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
+        return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
+                             estimate.gradient_bytes(bf16=cls == "bf16", params=params), kind.network_gbps,
+                             bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen)
+
+    rows = plan_with(levers)
+    alternatives = [(alt, plan_with(alt)) for alt in estimate.alternative_levers(levers, kind.network_gbps)]
+    recommendation = estimate.recommend(rows, levers, estimate.Assumed(rate, cls, batch, kind.network_gbps,
+                                                                       recipe["lr"]), alternatives)
+    if args.json:
+        print(json.dumps({"rows": [{"nodes": row.nodes, "samples_per_s": round(row.samples_per_s, 1),
+                                    "efficiency": round(row.efficiency, 3),
+                                    "allreduce_ms": round(row.allreduce_s * 1000, 1),
+                                    "training_s": round(row.train_s, 1), "wall_s": round(row.wall_s, 1),
+                                    "cost_usd": round(row.usd, 2)} for row in rows],
+                          "recommendation": recommendation}))
+        return 0
+    plan.print_plan(f"{task} x {epochs} epochs, {model}, {kind_name} ({kind.cpu}, {kind.network_gbps:g} Gbit/s, "
+                f"${kind.usd_per_hour}/h)", rows)
+    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce at most "
+                 f"{estimate.EC2_FLOW_GBPS:g} Gbit/s per TCP flow (a placement group's cap) and "
+                 f"{kind.network_gbps:g} per instance"
+                 + (f", overlapped: only what outlasts backward ({estimate.BACKWARD_SHARE:.0%} of compute) is exposed"
+                    if levers.overlap else "") +
+                 f", {bench['exposure']:.2f}x its idle time as measured in training, and a wait for the slowest "
+                 f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
+                 f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.", markup=False)
+    answer.print(recommendation, markup=False)
     return 0
-
-
-def _plan_model(raw: str | None) -> tuple[str, int]:
-    """The model `ftc plan` sizes the job by, and its parameters: a local directory's from its
-    safetensors header (checked as a job's model is); anything else is taken for distilbert-base-uncased."""
-    from provision.estimate import DISTILBERT_PARAMS
-    from runner.jobspec import resolve_model
-    from runner.model_files import parameter_count
-    if not raw:
-        return "distilbert-base-uncased", DISTILBERT_PARAMS
-    model = resolve_model(raw)
-    if not Path(model).is_dir():
-        raise UsageError(f"MODEL={raw!r}: ftc plan sizes a model from a local directory (its safetensors header); "
-                         "give one, or leave MODEL out for distilbert-base-uncased's size")
-    params = parameter_count(Path(model))
-    if not params:
-        raise UsageError(f"MODEL={raw!r} has no safetensors weights, whose header gives its size; save it with "
-                         "save_pretrained (safetensors is the default)")
-    return raw, params
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
@@ -606,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse_undecodable_home()
         st.refuse_home_in_node_root()
         if args.command in WRITE_FTC_HOME:
-                writable_dir("ftc_home", str(st.ftc_home()))
+                writable_dir("FTC_HOME", str(st.ftc_home()))
         code = COMMANDS[args.command](args)
     except FtcError as exc:
         print(f"error: {exc}", file=sys.stderr)

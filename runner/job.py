@@ -18,7 +18,7 @@ from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
-from provision.ssh import NodeSilent, connect, follow_silence_s, put_text, run, stream
+from provision.ssh import NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
 from provision.ui import answer, console
 from provision.values import writable_dir
 
@@ -28,15 +28,17 @@ from .node import glue
 from .node.protocol import (
     CHECKPOINT_FILE,
     EXIT_PREEMPTED,
+    LOG_MARK_ENV,
     PREEMPTED_FILE,
     SCRIPT_WORKDIR,
     RankExit,
     first_failure,
+    line_mark,
     parse_checkpoint,
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
-from .report import for_terminal, print_results, show_failure
+from .report import for_terminal, print_results, protocol_line, show_failure
 from .script_job import output_bytes, remove_on_nodes
 from .transfer import (
     content_digest,
@@ -81,7 +83,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                               "runner.node.train",
                               train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
                                          metadata_endpoint() if state.cluster_spec.spot else ""),
-                              ppn=job.ppn or None)
+                              ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)})
     except ValueError as exc:
         raise UsageError(f"PPN={job.ppn}: {exc}") from None
     if render_only:
@@ -173,7 +175,7 @@ def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | N
             run(conn, state.head, "launch", f"mkdir -p {in_dir}/logs {in_dir}/checkpoints")
             put_text(conn, render_launch(spec), f"{remote_dir}/launch.sh", 0o755)
             if resume_from:
-                conn.put(str(resume_from), f"{remote_dir}/{CHECKPOINT_FILE}")
+                interruptible(conn.client.get_transport(), conn.put, str(resume_from), f"{remote_dir}/{CHECKPOINT_FILE}")
             # The pid and its start time: only that process is ever signalled (a pid may be reused).
             # No start time: the script had already ended, and nothing of it is left to signal.
             pid, *started = run(conn, state.head, "launch",
@@ -194,11 +196,12 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
     conn = connect(state, state.head, within_s=follow_silence_s(),
                    next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
                              f"`ftc status --name {name}` says what is up")
-    colour = sys.stdout.isatty()
+    colour, mark = sys.stdout.isatty(), line_mark(job.id)
 
     def on_line(line: str) -> None:
         print(for_terminal(line, colour), flush=True)
-        if parse_checkpoint(line):
+        logged = protocol_line(line, mark)
+        if logged and parse_checkpoint(logged.message):
             copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} "
@@ -320,7 +323,7 @@ def script_outcome(results: Path, code: int, failed: RankExit | None, node: str)
     tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
     console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
                   f"the last lines of its log ({escape(str(log))}):", soft_wrap=True)
-    console.print("\n".join(tail), markup=False, soft_wrap=True)
+    console.print("\n".join(for_terminal(line, colour=False) for line in tail), markup=False, soft_wrap=True)
     return failed.code if 0 < failed.code < 256 else 1
 
 
@@ -382,8 +385,8 @@ def describe_jobs(state: st.ClusterState, live: list) -> None:
     elif job.state == "running":
         try:
             with connect(state, state.head, attempts=2) as conn:
-                line += " | " + run(conn, state.head, "status",
-                                    f"tail -n 1 {shlex.quote(job.remote_dir)}/output.log").strip()
+                line += " | " + for_terminal(run(conn, state.head, "status",
+                                                 f"tail -n 1 {shlex.quote(job.remote_dir)}/output.log").strip(), False)
                 code = job_exit_code(conn, state, job)
                 if code is not None:
                     line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"

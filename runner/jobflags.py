@@ -6,7 +6,7 @@ builds the parser, so it would pay their import).
 from .node import glue
 
 JOB_FLAGS = {
-    "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own TRAIN_FILE and VALIDATION_FILE)",
+    "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own --train-file and --validation-file)",
     "train_file": "custom: your training rows, CSV, TSV or JSON lines (README: Your own data)",
     "validation_file": "custom: your dev rows, in the same layout",
     "text_columns": "custom: one or two text columns, comma-separated (default sentence1,sentence2 when the "
@@ -14,18 +14,19 @@ JOB_FLAGS = {
     "label_column": "custom: the label column (default label); float labels mean regression",
     "model": "hub id or local directory (default distilbert-base-uncased; 'auto': offline fallback)",
     "data_dir": "local GLUE directory (<dir>/<task>/train.tsv, dev.tsv); default: the hub; 'auto'",
+    "recipe": "ftc (default) or seed (the 2021 recipe's settings); your own data under 1000 rows: small-data "
+              "(lr 2e-4, 3 epochs, batch size 8, no dropout) for whatever of these you leave unset",
     "epochs": "epochs (default: the recipe's, 3)",
     "batch_size": "per rank (default 32)",
     "lr": "learning rate (default 2e-5)",
     "max_train_samples": "use the first N training rows (0: all)",
     "max_eval_samples": "evaluate on the first N dev rows (0: all)",
-    "recipe": "ftc (default) or seed (the 2021 recipe's settings)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
     "allreduce": "after-backward (default: cores idle, as the bench measured) or overlap (DDP's buckets during "
                  "backward: may hide the transfer on a real network)",
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
                "PyTorch's fused kernel (faster: docs/performance.md)",
-    "ppn": "ranks per node (default: one per socket)",
+    "ppn": "ranks per node (default: one per 4 physical cores, at least one per socket)",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }

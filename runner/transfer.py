@@ -18,8 +18,9 @@ from pathlib import Path, PurePosixPath
 
 from provision import state as st
 from provision.errors import FtcError
+from provision.launch import node_path
 from provision.providers import traits
-from provision.ssh import connect, follow_silence_s, run
+from provision.ssh import connect, follow_silence_s, interruptible, run
 from provision.ui import console
 
 from .jobspec import JobSpec
@@ -41,8 +42,8 @@ def connection_lost() -> tuple[type[Exception], ...]:
 def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[JobSpec, dict[str, str]]:
     """Where the nodes read a custom job's data files, and what must be copied there (node path ->
     controller path). Local nodes are this machine: they read the controller's own files. Any other
-    node gets a copy in the job's directory, at the same path on every node (as the job directory
-    and the stack's Python are), named by role: both files may have the same name."""
+    node gets a copy in the job's directory, named by role: both files may have the same name. The
+    paths are the head's; each node's copy lies in its own job directory (provision.launch.node_path)."""
     if not job.train_file or traits(provider).shares_this_machine:
         return job, {}
     copies = {f"{remote_dir}/data/{role}{Path(local).suffix}": local
@@ -52,18 +53,20 @@ def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[J
 
 
 def send_data_files(state: st.ClusterState, copies: dict[str, str]) -> None:
-    """Copy each file to every node (the copy is whole before the job starts)."""
+    """Copy each file to every node, into its own job directory (the copy is whole before the job starts)."""
     for node in state.nodes if copies else []:
+        on_node = {node_path(state, node, remote): local for remote, local in copies.items()}
         with connect(state, node) as conn:
-            run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in copies})))
-            for remote, local in copies.items():
-                conn.put(local, remote)
+            run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in on_node})))
+            for remote, local in on_node.items():
+                interruptible(conn.client.get_transport(), conn.put, local, remote)
 
 
 def folders_on_nodes(job: JobSpec, provider: str, head_workdir: str) -> tuple[JobSpec, dict[str, tuple[Path, list[Path]]]]:
     """Where nodes that are not this machine read a local model directory and a local GLUE directory
     (its task's folder only): a copy in the cluster's cache, `<workdir>/cache/<kind>-<content hash>`,
-    the same path on every node, sent once per content. Node path -> (local folder, its files).
+    sent once per content, in each node's own workdir (these are the head's paths: node_path). Node
+    path -> (local folder, its files).
     Local nodes read them where they are."""
     if traits(provider).shares_this_machine:
         return job, {}
@@ -97,7 +100,8 @@ def send_folders(state: st.ClusterState, copies: dict[str, tuple[Path, list[Path
     after a check of the node's free space: unpacked beside, then moved into place."""
     for node in state.nodes if copies else []:
         with connect(state, node) as conn:
-            for remote, (root, files) in copies.items():
+            for head_path, (root, files) in copies.items():
+                remote = node_path(state, node, head_path)
                 quoted = shlex.quote(remote)
                 if run(conn, node, "send folder", f"test -e {quoted}/{FOLDER_COMPLETE} && echo HELD || true").strip():
                     continue
@@ -127,7 +131,7 @@ def send_tree(conn, node: st.NodeInfo, root: Path, files: list[Path], remote: st
             for path in files:
                 tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
         run(conn, node, "send folder", f"rm -rf {partial} && mkdir -p {partial}")
-        conn.put(str(tarball), f"{remote}.tar")
+        interruptible(conn.client.get_transport(), conn.put, str(tarball), f"{remote}.tar")
     run(conn, node, "send folder", f"tar -xf {quoted}.tar -C {partial} && rm -f {quoted}.tar && "
                                    f"rm -rf {quoted} && mv {partial} {quoted}")
 
@@ -146,20 +150,25 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     target = home_checkpoint(job.results_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     later = "the next checkpoint, or the fetch when the job ends, brings it"
-    try:
+
+    def bring_home() -> bool:
         sftp = conn.sftp()
         sftp.get_channel().settimeout(follow_silence_s())  # a node that freezes mid-copy does not hang the follower
         try:
             info = sftp.stat(f"{job.remote_dir}/{CHECKPOINT_FILE}")
         except FileNotFoundError:
-            return None  # no epoch has ended yet
+            return False  # no epoch has ended yet
         if not _is_home(target, info):  # else copied when its epoch ended
             short = _no_room(info.st_size, target.parent)
             if short:
                 console.print(f"the checkpoint of job {job.id} {short}: not copied, the job goes on; free some space: "
                               f"{later}", style="yellow", markup=False, soft_wrap=True)
-                return None
+                return False
             _copy_whole(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target, info)
+        return True
+    try:
+        if not interruptible(conn.client.get_transport(), bring_home):  # Ctrl-C: the follower detaches
+            return None
     except connection_lost() as exc:
         console.print(f"copying the checkpoint of job {job.id} home failed ({_why(exc)}); {later}",
                       style="yellow", markup=False, soft_wrap=True)
@@ -261,8 +270,9 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
         missing = []
         for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
             sftp = connections.enter_context(connect(state, node)).sftp()
-            for remote, info in _walk(sftp, job.remote_dir, lambda d: worth_walking(job, d[len(job.remote_dir) + 1:])):
-                home = home_path(job, remote[len(job.remote_dir) + 1:], node is state.head)
+            job_dir = node_path(state, node, job.remote_dir)  # each node's own
+            for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(job, d[len(job_dir) + 1:])):
+                home = home_path(job, remote[len(job_dir) + 1:], node is state.head)
                 if home and not _is_home(target / home, info):
                     missing.append((node, sftp, remote, target / home, info))
         short = _no_room(sum(info.st_size for *_, info in missing), target)
@@ -272,7 +282,7 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
         for node, sftp, remote, local, info in missing:
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
-                _copy_whole(sftp, remote, local, info)
+                interruptible(sftp.get_channel().get_transport(), _copy_whole, sftp, remote, local, info)
             except FileNotFoundError:  # removed on the node since it was listed: nothing of it to bring
                 console.print(f"not fetched: {remote} on {node.name} (gone since it was listed)", style="yellow",
                               markup=False, soft_wrap=True)

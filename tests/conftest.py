@@ -28,7 +28,7 @@ FTC = [sys.executable, "-m", "runner.cli"]
 # workers end together instead of one running a long test alone at the end. Only the order depends
 # on these numbers.
 LONGEST = {
-    "test_stock_stack_installs_into_a_fresh_venv": 566,
+    "test_stock_stack_installs_into_a_fresh_venv": 70,
     "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 475,
     "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 410,
     "test_finetune_follow_detach_reattach_and_results": 347,
@@ -70,6 +70,46 @@ def pytest_collection_modifyitems(items):
     """The LONGEST tests first, longest first; every other test keeps its place after them (a stable
     sort). The same order on every xdist worker, as xdist requires."""
     items.sort(key=lambda item: -LONGEST.get(item.originalname, 0))
+
+
+# The fast lane (`make test-fast`: `-m "not slow"`) holds no test that starts a real node, server or
+# training run; each of these fixtures starts one, so a test that asks for one must be marked slow.
+STARTS_PROCESSES = {
+    "cluster", "moto_server", "aws",  # here
+    "servers", "server",  # test_hosts.py: own servers, each a real sshd
+    "stalling",  # test_interrupt_copy.py: an own server and a cluster on it
+    "emulator", "ec2",  # test_emulator.py: the EC2 emulator and its sshd nodes
+    "real_run",  # test_protocol.py: the training program, run once
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test not marked slow that asks for a fixture of STARTS_PROCESSES fails before it starts anything."""
+    starts = sorted(STARTS_PROCESSES & set(item.fixturenames))
+    if starts and not item.get_closest_marker("slow"):
+        pytest.fail(f"{item.nodeid} starts real processes ({', '.join(starts)}): mark it "
+                    "@pytest.mark.slow (tests/README.md)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_local_node_unless_slow(request, tmp_path_factory, monkeypatch):
+    """A test not marked slow finds first on PATH an `sshd` that refuses to start and leaves a note (the
+    local provider runs the sshd it finds on PATH), so a test that starts a local node, however it does
+    (`ftc up`, a helper, `make`), fails naming the mark it lacks."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    shim = tmp_path_factory.mktemp("fast-lane")
+    sshd = shim / "sshd"
+    sshd.write_text('#!/bin/sh\ntouch "$(dirname "$0")/started"\n'
+                    'echo "sshd started by a test not marked slow: mark it slow" >&2\nexit 1\n')
+    sshd.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ.get('PATH', '')}")
+    yield
+    if (shim / "started").exists():
+        pytest.fail(f"{request.node.nodeid} starts local nodes (sshd): mark it @pytest.mark.slow (tests/README.md)",
+                    pytrace=False)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import REPO, ftc
 from helpers import assert_bootstrapped
 
@@ -20,11 +21,12 @@ def test_playbook_passes_syntax_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_inventory_names_every_node_and_the_pinned_keys(ftc_home):
     import yaml
     up = ftc("up", "--name", "inv", "--nodes", "2", "--no-bootstrap")
     assert up.returncode == 0
-    assert "not bootstrapped; next: `make bootstrap NAME=inv`" in up.stderr and "make finetune" not in up.stderr
+    assert "not bootstrapped; next: `ftc bootstrap --name inv`" in up.stderr and "make finetune" not in up.stderr
     proc = ftc("inventory", "--name", "inv")
     data = yaml.safe_load(Path(proc.stdout.strip()).read_text())
     group = data["all"]["children"]["ftc_nodes"]
@@ -34,6 +36,7 @@ def test_inventory_names_every_node_and_the_pinned_keys(ftc_home):
     ftc("down", "--name", "inv", check=True)
 
 
+@pytest.mark.slow
 def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, minilm, glue_dir):
     assert ftc("up", "--name", "ans", "--nodes", "2", "--no-bootstrap").returncode == 0
     env = {**os.environ, "FTC_HOME": str(ftc_home)}

@@ -36,6 +36,7 @@ def scalars(board: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["roberta", "deberta-v2"])
 def test_a_tiny_model_of_another_architecture_trains_and_writes_tensorboard_events(tmp_path, minilm, architecture):
     model = tiny_model(tmp_path / architecture, architecture, minilm)
@@ -80,4 +81,4 @@ def test_a_model_no_sequence_classifier_loads_is_refused_before_launch(ftc_home,
     (model / "config.json").write_text(json.dumps(config))
     proc = ftc("finetune", "--name", "nowhere", "--model", str(model))
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and f"MODEL={str(model)!r}" in lines[0] and named in lines[0], lines
+    assert proc.returncode == 2 and len(lines) == 1 and f"--model={str(model)!r}" in lines[0] and named in lines[0], lines

@@ -17,6 +17,8 @@ from helpers import AWS_UP, assert_refused
 from provision.providers import aws as aws_provider
 from runner.cli import main
 
+pytestmark = pytest.mark.slow
+
 UP = ["up", "--provider", "aws", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--no-bootstrap"]
 
 

@@ -2,6 +2,7 @@
 (Hugging Face Trainer through torchrun), and reports what it promises."""
 
 import json
+import os
 
 import pytest
 from conftest import ftc
@@ -10,6 +11,7 @@ from helpers import one_error
 from provision import procs
 
 
+@pytest.mark.slow
 def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline(ftc_home, tmp_path):
     out = tmp_path / "bench"
     # a hang guard sized for a loaded 2-core machine: 1 + 2 + 3 runs of 128 rows each, twice, and the seed's
@@ -57,12 +59,12 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--ranks", "1,0", "RANKS='0' is out of range; allowed: 1..256"),
-    ("--repeats", "many", "REPEATS='many' is not a whole number; allowed: 1..100"),
-    ("--rows", "8", "ROWS='8' is out of range; allowed: 32..1000000"),
+    ("--ranks", "1,0", "--ranks='0' is out of range; allowed: 1..256"),
+    ("--repeats", "many", "--repeats='many' is not a whole number; allowed: 1..100"),
+    ("--rows", "8", "--rows='8' is out of range; allowed: 32..1000000"),
     ("--levers", "turbo", "LEVERS='turbo' is not a lever; allowed: overlap, balance-speed, dense-embedding, fp32-wire, "
                           "gloo-inherit, dropout-0, no-grad-sync"),
-    ("--cores-per-rank", "0", "CORES_PER_RANK='0' is out of range; allowed: 1..1024"),
+    ("--cores-per-rank", "0", "--cores-per-rank='0' is out of range; allowed: 1..1024"),
 ])
 def test_bench_refuses_a_bad_number_in_one_line(ftc_home, tmp_path, flag, value, message):
     proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), flag, value)
@@ -71,6 +73,7 @@ def test_bench_refuses_a_bad_number_in_one_line(ftc_home, tmp_path, flag, value,
     assert not (tmp_path / "bench").exists()
 
 
+@pytest.mark.slow
 def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running(ftc_home, tmp_path):
     out = tmp_path / "bench"
     proc = ftc("bench", "--bootstrap", "--repeats", "1", "--out", str(out), timeout=1800)
@@ -86,11 +89,11 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--out", "{tmp}/afile"], "OUT='{tmp}/afile' is not writable"),
+    (["--out", "{tmp}/afile"], "--out='{tmp}/afile' is not writable"),
     (["--data-dir", "{tmp}/no-glue"], "DATA_DIR='{tmp}/no-glue' has no mrpc/train.tsv"),
     (["--ranks", "1,256", "--cores-per-rank", "1024"], "RANKS=1,256 with CORES_PER_RANK=1024"),
     (["--tokenizer", "{tmp}/no-vocab"], "TOKENIZER='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
-    (["--quick=maybe"], "QUICK='maybe' is not a boolean"),
+    (["--quick=maybe"], "--quick='maybe' is not a boolean"),
 ], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean"])
 def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     (tmp_path / "afile").write_text("a file")
@@ -110,6 +113,7 @@ def test_quick_0_is_the_full_bench_and_every_bench_flag_has_help(ftc_home, tmp_p
 
 
 
+@pytest.mark.slow
 def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores(ftc_home, tmp_path):
     out = tmp_path / "bench"
     proc = ftc("bench", "--launch", "--quick", "--repeats", "1", "--out", str(out), timeout=1800)
@@ -126,3 +130,23 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
     assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])  # ftc's launch: each rank on its own core
     by_hand = [json.loads((torchrun_out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert by_hand[0]["cpus"] == by_hand[1]["cpus"] == sorted(ranks[0]["cpus"] + ranks[1]["cpus"])  # unpinned
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--network", "c9x"], "NETWORK='c9x' is not an instance type; allowed: c6i, c7i, m6i, m7i, r6i, r7i (their "
+                           "16xlarge) or a type such as c7i.8xlarge"),
+    (["--network", "c7i", "--ranks", "1"], "RANKS=1: --network needs a node count above 1 in --ranks (2 or more)"),
+], ids=["not an instance type", "no node count above 1"])
+def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
+    proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), *flags)
+    assert proc.returncode == 2 and one_error(proc) == f"error: {named}"
+    assert not (tmp_path / "bench").exists()
+
+
+def test_network_bench_on_a_machine_without_tc_says_what_is_missing(ftc_home, tmp_path):
+    # iproute2's tc lives in /usr/sbin, which this PATH leaves out
+    proc = ftc("bench", "--quick", "--network", "c7i", "--out", str(tmp_path / "bench"), env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    lacking = "not root" if os.geteuid() else "no tc on PATH"
+    assert one_error(proc).startswith(f"error: --network needs network namespaces and tc: {lacking}")
+    assert not (tmp_path / "bench").exists()

@@ -12,6 +12,10 @@ import pytest
 from conftest import FTC, ftc, sshd_pids
 from helpers import only_line, state_of, up_local, wait_for
 
+from provision.stacks import STACKS, UV_VERSION
+
+pytestmark = pytest.mark.slow
+
 
 def test_second_bootstrap_skips_finished_steps(ftc_home):
     assert ftc("up", "--name", "twice", "--nodes", "2").returncode == 0
@@ -65,7 +69,7 @@ def test_up_interrupted_during_its_bootstrap_says_the_cluster_runs_and_how_to_go
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert "cluster s still runs (1 local node(s)), not bootstrapped: `ftc bootstrap --name s` continues, " \
-           "`make destroy NAME=s` removes it" in err, err
+           "`ftc down --name s` removes it" in err, err
     assert state_of(ftc_home, "s")["phase"] == "running" and len(sshd_pids(ftc_home)) == 1
     assert ftc("down", "--name", "s").returncode == 0
     assert sshd_pids(ftc_home) == []
@@ -79,14 +83,20 @@ def test_a_bad_connect_attempts_is_refused_before_a_bootstrap_changes_anything(f
     assert ftc("down", "--name", "late").returncode == 0
 
 
-@pytest.mark.slow
 def test_stock_stack_installs_into_a_fresh_venv(ftc_home):
+    """With uv and this machine's pip settings: every pin exactly, torch's CPU build from pip's find-links
+    (/opt/wheels here), never PyPI's CUDA build. tests/install_compare.py shows pip installs the same."""
     proc = ftc("up", "--name", "fresh", "--nodes", "1", env={"FTC_LOCAL_REUSE_STACK": "0"}, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    node = state_of(ftc_home, "fresh")["nodes"][0]
-    facts = json.loads((Path(node["workdir"]) / "facts.json").read_text())
-    assert facts["python_executable"] == f"{node['workdir']}/venv/bin/python"
-    assert facts["versions"]["torch"].startswith("2.13.0") and facts["versions"]["impi-rt"] == "2021.18.1"
-    assert facts["versions"]["transformers"] == "5.24.0"
+    workdir = Path(state_of(ftc_home, "fresh")["nodes"][0]["workdir"])
+    assert f"installing with uv {UV_VERSION}\n" in (workdir / "install.log").read_text()
+    facts = json.loads((workdir / "facts.json").read_text())
+    assert facts["python_executable"] == f"{workdir}/venv/bin/python"
+    freeze = subprocess.run([f"{workdir}/venv/bin/python", "-m", "pip", "freeze"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    installed = dict(line.split("==", 1) for line in freeze if "==" in line)
+    assert {package: installed.get(package) for package in STACKS["stock"]} \
+        == {**STACKS["stock"], "torch": f"{STACKS['stock']['torch']}+cpu"}
+    assert not [name for name in installed if name.startswith(("nvidia-", "cuda-"))]
     ftc("down", "--name", "fresh", check=True)
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 
+import pytest
 from conftest import ftc, sshd_pids
 from helpers import assert_bootstrapped, one_error, only_line, state_path, up_local, wait_for
 
@@ -14,6 +15,7 @@ from provision import state as st
 from provision.spec import ClusterSpec
 
 
+@pytest.mark.slow
 def test_ftc_home_with_a_space_and_shell_characters_works_and_runs_nothing(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     home = tmp_path / f"my ftc $(touch {marker})"
@@ -33,6 +35,7 @@ def test_ftc_home_with_a_space_and_shell_characters_works_and_runs_nothing(tmp_p
     assert sshd_pids(home) == []
 
 
+@pytest.mark.slow
 def test_status_of_every_cluster_goes_on_past_a_corrupt_one(ftc_home):
     for name in ("good", "bad"):
         assert ftc("up", "--name", name, "--nodes", "1", "--no-bootstrap").returncode == 0
@@ -45,6 +48,7 @@ def test_status_of_every_cluster_goes_on_past_a_corrupt_one(ftc_home):
     assert sshd_pids(ftc_home) == []
 
 
+@pytest.mark.slow
 def test_ssh_into_a_cluster_that_is_not_bootstrapped_gives_a_shell_in_its_workdir(ftc_home):
     assert ftc("up", "--name", "raw", "--nodes", "1", "--no-bootstrap").returncode == 0
     try:
@@ -56,12 +60,13 @@ def test_ssh_into_a_cluster_that_is_not_bootstrapped_gives_a_shell_in_its_workdi
         ftc("down", "--name", "raw", check=True)
 
 
+@pytest.mark.slow
 def test_inventory_to_an_unwritable_path_is_refused(ftc_home):
     assert ftc("up", "--name", "inv", "--nodes", "1", "--no-bootstrap").returncode == 0
     try:
         proc = ftc("inventory", "--name", "inv", "--out", "/proc/nope/inventory.yml")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "OUT=" in proc.stderr
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--out=" in proc.stderr
     finally:
         ftc("down", "--name", "inv", check=True)
 
@@ -82,6 +87,7 @@ def test_status_shows_an_unknown_instance_type_and_goes_on_past_a_cluster_it_can
     assert one.returncode == 0 and "cost unknown" in one.stdout and "Traceback" not in one.stderr
 
 
+@pytest.mark.slow
 def test_an_unreachable_node_or_a_failed_remote_step_is_one_line_naming_node_and_step(ftc_home):
     up_local("a")
     path = state_path(ftc_home, "a")

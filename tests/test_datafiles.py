@@ -41,15 +41,15 @@ def test_macro_f1_averages_every_class():
 @pytest.mark.parametrize("train,validation,lines", [
     ("text,label\na,x\nb\n", None, ["train.csv: line 3: 1 field(s), the header has 2"]),
     ("review,label\na,x\nb,y\n", None,
-     ["train.csv: line 1: no column 'text' (columns: review, label); name the file's columns with TEXT_COLUMNS"]),
+     ["train.csv: line 1: no column 'text' (columns: 'review', 'label'); name the file's columns with --text-columns"]),
     ("text,label\na,1\nb,inf\nc,2.5\nd,\n", None, ["train.csv: line 3, column 'label': label 'inf' is not a finite number",
                                                   "train.csv: line 5, column 'label': no label"]),
     ("text,label\na,x\nb,x\n", None, ["train.csv: column 'label': one class only (x); classification needs at least 2"]),
     ("text,label\na,x\nb,y\n", "text,label\na,x\nb,z\nc,w\n",
      ["dev.csv: column 'label': label 'w' is not among the training file's classes (x, y)",
       "dev.csv: column 'label': label 'z' is not among the training file's classes (x, y)"]),
-    ("text,label\na,x\nb,y\n", "text,score\na,x\n", ["dev.csv: line 1: no column 'label' (columns: text, score); "
-                                                     "name the file's columns with LABEL_COLUMN"]),
+    ("text,label\na,x\nb,y\n", "text,score\na,x\n", ["dev.csv: line 1: no column 'label' (columns: 'text', 'score'); "
+                                                     "name the file's columns with --label-column"]),
     ("text,text,label\na,b,x\nc,d,y\n", None,
      ["train.csv: line 1, column 'text': named 2 times in the header; give each column its own name"]),
     ("text,label\na,x\nb,y\n", "label,text,label\nx,a,y\n",
@@ -72,18 +72,18 @@ def test_bad_data_files_are_refused_one_line_each_before_anything_launches(ftc_h
 
 
 @pytest.mark.parametrize("flags,line", [
-    (["--task", "custom", "--validation-file", "{dev}"], "TASK=custom needs TRAIN_FILE"),
-    (["--train-file", "{tmp}/none.csv", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}/none.csv' does not exist"),
-    (["--train-file", "{tmp}", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}' is not a file"),
-    (["--train-file", "{tmp}/rows.txt", "--validation-file", "{dev}"], "TRAIN_FILE='{tmp}/rows.txt': '.txt' is not a format"),
-    (["--task", "mrpc", "--train-file", "{dev}"], "TRAIN_FILE='{dev}' is for TASK=custom, not the GLUE task mrpc"),
+    (["--task", "custom", "--validation-file", "{dev}"], "--task=custom needs --train-file"),
+    (["--train-file", "{tmp}/none.csv", "--validation-file", "{dev}"], "--train-file='{tmp}/none.csv' does not exist"),
+    (["--train-file", "{tmp}", "--validation-file", "{dev}"], "--train-file='{tmp}' is not a file"),
+    (["--train-file", "{tmp}/rows.txt", "--validation-file", "{dev}"], "--train-file='{tmp}/rows.txt': '.txt' is not a format"),
+    (["--task", "mrpc", "--train-file", "{dev}"], "--train-file='{dev}' is for --task=custom, not the GLUE task mrpc"),
     (["--train-file", "{dev}", "--validation-file", "{dev}", "--text-columns", "a,b,c"],
-     "TEXT_COLUMNS='a,b,c': give one or two column names"),
+     "--text-columns='a,b,c': give one or two column names"),
     (["--train-file", "{tmp}/bad.jsonl", "--validation-file", "{dev}"], "{tmp}/bad.jsonl: line 2: not JSON"),
     (["--train-file", "{dev}", "--validation-file", "{dev}", "--text-columns", "label"],
-     "{dev}: line 1, column 'label': both a text column (TEXT_COLUMNS) and the label column (LABEL_COLUMN)"),
+     "{dev}: line 1, column 'label': both a text column (--text-columns) and the label column (--label-column)"),
     (["--train-file", "{dev}", "--validation-file", "{dev}", "--label-column", "text"],
-     "{dev}: line 1, column 'text': both a text column (TEXT_COLUMNS) and the label column (LABEL_COLUMN)"),
+     "{dev}: line 1, column 'text': both a text column (--text-columns) and the label column (--label-column)"),
     (["--train-file", "{tmp}/huge400.jsonl", "--validation-file", "{dev}"],
      "{tmp}/huge400.jsonl: line 2, column 'label': label 999999999999...9999 (400 digits) " + TOO_LARGE),
     (["--train-file", "{tmp}/huge5000.jsonl", "--validation-file", "{dev}"],
@@ -121,13 +121,17 @@ def test_stray_labels_are_capped_and_long_class_lists_abbreviated(ftc_home, tmp_
     assert proc.returncode == 2 and "no cluster of that name" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_node_job_on_a_toy_csv_learns_and_records_its_classes(ftc_home, tmp_path, minilm):
-    train, dev = toy_csv(tmp_path / "train.csv", 48), toy_csv(tmp_path / "dev.csv", 24, offset=3)
+    """No lr, epochs or batch size given: the small-data recipe learns where the ftc recipe's lr 2e-5 in
+    a few global batches of 64 stayed at always answering 'neg'."""
+    train, dev = toy_csv(tmp_path / "train.csv", 160), toy_csv(tmp_path / "dev.csv", 24, offset=3)
     proc = ftc("run", "--name", "ud", "--nodes", "2", "--task", "custom", "--train-file", str(train),
                "--validation-file", str(dev), "--text-columns", "review", "--label-column", "stars",
-               "--model", minilm, "--epochs", "3", "--batch-size", "8", "--lr", "3e-4", "--yes", "1", timeout=1200)
+               "--model", minilm, "--yes", "1", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "label from stars: classes neg, pos" in proc.stderr
+    assert "recipe: small-data (lr 2e-4, 3 epochs, batch size 8 per rank, no dropout)" in proc.stderr
     [results_file] = (ftc_home / "runs" / "ud").glob("custom-*/results.json")
     results = json.loads(results_file.read_text())
     assert results["task"] == "custom" and results["world_size"] == 2 and results["labels"] == ["neg", "pos"]
@@ -142,3 +146,45 @@ def test_a_long_label_is_shortened_in_messages():
     from runner.node.datafiles import shown
     long = "x" * 100_000
     assert shown(("a", long)) == f"a, {'x' * 40}... (100000 characters)"
+
+
+def test_a_json_column_missing_from_every_row_is_one_line_naming_the_columns_present(tmp_path):
+    rows = "".join(json.dumps({"review": f"r{i}", "stars": "pos" if i % 2 else "neg"}) + "\n" for i in range(30))
+    train = write(tmp_path / "train.jsonl", rows)
+    with pytest.raises(datafiles.DataProblems) as refused:
+        datafiles.check(train, train)
+    assert refused.value.problems == [f"{train}: no row has column 'text' (columns: 'review', 'stars'); "
+                                      "name the file's columns with --text-columns"]
+    some = write(tmp_path / "some.jsonl", '{"text": "a", "label": "x"}\n{"review": "b", "label": "y"}\n'
+                                          '{"text": "c", "label": "not", "extra": 1}\n{"text": "d"}\n{"text": 5}\n')
+    with pytest.raises(datafiles.DataProblems) as refused:  # missing from some rows: each row named, in order
+        datafiles.check(some, some)
+    assert refused.value.problems == [f"{some}: line 2, column 'text': no text", f"{some}: line 4, column 'label': no label",
+                                      f"{some}: line 5, column 'text': the text is not a string"]
+
+
+def test_a_small_training_file_gets_the_small_data_recipe_and_says_so(ftc_home, tmp_path):
+    from runner.jobspec import train_args, validate_job
+    from runner.node.recipes import SMALL_DATA_ROWS
+    train, dev = toy_csv(tmp_path / "train.csv", 160), toy_csv(tmp_path / "dev.csv", 24, offset=3)
+    files = ["--train-file", str(train), "--validation-file", str(dev), "--text-columns", "review",
+             "--label-column", "stars"]
+    proc = ftc("finetune", "--name", "nowhere", *files)
+    assert ("recipe: small-data (lr 2e-4, 3 epochs, batch size 8 per rank, no dropout) because the job trains on "
+            f"160 rows (under {SMALL_DATA_ROWS}); set --lr, --epochs, --batch-size or --dropout to override\n") \
+        in proc.stderr and proc.returncode == 2  # then: no such cluster
+    given = {"train_file": str(train), "validation_file": str(dev), "text_columns": "review", "label_column": "stars"}
+    args = train_args(validate_job(given), "/w/jobs/j", "stock", resume=False)
+    assert [args[args.index(flag) + 1] for flag in ("--lr", "--epochs", "--batch-size", "--dropout")] == \
+        ["0.0002", "3", "8", "0.0"]
+    args = train_args(validate_job({**given, "epochs": "1", "lr": "1e-4"}), "/w/jobs/j", "stock", resume=False)
+    assert [args[args.index(flag) + 1] for flag in ("--lr", "--epochs", "--batch-size", "--dropout")] == \
+        ["0.0001", "1", "8", "0.0"]  # what the user set is kept; the rest is the small-data recipe's
+    seed = validate_job({**given, "recipe": "seed"})  # the seed recipe is 2021's, kept as it was
+    assert (seed.lr, seed.epochs, seed.batch_size, seed.dropout) == (0.0, 0, 0, None)
+    mine = validate_job({**given, "lr": "2e-5", "epochs": "2", "batch_size": "32", "dropout": "0.1"})
+    assert (mine.lr, mine.epochs, mine.batch_size, mine.dropout) == (2e-5, 2, 32, 0.1)  # every one given: no note
+    big = toy_csv(tmp_path / "big.csv", SMALL_DATA_ROWS)
+    assert validate_job({**given, "train_file": str(big)}).lr == 0.0  # not small: the ftc recipe's
+    capped = validate_job({**given, "train_file": str(big), "max_train_samples": "100"})
+    assert (capped.lr, capped.epochs) == (2e-4, 3)  # what the job trains on is small

@@ -4,10 +4,13 @@ import json
 import os
 import signal
 
+import pytest
 from conftest import ftc
 from helpers import only_line, wait_for
 
 from provision import procs
+
+pytestmark = pytest.mark.slow
 
 
 def test_finetune_on_a_cluster_with_a_dead_node_refuses_at_once_naming_it_and_down(cluster, ftc_home, minilm, glue_dir):

@@ -42,7 +42,7 @@ def test_search_places_looks_only_where_it_is_told():
 def test_still_runs_says_how_to_go_on_and_that_aws_nodes_bill():
     assert still_runs(ClusterSpec(name="s", nodes=1)) == (
         "cluster s still runs (1 local node(s)), not bootstrapped: `ftc bootstrap --name s` continues, "
-        "`make destroy NAME=s` removes it")
+        "`ftc down --name s` removes it")
     assert "(2 aws node(s), billed while they run)" in still_runs(ClusterSpec(name="s", nodes=2, provider="aws"))
 
 

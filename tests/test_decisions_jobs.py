@@ -1,6 +1,8 @@
 """The job side's pure decisions, without a node: the training program's arguments, whether it
 compiles, the bench's rank layout, the sweep's table, what run.json records, and a busy cluster."""
 
+import math
+
 import pytest
 
 from provision import state as st
@@ -9,7 +11,15 @@ from provision.spec import ClusterSpec
 from runner.bench import rank_layout
 from runner.job import job_settings, refuse_if_busy
 from runner.jobspec import JobSpec, train_args
-from runner.node.train import COMPILE_MIN_STEPS, compile_choice
+from runner.node.train import (
+    COMPILE_MIN_STEPS,
+    PHASES,
+    WARM_COMPILE_SHARE,
+    StepStats,
+    compile_choice,
+    compile_min_steps,
+    compile_seconds,
+)
 from runner.sweep import markdown, table
 from runner.transfer import data_files_on_nodes
 
@@ -42,9 +52,26 @@ def test_train_args_carry_the_tests_hold_point_when_it_is_set(monkeypatch):
 
 def test_compile_choice_auto_compiles_from_the_step_count_that_pays_back():
     assert compile_choice("auto", COMPILE_MIN_STEPS) == (
-        True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS}: the compile pays back)")
+        True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS} with a cold kernel cache: "
+              "the compile pays back)")
     assert compile_choice("auto", COMPILE_MIN_STEPS - 1) == (
-        False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS}: the compile would not pay back)")
+        False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS} with a cold kernel cache: "
+               "the compile would not pay back)")
+
+
+def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
+    warm_min = compile_min_steps("warm")
+    assert warm_min == math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE) < COMPILE_MIN_STEPS
+    assert compile_choice("auto", warm_min, "warm")[0]
+    assert not compile_choice("auto", warm_min - 1, "warm")[0]
+    assert not compile_choice("auto", warm_min, "cold")[0]
+
+
+def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
+    stats = StepStats(warmup_steps=3)
+    for seconds in (40.0, 5.0, 2.0, 1.0, 1.0, 1.0):
+        stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 1, 1, 0.5)
+    assert compile_seconds(stats) == 47.0 - 3 * 1.0
 
 
 def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():

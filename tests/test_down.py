@@ -12,6 +12,7 @@ from helpers import AWS_UP, last_line, only_line, state_of, state_path, up_local
 from provision import procs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", ["[]", "null", '"x"', '{"spec": "x"}', '{"nodes": 5}', "", "\udcff"])
 def test_down_removes_the_nodes_whatever_state_json_holds(ftc_home, content):
     assert ftc("up", "--name", "corrupt", "--nodes", "2", "--no-bootstrap").returncode == 0
@@ -25,6 +26,7 @@ def test_down_removes_the_nodes_whatever_state_json_holds(ftc_home, content):
     assert not (ftc_home / "clusters" / "corrupt").exists()
 
 
+@pytest.mark.slow
 def test_a_name_reused_after_its_state_was_lost_leaves_no_orphans(ftc_home):
     assert ftc("up", "--name", "st", "--nodes", "2", "--no-bootstrap").returncode == 0
     (ftc_home / "clusters" / "st" / "state.json").unlink()
@@ -34,6 +36,7 @@ def test_a_name_reused_after_its_state_was_lost_leaves_no_orphans(ftc_home):
     assert sshd_pids(ftc_home) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("same_process", [False, True])
 def test_destroy_signals_a_recorded_job_only_while_its_pid_is_still_that_process(ftc_home, same_process):
     from provision import procs
@@ -63,6 +66,7 @@ def remove_aws_credentials(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative", [False, True])
 def test_down_in_another_ftc_home_leaves_a_same_named_cluster_whose_path_ends_alike(ftc_home, tmp_path, relative):
     """The other home's path is a tail of this one's: `.../k` against `.../nest/.../k` absolute, or
@@ -83,6 +87,7 @@ def test_down_in_another_ftc_home_leaves_a_same_named_cluster_whose_path_ends_al
     assert not procs.alive(pid)
 
 
+@pytest.mark.slow
 def test_down_stops_the_nodes_of_an_ftc_home_with_a_backslash_and_letters_beyond_ascii(ftc_home, tmp_path):
     home = tmp_path / "hôme\\x"  # sshd shows both escaped in its process title
     up_local("esc", home, nodes=2)
@@ -93,6 +98,7 @@ def test_down_stops_the_nodes_of_an_ftc_home_with_a_backslash_and_letters_beyond
     assert not any(procs.alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_down_of_a_copied_cluster_directory_leaves_the_original(ftc_home):
     import shutil
     up_local("real")
@@ -111,6 +117,7 @@ def test_down_of_a_copied_cluster_directory_leaves_the_original(ftc_home):
     assert sshd_pids(ftc_home) == []
 
 
+@pytest.mark.slow
 def test_down_of_a_renamed_cluster_directory_names_the_cluster_that_still_runs(ftc_home):
     up_local("real")
     (ftc_home / "clusters" / "real").rename(ftc_home / "clusters" / "new")
@@ -137,6 +144,7 @@ def set_job_pid(state: dict) -> None:
     state["jobs"] = [{"id": "j", "task": "mrpc", "remote_dir": "/x", "results_dir": "/y", "pid": True}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spoil", [set_created_at, set_ssh_port, set_spec_nodes, set_job_pid, "directory"])
 def test_a_state_of_wrong_types_or_a_directory_is_reported_in_one_line_and_down_removes_the_nodes(ftc_home, spoil):
     up_local("good")
@@ -164,6 +172,7 @@ def test_a_state_of_wrong_types_or_a_directory_is_reported_in_one_line_and_down_
     assert ftc("down", "--name", "good").returncode == 0
 
 
+@pytest.mark.slow
 def test_down_when_aws_cannot_be_asked_says_what_may_remain_and_a_retry_removes_it(aws, ftc_home, monkeypatch,
                                                                                    tmp_path):
     assert ftc("up", "--name", "far", "--nodes", "2", *AWS_UP).returncode == 0
@@ -204,6 +213,7 @@ def test_down_of_a_name_without_state_or_credentials_does_not_claim_aws_is_clean
     assert state_of(ftc_home, "never")["provider"] == "aws"  # so `ftc down --name never` retries there
 
 
+@pytest.mark.slow
 def test_a_bad_aws_tuning_variable_on_down_is_refused_before_anything_is_removed(aws, ftc_home):
     assert ftc("up", "--name", "keep", "--nodes", "1", *AWS_UP).returncode == 0
     before = state_path(ftc_home, "keep").read_text()

@@ -8,6 +8,8 @@ from helpers import on_two_gloo_ranks
 
 from runner.node import ddp
 
+pytestmark = pytest.mark.slow
+
 
 def _rank(rank: int, rendezvous: str, compress: bool, out: dict) -> None:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)

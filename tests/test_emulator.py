@@ -59,6 +59,7 @@ def job_flags(minilm: str, glue_dir: Path) -> list[str]:
 AWS = ["--provider", "aws", "--nodes", "2", "--ssh-cidr", "203.0.113.7/32", "--yes", "1", "--max-hours", "168"]
 
 
+@pytest.mark.slow
 def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec2, emulator, ftc_home, minilm,
                                                                               glue_dir):
     made = subprocess.run(["make", "-s", "-C", str(REPO), "run", "PROVIDER=aws", "NODES=2", "NAME=emu", "TASK=mrpc",
@@ -79,6 +80,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
     assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
+@pytest.mark.slow
 def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir, tmp_path):
     up = ftc("up", "--name", "steps", *AWS)
     assert up.returncode == 0, up.stderr[-3000:]
@@ -112,6 +114,7 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     assert nodes(emulator) == [] and sshd_pids(emulator["disks"]) == []
 
 
+@pytest.mark.slow
 def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, ftc_home):
     import shutil
     # the user-data armed the watchdog at boot: `shutdown -h +240` (4 h, 240 emulator minutes, 2 min), far
@@ -135,6 +138,7 @@ def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, f
     assert_nothing_left(ec2, "orphan")
 
 
+@pytest.mark.slow
 def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, emulator, ftc_home, minilm, glue_dir):
     flags = ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
             "--max-eval-samples", "64", "--max-train-samples", "128",
@@ -203,6 +207,7 @@ def release_on_every_node(emulator, held: Path) -> None:
         release.touch()
 
 
+@pytest.mark.slow
 def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monkeypatch):
     disks = tmp_path / "disks"
     proc, url, _ = start_emulator(disks)

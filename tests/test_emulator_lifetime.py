@@ -12,7 +12,8 @@ import pytest
 from conftest import REPO, ftc, sshd_pids
 from helpers import start_emulator
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")]
 
 sys.path.insert(0, str(REPO / "tests"))
 import ec2_emulator  # noqa: E402

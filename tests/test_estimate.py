@@ -32,7 +32,7 @@ def test_step_adds_the_wait_and_the_exposed_allreduce_to_compute():
 def test_plan_rows_by_hand():
     # 2 nodes at 32 samples/s, batch 32: compute 1 s; all-reduce 1e9 B over 8 Gbit/s = 1 s, none hidden
     rows = estimate.plan([1, 2], train_samples=640, epochs=1, node_samples_per_s=32.0, batch_per_node=32,
-                         grad_bytes=1e9, gbps=8.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=3.6, setup_s=100,
+                         grad_bytes=1e9, network_gbps=8.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=3.6, setup_s=100,
                          latency_s=0.0)
     one, two = rows
     assert one.samples_per_s == pytest.approx(32) and one.train_s == pytest.approx(20) and one.efficiency == 1
@@ -61,7 +61,7 @@ def test_plan_command_prints_each_cluster_size(ftc_home, tmp_path):
     path.write_text(json.dumps(report))
     proc = ftc("plan", "--task", "qqp", "--nodes", "1,2,4", "--instance-type", "c7i.16xlarge", "--bench", str(path))
     assert proc.returncode == 0, proc.stderr
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip("│ ").split(" ")[0] in ("1", "2", "4")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("│") and ln.strip("│ ").split(" ")[0] in ("1", "2", "4")]
     assert len(lines) == 3, proc.stdout
     # c7i.16xlarge: 32 cores -> 8 x 30 samples/s per node, as the footer says
     assert "per-node rate 240.0 samples/s" in proc.stdout.replace("\n", " ")
@@ -87,12 +87,12 @@ def test_plan_refuses_a_bench_file_with_a_bad_figure_naming_the_file_and_the_fie
     proc = ftc("plan", "--bench", str(path))
     assert proc.returncode == 2
     error = one_error(proc)
-    assert f"BENCH='{path}'" in error and named in error
+    assert f"--bench='{path}'" in error and named in error
 
 
 def test_plan_refuses_a_rate_too_small_to_plan_with(ftc_home):
     proc = ftc("plan", "--samples-per-s", "1e-300")
-    assert proc.returncode == 2 and "SAMPLES_PER_S='1e-300' is out of range" in one_error(proc)
+    assert proc.returncode == 2 and "--samples-per-s='1e-300' is out of range" in one_error(proc)
 
 
 
@@ -110,3 +110,163 @@ def test_local_training_time_grows_with_rows_and_weights_and_shrinks_with_cores(
     assert estimate.local_train_seconds(2 * 7336, minilm, 2, "avx2") == pytest.approx(2 * one)
     assert estimate.local_train_seconds(7336, 2 * minilm, 2, "avx2") == pytest.approx(2 * one)
     assert estimate.local_train_seconds(7336, minilm, 4, "avx2") == pytest.approx(one / 2)
+
+
+def test_overlap_exposes_only_what_outlasts_backward():
+    # compute 1 s, backward 2/3 s: a 1 s all-reduce leaves 1/3 s exposed, 1.2x that in training
+    overlap = estimate.Levers(flows=1, overlap=True, accumulate=1)
+    assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == pytest.approx(1 + 1.2 / 3)
+    assert estimate.step_seconds(32, 32.0, 0.5, 1.2, 0.0, overlap) == pytest.approx(1.0)  # hidden entirely
+
+
+def test_accumulation_pays_one_allreduce_per_k_micro_batches():
+    # 4 micro-batches of 1 s each, 10% waiting, then one 0.5 s all-reduce exposed 1.2x
+    levers = estimate.Levers(flows=1, overlap=False, accumulate=4)
+    assert estimate.step_seconds(32, 32.0, 0.5, 1.2, 0.1, levers) == pytest.approx(4.4 + 0.6)
+    rows = estimate.plan([2], train_samples=640, epochs=1, node_samples_per_s=32.0, batch_per_node=32,
+                         grad_bytes=1e9, network_gbps=8.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=3.6,
+                         setup_s=0, levers=levers, latency_s=0.0)
+    assert rows[0].samples_per_s == pytest.approx(2 * 32 * 4 / 5)  # 4 s of compute and a 1 s all-reduce
+
+
+def test_flows_lift_the_ring_to_the_instance_bandwidth():
+    # c7i.16xlarge, 25 Gbit/s: one flow gets 10, three get all 25
+    def four_nodes(flows: int) -> float:
+        return estimate.plan([4], 363846, 1, 316.0, 32, 1e9, 25.0, 1.0, 0.0, 2.856, 0,
+                             estimate.Levers(flows, False, 1), latency_s=0.0)[0].allreduce_s
+    assert four_nodes(1) == pytest.approx(1.5 * 1e9 / (10e9 / 8))
+    assert four_nodes(3) == pytest.approx(1.5 * 1e9 / (25e9 / 8))
+
+
+def test_default_levers_are_what_ftc_jobs_do():
+    from runner.node.recipes import RECIPES
+    assert estimate.DEFAULT_LEVERS == estimate.Levers(flows=1, overlap=False, accumulate=1)
+    assert RECIPES["ftc"]["allreduce"] == "after-backward"
+
+
+def test_class_rates_come_from_the_catalog_and_the_measured_ratio():
+    from provision.catalog import INSTANCE_TYPES
+    assert estimate.xeon_class(INSTANCE_TYPES["c7i.16xlarge"].native_bf16) == "bf16"
+    assert estimate.xeon_class(INSTANCE_TYPES["c6i.16xlarge"].native_bf16) == "avx512"
+    assert estimate.class_rate(10.0, "bf16", "avx512") == pytest.approx(8.0)  # 20 / 25 rows/s per core
+    assert estimate.class_rate(10.0, "bf16", "avx2") == pytest.approx(5.6)  # 14 / 25
+    assert estimate.class_rate(10.0, "avx512", "avx512") == 10.0
+
+
+def test_alternatives_fill_the_link_overlap_and_offer_accumulation():
+    default = estimate.DEFAULT_LEVERS
+    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
+    assert estimate.alternative_levers(estimate.Levers(3, True, 1), 25.0) == [estimate.Levers(3, True, 4)]
+    assert estimate.alternative_levers(estimate.Levers(3, True, 2), 25.0) == []
+    assert estimate.lever_flags(estimate.Levers(3, True, 4)) == "--flows 3 --allreduce overlap --accumulate 4"
+
+
+C7I = estimate.Assumed(node_samples_per_s=316.0, cpu_class="bf16", batch_per_node=32, network_gbps=25.0, lr=2e-5)
+
+
+def row(nodes: int, train_s: float, allreduce_s: float = 0.0, efficiency: float = 1.0) -> estimate.PlanRow:
+    """A plan row with 5 min of setup at $3 per node-hour."""
+    wall = train_s + 300
+    return estimate.PlanRow(nodes, 0.0, efficiency, allreduce_s, train_s, wall, nodes * 3.0 * wall / 3600)
+
+
+def test_recommendation_names_the_fastest_and_the_cheapest_where_more_nodes_pay():
+    rows = [row(1, 3600), row(4, 3600 / 4 / 0.95, efficiency=0.95)]
+    text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, [])
+    # 3900 s against 1247 s wall, $3.25 against $4.16
+    assert text.startswith("4 nodes finish 3.1x sooner for 1.3x the cost of 1. Assumed: 316 samples/s per node "
+                           "(native bf16), 32 rows per node per micro-batch, one TCP flow per peer (10 Gbit/s), "
+                           "the all-reduce after backward, no accumulation."), text
+
+
+def test_recommendation_says_why_more_nodes_do_not_pay_and_what_to_try():
+    rows = [row(1, 3453), row(2, 4144, 0.107, 0.42), row(4, 2649, 0.161, 0.33)]
+    alternatives = [(estimate.Levers(3, True, 1), [row(1, 3453), row(4, 922, 0.065, 0.94)]),
+                    (estimate.Levers(1, False, 4), [row(1, 3453), row(4, 1353, 0.161, 0.64)])]
+    text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, alternatives)
+    assert text.startswith("4 nodes finish 1.3x sooner for 3.1x the cost of 1: more nodes do not pay: the all-reduce "
+                           "on 4 nodes (161 ms at 10 Gbit/s, one flow) takes longer than a step's compute (101 ms); "
+                           "try --flows 3 --allreduce overlap (4 nodes finish 3.1x sooner for 1.3x the cost of 1), "
+                           "or --accumulate 4 (4 nodes finish 2.3x sooner for 1.8x the cost of 1; it changes the "
+                           "recipe: a global batch of 512 (4 nodes x 32 rows x 4 micro-batches) and lr scaled 4x to "
+                           "8e-05). Assumed:"), text
+
+
+def test_recommendation_blames_the_setup_when_training_scales_but_the_job_is_short():
+    rows = [row(1, 35), row(4, 35 / 4 / 0.94, efficiency=0.94)]
+    text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, [(estimate.Levers(3, True, 1), rows)])
+    assert text.startswith("4 nodes finish 1.1x sooner for 3.7x the cost of 1: more nodes do not pay: the setup "
+                           "(5 min, billed on every node) outweighs the training it saves. Assumed:"), text
+
+
+def test_recommendation_names_the_most_nodes_that_pay_when_the_fastest_does_not():
+    rows = [row(1, 3600), row(4, 3600 / 4 / 0.95, efficiency=0.95), row(16, 3600 / 16 / 0.5, efficiency=0.5)]
+    text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, [])
+    assert text.startswith("16 nodes finish 5.2x sooner for 3.1x the cost of 1; 4 nodes finish 3.1x sooner for "
+                           "1.3x the cost, the most that pays (at most 1.5x the cost). Assumed:"), text
+
+
+def test_recommendation_when_one_node_is_fastest_and_cheapest():
+    rows = [row(1, 3600), row(2, 3700, 0.2, 0.49)]
+    text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, [])
+    assert text.startswith("1 node finishes soonest and costs least: more nodes do not pay: the all-reduce on 2 "
+                           "nodes (200 ms at 10 Gbit/s, one flow) takes longer than a step's compute (101 ms). "
+                           "Assumed:"), text
+
+
+def test_recommendation_never_changes_the_recipe_silently():
+    rows = [row(1, 3600), row(4, 3600 / 4 / 0.9, efficiency=0.9)]
+    text = estimate.recommend(rows, estimate.Levers(1, False, 2), C7I, [])
+    assert text.endswith("one all-reduce per 2 micro-batches; it changes the recipe: a global batch of 256 (4 nodes "
+                         "x 32 rows x 2 micro-batches) and lr scaled 2x to 4e-05."), text
+
+
+def plan_json(*flags: str, bench: Path | None = None) -> dict:
+    proc = ftc("plan", "--task", "qqp", "--nodes", "1,2,4", "--instance-type", "c7i.16xlarge", "--json",
+               *(["--bench", str(bench)] if bench else []), *flags)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # nothing else on stdout
+
+
+def test_plan_json_prints_the_rows_and_the_recommendation_only(ftc_home):
+    plan = plan_json()
+    assert [r["nodes"] for r in plan["rows"]] == [1, 2, 4]
+    assert all(set(r) == {"nodes", "samples_per_s", "efficiency", "allreduce_ms", "training_s", "wall_s", "cost_usd"}
+               for r in plan["rows"])
+    assert plan["recommendation"].startswith(f"4 nodes finish {plan['rows'][0]['wall_s'] / plan['rows'][2]['wall_s']:.1f}x")
+
+
+def test_plan_models_the_levers_it_is_given(ftc_home):
+    default, levers = plan_json(), plan_json("--flows", "3", "--allreduce", "overlap")
+    assert levers["rows"][2]["allreduce_ms"] < default["rows"][2]["allreduce_ms"]  # 25 Gbit/s, not one flow's 10
+    assert levers["rows"][2]["efficiency"] > 0.9 > default["rows"][2]["efficiency"]  # hidden behind backward
+    accumulated = plan_json("--accumulate", "4")
+    assert accumulated["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]
+    assert "a global batch of 512" in accumulated["recommendation"] and "lr scaled 4x" in accumulated["recommendation"]
+    bigger = plan_json("--batch-size", "128")
+    assert bigger["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]  # 4x the compute per all-reduce
+    assert "128 rows per node per micro-batch" in bigger["recommendation"]
+
+
+def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_path):
+    report = {"ftc_samples_per_s": 30.0, "cores_per_rank": 4, "cpu": "test cpu", "precision": "bf16",
+              "planner": {"exposure": 1.5, "wait_share": 0.05}}
+    path = Path(tmp_path / "bench.json")
+    path.write_text(json.dumps(report))
+    proc = ftc("plan", "--task", "qqp", "--nodes", "1", "--instance-type", "c6i.16xlarge", "--bench", str(path))
+    assert proc.returncode == 0, proc.stderr
+    # Ice Lake has no native bf16: 32 cores x 30/4 samples/s x 20/25 (AVX-512 fp32 against bf16, per core)
+    text = proc.stdout.replace("\n", " ")
+    assert "per-node rate 192.0 samples/s (AVX-512 fp32 on Ice Lake" in text, text
+
+
+@pytest.mark.parametrize("flag, value, named", [
+    ("--flows", "0", "--flows='0' is out of range; allowed: 1..64"),
+    ("--batch-size", "x", "--batch-size='x' is not a whole number; allowed: 1..4096"),
+    ("--accumulate", "0", "--accumulate='0' is out of range; allowed: 1..1024"),
+    ("--allreduce", "during", "--allreduce='during' is not known; allowed: after-backward, overlap"),
+])
+def test_plan_refuses_a_bad_lever_in_one_line(ftc_home, flag, value, named):
+    proc = ftc("plan", flag, value)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert named in one_error(proc)

@@ -17,7 +17,8 @@ from runner import runs
 from runner.node.protocol import CHECKPOINT_FILE
 from runner.transfer import copy_checkpoint
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (as the local nodes' sshd does)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (as the local nodes' sshd does)")]
 
 MODEL_BYTES = 6 * 2**20
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import ftc, sshd_pids
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (as the local nodes' sshd does)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (as the local nodes' sshd does)")]
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from helpers import on_two_gloo_ranks
 
 from runner.node import ddp
 
+pytestmark = pytest.mark.slow
+
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)

@@ -7,9 +7,11 @@ import getpass
 import hashlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -29,8 +31,10 @@ SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/s
 class Server:
     """A plain sshd: a machine of yours, as far as ftc can tell."""
 
-    def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True, sftp: str = SFTP):
+    def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True, sftp: str = SFTP,
+                 hidden: tuple[Path, ...] = ()):
         self.root, self.address, self.home, self.sftp = root, address, root / "home", sftp
+        self.hidden = hidden  # what this server does not see: an empty read-only folder, or empty file, in its place
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / "notes.txt").write_text("a file of yours\n")
         line = (user_key.with_suffix(".pub").read_text().strip() + "\n") if newline_at_end else \
@@ -62,8 +66,14 @@ class Server:
             "PrintMotd no", "PrintLastLog no", "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR",
             f"Subsystem sftp {self.sftp}" if self.sftp else "", ""]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=open(self.root / "sshd.log", "ab"))
+        sshd = ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)]
+        if self.hidden:  # a mount namespace of its own: sshd and all it starts see empty, read-only folders there
+            sshd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                    'for p in "$@"; do if [ -d "$p" ]; then mount -t tmpfs -o ro,size=4k ftc-test-hidden "$p"; '
+                    'else mount --bind /dev/null "$p"; fi || exit 1; done; '
+                    f"exec {shlex.join(sshd)}", "sh", *map(str, self.hidden)]
+        self.proc = subprocess.Popen(sshd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.root / "sshd.log", "ab"))
         self._wait_for_key(self.public_key)
         return self
 
@@ -154,14 +164,14 @@ def test_hosts_parse_into_user_address_port_and_bad_ones_are_refused():
     assert config.hosts == ["a@h1:22", "a@h2:23"]
     two_accounts = resolve_spec({"provider": "ssh", "hosts": "alice@h1,bob@h1"}, {})  # one server, two nodes
     assert two_accounts.hosts == ["alice@h1:22", "bob@h1:22"]
-    for flags, named in [({"hosts": "-oProxyCommand=sh", "provider": "ssh"}, "HOSTS='-oProxyCommand=sh'"),
-                         ({"hosts": "h:70000", "provider": "ssh"}, "HOSTS='h:70000'"),
+    for flags, named in [({"hosts": "-oProxyCommand=sh", "provider": "ssh"}, "--hosts='-oProxyCommand=sh'"),
+                         ({"hosts": "h:70000", "provider": "ssh"}, "--hosts='h:70000'"),
                          ({"hosts": "h,h:22", "provider": "ssh"}, f"names {getpass.getuser()}@h:22 twice"),
                          ({"hosts": f"h,{getpass.getuser()}@h", "provider": "ssh"}, "twice; give each account"),
-                         ({"provider": "ssh"}, "PROVIDER='ssh' needs HOSTS"),
-                         ({"hosts": "h"}, "HOSTS is for your own servers"),
-                         ({"hosts": "h", "provider": "ssh", "nodes": "2"}, "NODES=2 but HOSTS names 1"),
-                         ({"hosts": "h", "provider": "ssh", "stack_python": "python3"}, "STACK_PYTHON='python3'")]:
+                         ({"provider": "ssh"}, "--provider='ssh' needs --hosts"),
+                         ({"hosts": "h"}, "--hosts is for your own servers"),
+                         ({"hosts": "h", "provider": "ssh", "nodes": "2"}, "--nodes=2 but --hosts names 1"),
+                         ({"hosts": "h", "provider": "ssh", "stack_python": "python3"}, "--stack-python='python3'")]:
         with pytest.raises(UsageError, match=named.replace("(", r"\(").replace("[", r"\[")):
             resolve_spec(flags, {})
 
@@ -176,10 +186,56 @@ def test_verdicts_name_every_problem_of_a_host_one_line_each():
     team = parse_probe("home=/h\nos=Linux\narch=x86_64\nfree_kb=99999999\npython=/opt/py/bin/python\n"
                        "python_version=3.12\nmissing=torch\n")
     lacking, no_mpirun = verdicts("h:22", team, "/opt/py/bin/python")
-    assert "STACK_PYTHON='/opt/py/bin/python' lacks torch" in lacking and "no mpirun beside" in no_mpirun
+    assert "--stack-python='/opt/py/bin/python' lacks torch" in lacking and "no mpirun beside" in no_mpirun
     good = parse_probe("home=/h\nos=Linux\narch=x86_64\nfree_kb=99999999\npython=/p\npython_version=3.11\nmissing=\n"
                        "mpirun=yes\n")
     assert verdicts("h:22", good, "/p") == []
+
+
+def two_homes(provider: str, homes: tuple[str, str], pythons: tuple[str, str]):
+    """A 2-node cluster's state and facts, each node's directory and stack's Python as given."""
+    from provision import state as st
+    from provision.spec import ClusterSpec
+    from runner.node.facts import NodeFacts
+    nodes = [st.NodeInfo(index=i, name=f"c-{i}", id=f"n{i}", public_ip=f"10.0.0.{i + 1}", private_ip=f"10.0.0.{i + 1}",
+                         ssh_user=user, ssh_port=22, workdir=f"{home}/.ftc-node/c")
+             for i, (user, home) in enumerate(zip(("alice", "bob"), homes))]
+    facts = [NodeFacts(hostname=f"h{i}", cpu_model="x", flags=[], native_bf16=False, allowed_cpus=[0, 1], physical_cores=2,
+                       core_cpus=[0, 1], sockets=1, cores_by_socket={}, numa_nodes=1, memory_gb=1.0, python="3.11",
+                       python_executable=python, versions={}, mpi="impi", private_ip=f"10.0.0.{i + 1}", interface="eth0",
+                       allocators=[]) for i, python in enumerate(pythons)]
+    return st.ClusterState(name="c", provider=provider, spec=ClusterSpec(name="c").to_dict(), nodes=nodes), facts
+
+
+@pytest.mark.parametrize("mpi", ["impi", "mpich", "openmpi"])
+def test_a_launch_across_accounts_with_their_own_homes_runs_each_node_in_its_own_paths(mpi):
+    from dataclasses import replace
+
+    from provision.launch import cluster_launch, render_launch
+    state, facts = two_homes("ssh", ("/home/alice", "/srv/bob"), ("/home/alice/.ftc-node/c/venv/bin/python",
+                                                                  "/srv/bob/.ftc-node/c/venv/bin/python"))
+    facts = [replace(f, mpi=mpi) for f in facts]
+    head, other = "/home/alice/.ftc-node/c", "/srv/bob/.ftc-node/c"
+    spec = cluster_launch(state, facts, "job", f"{head}/jobs/j1", "runner.node.train",
+                          ["--model", f"{head}/cache/model-ab", "--output-dir", f"{head}/jobs/j1", "--data-dir", "/x"])
+    script = render_launch(spec)
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    mpirun = script[script.index("\nmpirun "):script.index("status=$?")]
+    first, second = mpirun.split(" : \\\n")
+    host = "--host" if mpi == "openmpi" else "-host"
+    assert f"{host} c-0 -wdir {head}/jobs/j1 " in first and f"env PYTHONPATH={head}/ftc {head}/venv/bin/python -m " \
+        f"runner.node.train --model {head}/cache/model-ab --output-dir {head}/jobs/j1 --data-dir /x" in first
+    assert f"{host} c-1 -wdir {other}/jobs/j1 " in second and f"env PYTHONPATH={other}/ftc {other}/venv/bin/python -m " \
+        f"runner.node.train --model {other}/cache/model-ab --output-dir {other}/jobs/j1 --data-dir /x" in second
+    assert head not in second  # the head's paths never reach the other node
+    assert f"-f {head}/hostfile" in mpirun or f"--hostfile {head}/hostfile" in mpirun  # read by mpirun, on the head
+
+    # One account's home on every server (EC2), or nodes on this machine: one command, the head's paths.
+    for provider, homes in (("aws", ("/home/ubuntu", "/home/ubuntu")), ("local", ("/tmp/n0", "/tmp/n1"))):
+        state, facts = two_homes(provider, homes, ("/p/bin/python", "/p/bin/python"))
+        one = render_launch(cluster_launch(state, facts, "job", f"{homes[0]}/.ftc-node/c/jobs/j1", "runner.node.train",
+                                           []))
+        assert " : " not in one and "-wdir" not in one and "/tmp/n1" not in one
 
 
 def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
@@ -190,6 +246,7 @@ def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
 
 # ---- on the servers ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_home, servers, user_key, minilm,
                                                                             glue_dir, tmp_path):
     before = [s.listing() for s in servers]
@@ -256,6 +313,53 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     assert all(s.proc.poll() is None for s in servers)  # the servers stay
 
 
+@pytest.mark.slow
+def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own_copies(ftc_home, tmp_path, user_key,
+                                                                                       minilm):
+    """Two accounts whose homes differ and see nothing of each other's or of the controller's files (as
+    two users on two servers): each server's sshd runs in a mount namespace of its own, where the other's
+    home, the controller's FTC_HOME, data, script and model are empty read-only folders, and where the
+    stack's Python (the test's own) no longer finds ftc's package by its editable install. Each node runs
+    from its own directory: the job's, the copies of the model, the data and the workdir, and its own
+    copy of ftc's node programs, never the head's paths."""
+    controller = tmp_path / "controller"  # the data and the script: files only the controller has
+    controller.mkdir()
+    ftc_home.mkdir()
+    editable = list(Path(sysconfig.get_paths()["purelib"]).glob("__editable__*ftc*.pth"))
+    servers = [Server(tmp_path / f"server{i}", f"127.0.0.{104 + i}", user_key) for i in range(2)]
+    for server in servers:
+        server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller, Path(minilm),
+                         *editable)
+        server.start()
+    try:
+        before = [s.listing() for s in servers]
+        up = ftc("up", "--name", "homes", *ssh_flags(servers, user_key), "--yes", "1")
+        assert up.returncode == 0, up.stderr[-3000:]
+        train, dev = toy_csv(controller / "mine.csv", 32), toy_csv(controller / "mine-dev.csv", 12, offset=3)
+        job = ftc("finetune", "--name", "homes", "--train-file", str(train), "--validation-file", str(dev),
+                  "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
+        assert job.returncode == 0, job.stderr[-3000:]
+        done = json.loads((ftc_home / "clusters" / "homes" / "state.json").read_text())["jobs"][-1]
+        assert done["state"] == "finished", job.stderr[-3000:]
+        results = json.loads((Path(done["results_dir"]) / "results.json").read_text())
+        assert results["world_size"] == 2 and results["nodes"] == 2
+        job_id = done["id"]
+        for server in servers:  # each node's copies lie in its own home
+            mine = server.home / ".ftc-node" / "homes"
+            assert (mine / "jobs" / job_id / "data" / "train.csv").read_bytes() == train.read_bytes()
+            assert len(list((mine / "cache").glob("model-*/config.json"))) == 1
+        assert (servers[1].home / ".ftc-node" / "homes" / "jobs" / job_id / "logs").is_dir()
+
+        assert_script_runs_across_nodes(ftc_home, "homes", controller)
+
+        assert ftc("down", "--name", "homes").returncode == 0
+        assert [s.listing() for s in servers] == before
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.mark.slow
 def test_unreachable_host_is_refused_before_anything_is_installed(ftc_home, servers, user_key, tmp_path):
     before = servers[0].listing()
     with socket.socket() as sock:  # an address and port where nothing listens
@@ -277,6 +381,7 @@ def test_unreachable_host_is_refused_before_anything_is_installed(ftc_home, serv
     assert servers[0].listing() == before and not (ftc_home / "clusters" / "ask").exists()
 
 
+@pytest.mark.slow
 def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, servers, user_key):
     up = ftc("up", "--name", "pin", *ssh_flags(servers, user_key), "--yes", "1", "--no-bootstrap")
     assert up.returncode == 0, up.stderr
@@ -286,7 +391,7 @@ def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, ser
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert f"host key mismatch: {changed.spec} presents ssh-ed25519" in line, line
-    assert "make destroy NAME=pin" in line and "pins the new key after you confirm it" in line
+    assert "ftc down --name pin" in line and "pins the new key after you confirm it" in line
 
     down = ftc("down", "--name", "pin")  # ftc never logs in to it again: it names what is left there
     assert down.returncode == 1
@@ -298,6 +403,7 @@ def test_host_key_changed_after_pinning_is_refused_naming_the_host(ftc_home, ser
     assert os.path.exists(changed.root / "host_key")
 
 
+@pytest.mark.slow
 def test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified(ftc_home, servers, user_key):
     """Many servers print a line from ~/.bashrc (bash reads it for commands run by sshd): no marker,
     JSON or hostname ftc reads back is mistaken for it. Their SFTP is sshd's own (internal-sftp), which
@@ -319,6 +425,7 @@ def test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified(ftc_h
     assert ftc("down", "--name", "greet").returncode == 0
 
 
+@pytest.mark.slow
 def test_down_keeps_a_ftc_node_directory_that_was_there_before_up(ftc_home, servers, user_key):
     (servers[0].home / ".ftc-node").mkdir()  # yours, empty, before ftc came
     before = [s.listing() for s in servers]
@@ -329,6 +436,7 @@ def test_down_keeps_a_ftc_node_directory_that_was_there_before_up(ftc_home, serv
     assert [s.listing() for s in servers] == before  # each server as it was: the one it made goes, yours stays
 
 
+@pytest.mark.slow
 def test_down_with_a_server_that_does_not_answer_keeps_it_recorded_and_a_later_down_finishes(ftc_home, servers,
                                                                                                user_key):
     before = [s.listing() for s in servers]
@@ -359,6 +467,7 @@ def server(tmp_path):
     made.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["127.000.000.111", "127.111", "[::ffff:127.0.0.111]"])
 def test_one_server_under_two_spellings_is_refused_before_anything_changes(ftc_home, server, spelling):
     before = server.listing()
@@ -370,17 +479,19 @@ def test_one_server_under_two_spellings_is_refused_before_anything_changes(ftc_h
     assert server.listing() == before
 
 
+@pytest.mark.slow
 def test_an_ssh_key_that_cannot_log_in_is_refused_by_name_before_any_server_is_asked(ftc_home, server, tmp_path):
     not_a_key = tmp_path / "not_a_key"
     not_a_key.write_text("not a key\n")
     before = server.listing()
     proc = ftc("up", "--name", "kk", "--provider", "ssh", "--hosts", server.spec, "--ssh-key", str(not_a_key),
                "--stack-python", sys.executable, "--yes", "1")
-    assert_refused(proc, f"SSH_KEY='{not_a_key}' is not a private key ssh can use", ftc_home)
+    assert_refused(proc, f"--ssh-key='{not_a_key}' is not a private key ssh can use", ftc_home)
     assert "ftc status" not in proc.stderr and server.listing() == before
 
 
 
+@pytest.mark.slow
 def test_status_of_a_server_that_does_not_answer_says_to_run_down_not_status(ftc_home, servers, user_key):
     up = ftc("up", "--name", "mute", *ssh_flags(servers, user_key), "--no-bootstrap", "--yes", "1")
     assert up.returncode == 0, up.stderr[-3000:]
@@ -393,6 +504,7 @@ def test_status_of_a_server_that_does_not_answer_says_to_run_down_not_status(ftc
     assert ftc("down", "--name", "mute").returncode == 0
 
 
+@pytest.mark.slow
 def test_sftp_garbled_by_a_shell_banner_is_refused_by_name_before_anything_is_installed(ftc_home, server):
     (server.home / ".bashrc").write_text('echo "Welcome, a server of yours"\n')
     before = server.listing()
@@ -404,6 +516,7 @@ def test_sftp_garbled_by_a_shell_banner_is_refused_by_name_before_anything_is_in
     assert server.listing() == before and not (ftc_home / "clusters" / "garbled").exists()
 
 
+@pytest.mark.slow
 def test_a_server_without_sftp_is_refused_by_name_before_anything_is_installed(ftc_home, tmp_path, user_key):
     bare = Server(tmp_path / "bare", "127.0.0.112", user_key, sftp="").start()
     try:

@@ -18,7 +18,7 @@ MRPC_ROW = "1\t1\t2\tA cat sat.\tA cat was sitting.\n"
 def test_unwritable_results_is_refused_before_any_node_starts(ftc_home, minilm, glue_dir):
     proc = ftc("run", "--name", "res", "--nodes", "1", "--task", "mrpc", "--model", minilm,
                "--data-dir", str(glue_dir), "--results", "/proc/x", "--max-train-samples", "8")
-    assert_refused(proc, "RESULTS='/proc/x' is not writable", ftc_home)
+    assert_refused(proc, "--results='/proc/x' is not writable", ftc_home)
     assert sshd_pids(ftc_home) == [] and not Path("/proc/x").exists()
 
 
@@ -57,7 +57,7 @@ def test_skipped_rows_are_counted_and_reported(ftc_home, tmp_path):
     proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(data))
     note, refusal = proc.stderr.strip().splitlines()
     assert note == f"{data / 'MRPC' / 'train.tsv'}: 1 of 4 rows skipped (wrong number of fields)"
-    assert proc.returncode == 2 and "NAME='nowhere'" in refusal  # the data passed; the cluster is what is missing
+    assert proc.returncode == 2 and "--name='nowhere'" in refusal  # the data passed; the cluster is what is missing
 
 
 @pytest.fixture
@@ -95,12 +95,12 @@ def test_model_directory_that_cannot_load_is_refused(ftc_home, model_copy, chang
         replace(model_copy, name, data)
     proc = ftc("finetune", "--name", "nowhere", "--model", str(model_copy))
     assert_refused(proc, named, ftc_home)
-    assert f"MODEL='{model_copy}'" in proc.stderr
+    assert f"--model='{model_copy}'" in proc.stderr
 
 
 def test_packaged_model_and_real_mrpc_pass_the_checks(ftc_home, minilm, glue_dir):
     proc = ftc("finetune", "--name", "nowhere", "--model", minilm, "--data-dir", str(glue_dir))
-    assert_refused(proc, "NAME='nowhere'", ftc_home)  # refused for the missing cluster only
+    assert_refused(proc, "--name='nowhere'", ftc_home)  # refused for the missing cluster only
 
 
 @pytest.mark.parametrize("change, named", [
@@ -117,7 +117,7 @@ def test_a_config_that_does_not_fit_the_weights_is_refused_before_launch(ftc_hom
     replace(model_copy, "config.json", json.dumps({**config, **change}).encode())
     proc = ftc("finetune", "--name", "nowhere", "--model", str(model_copy))
     assert_refused(proc, named, ftc_home)
-    assert f"MODEL='{model_copy}'" in proc.stderr
+    assert f"--model='{model_copy}'" in proc.stderr
 
 
 def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_home):
@@ -128,9 +128,9 @@ def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_
     default = train_args(validate_job({"task": "mrpc"}), "/w/jobs/j", "stock", resume=False)
     assert "--dropout" not in default and "--allreduce" not in default  # the recipe's own
     proc = ftc("finetune", "--name", "nowhere", "--allreduce", "sideways")
-    assert_refused(proc, "ALLREDUCE='sideways' is not known; allowed: after-backward, overlap", ftc_home)
+    assert_refused(proc, "--allreduce='sideways' is not known; allowed: after-backward, overlap", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--dropout", "1")
-    assert_refused(proc, "DROPOUT='1' is out of range", ftc_home)
+    assert_refused(proc, "--dropout='1' is out of range", ftc_home)
 
 
 def test_results_with_a_control_character_is_refused(ftc_home, tmp_path):
@@ -148,9 +148,9 @@ def test_results_that_hold_another_run_are_refused_before_anything_launches(ftc_
         (directory / "run.json").write_text(json.dumps(earlier))
 
     run = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), *tiny_job(minilm, glue_dir))
-    assert_refused(run, f"RESULTS='{taken}' already holds a run", ftc_home)
+    assert_refused(run, f"--results='{taken}' already holds a run", ftc_home)
     sweep = ftc("sweep", "--name", "fresh", "--nodes", "1", "--out", str(swept), *tiny_job(minilm, glue_dir))
-    assert_refused(sweep, f"OUT='{swept}' already holds a run ({swept / '1-node' / 'run.json'})", ftc_home)
+    assert_refused(sweep, f"--out='{swept}' already holds a run ({swept / '1-node' / 'run.json'})", ftc_home)
     # continuing that run is another matter: it resumes in its own directory (here: from no checkpoint)
     resumed = ftc("run", "--name", "fresh", "--nodes", "1", "--results", str(taken), "--resume",
                   *tiny_job(minilm, glue_dir))
@@ -164,7 +164,7 @@ def test_a_data_dir_that_is_a_file_is_called_a_file(ftc_home, tmp_path):
     afile = tmp_path / "train.tsv"
     afile.write_text("not a directory")
     proc = ftc("finetune", "--name", "nowhere", "--data-dir", str(afile))
-    assert_refused(proc, f"DATA_DIR='{afile}' is not a directory", ftc_home)
+    assert_refused(proc, f"--data-dir='{afile}' is not a directory", ftc_home)
 
 
 @pytest.mark.parametrize("flag", ["--model", "--data-dir", "--results"])
@@ -187,8 +187,8 @@ def test_a_hub_model_this_machine_cannot_load_is_refused_before_any_node_starts(
                "--data-dir", str(glue_dir), "--yes", "1", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: MODEL='some-org/not-cached-anywhere' is not in this machine's Hugging Face cache and the hub is out of "
-        "reach; give MODEL=/path/to/a/model/directory, or MODEL=auto for the packaged MiniLM")
+        "error: --model='some-org/not-cached-anywhere' is not in this machine's Hugging Face cache and the hub is out of "
+        "reach; give --model=/path/to/a/model/directory, or --model=auto for the packaged MiniLM")
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
 
 
@@ -199,7 +199,7 @@ def test_glue_without_a_data_dir_offline_is_refused_before_any_node_starts(ftc_h
     proc = ftc(*command, "--name", "nodata", *flags, "--task", "mrpc", "--model", minilm, "--yes", "1",
                env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "error: TASK='mrpc' without DATA_DIR reads GLUE from the hub, which is out of reach; give DATA_DIR=" \
+    assert "error: --task='mrpc' without --data-dir reads GLUE from the hub, which is out of reach; give --data-dir=" \
         in one_error(proc)
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
     assert sshd_pids(ftc_home) == []
@@ -238,13 +238,13 @@ def test_a_trained_head_of_another_size_than_the_datas_classes_is_refused_before
     """MRPC has 2 classes: a head of 3 outputs would fail from_pretrained on every rank after launch."""
     three = tiny_model(tmp_path / "three", head=3)
     proc = ftc("run", "--name", "hd", "--nodes", "1", "--task", "mrpc", "--model", str(three), "--data-dir", str(glue_dir))
-    assert_refused(proc, f"MODEL={str(three)!r} holds a classification head of 3 outputs, but the data has 2 classes "
+    assert_refused(proc, f"--model={str(three)!r} holds a classification head of 3 outputs, but the data has 2 classes "
                          "(0, 1); give the base model", ftc_home)
     train = toy_csv(tmp_path / "t.csv", 9)
     proc = ftc("run", "--name", "hd", "--nodes", "1", "--task", "custom", "--train-file", str(train),
                "--validation-file", str(train), "--text-columns", "review", "--label-column", "stars",
                "--model", str(three))
-    assert proc.returncode == 2 and "but the data has 2 classes (neg, pos)" in last_line(proc)
+    assert proc.returncode == 2 and "but the data has 2 classes (neg, pos)" in one_error(proc)  # no note before it
     assert sshd_pids(ftc_home) == []
     from provision.errors import UsageError
     from runner.jobspec import refuse_other_head
@@ -259,6 +259,7 @@ def test_a_trained_head_of_another_size_than_the_datas_classes_is_refused_before
         refuse_other_head(str(bias_only), "bias", ("0", "1"))
 
 
+@pytest.mark.slow
 def test_results_claimed_by_a_job_starting_now_is_refused(ftc_home, tmp_path, minilm, glue_dir):
     """Two jobs started at once with one RESULTS (on two clusters) both passed the check for an earlier
     run; now the first holds RESULTS from that check until its run.json is written. The test holds it."""
@@ -268,7 +269,7 @@ def test_results_claimed_by_a_job_starting_now_is_refused(ftc_home, tmp_path, mi
     try:
         with runs.results_claimed(results, check_unused=True):
             proc = ftc("finetune", "--name", "rc", *tiny_job(minilm, glue_dir), "--results", str(results))
-        assert proc.returncode == 2 and f"RESULTS={str(results)!r} is being claimed by another job starting now" \
+        assert proc.returncode == 2 and f"--results={str(results)!r} is being claimed by another job starting now" \
             in one_error(proc)
         assert json.loads((ftc_home / "clusters" / "rc" / "state.json").read_text())["jobs"] == []
     finally:
@@ -305,3 +306,21 @@ def test_hf_hub_offline_is_read_as_transformers_reads_it(monkeypatch, value, onl
         assert jobspec.hub_reachable() is online
     finally:
         jobspec.hub_reachable.cache_clear()
+
+
+def test_a_refusal_after_offline_and_data_notes_is_the_only_line(ftc_home, tmp_path, minilm):
+    """The notes a job's checks make (the packaged model offline, the data's columns and classes, a small
+    file's recipe) are printed once every check has passed: a refusal comes alone."""
+    train = toy_csv(tmp_path / "t.csv", 9)
+    offline = {"HF_HUB_OFFLINE": "1"}
+    proc = ftc("finetune", "--name", "nowhere", "--model", "auto", "--train-file", str(train),
+               "--validation-file", str(train), "--text-columns", "review,stars", "--label-column", "stars", env=offline)
+    assert proc.returncode == 2 and "both a text column (--text-columns) and the label column" in one_error(proc)
+    proc = ftc("finetune", "--name", "nowhere", "--model", "auto", "--train-file", str(train),
+               "--validation-file", str(train), "--text-columns", "review", "--label-column", "stars",
+               "--results", "/proc/x", env=offline)
+    assert proc.returncode == 2 and "--results='/proc/x' is not writable" in one_error(proc)
+    proc = ftc("finetune", "--name", "nowhere", "--model", "auto", "--train-file", str(train),
+               "--validation-file", str(train), "--text-columns", "review", "--label-column", "stars", env=offline)
+    notes = proc.stderr.strip().splitlines()[:-1]  # every check passed: the notes, then no such cluster
+    assert notes[0].startswith("offline: using the packaged MiniLM-L6 model at ") and len(notes) == 3, notes

@@ -9,11 +9,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import FTC, ftc
 from helpers import following, wait_for
 
 from provision import procs
 from provision import state as st
+
+pytestmark = pytest.mark.slow
 
 
 def job_processes(home: Path) -> list[int]:

@@ -11,6 +11,7 @@ from helpers import assert_refused, one_error, tiny_job, wait_for
 from provision import procs
 
 
+@pytest.mark.slow
 def test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_running(ftc_home, tmp_path, minilm,
                                                                                    glue_dir):
     assert ftc("up", "--name", "sw", "--nodes", "1").returncode == 0
@@ -36,16 +37,17 @@ def test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_runni
 
 def test_a_ppn_the_nodes_cannot_hold_is_refused_before_any_local_node_starts(ftc_home, minilm, glue_dir):
     run = ftc("run", "--name", "pp", "--nodes", "1", "--ppn", "512", *tiny_job(minilm, glue_dir))
-    assert_refused(run, "PPN=512: 512 ranks per node but node pp-0 (its share of this machine's cores)", ftc_home)
+    assert_refused(run, "--ppn=512: 512 ranks per node but node pp-0 (its share of this machine's cores)", ftc_home)
     sweep = ftc("sweep", "--name", "pp", "--nodes", "1,2", "--ppn", "512", *tiny_job(minilm, glue_dir))
-    assert_refused(sweep, "PPN=512: 512 ranks per node", ftc_home)
+    assert_refused(sweep, "--ppn=512: 512 ranks per node", ftc_home)
     assert sshd_pids(ftc_home) == []
 
 
+@pytest.mark.slow
 def test_a_ppn_the_instance_type_cannot_hold_is_refused_before_any_ec2_call(aws, ftc_home):
     proc = ftc("run", "--name", "pp", "--provider", "aws", "--instance-type", "c6i.large", "--nodes", "2",
                "--ppn", "2", "--yes", "1", "--ssh-cidr", "203.0.113.7/32")
-    assert_refused(proc, "PPN=2: 2 ranks per node but node pp-0 (c6i.large) has only 1 physical cores", ftc_home)
+    assert_refused(proc, "--ppn=2: 2 ranks per node but node pp-0 (c6i.large) has only 1 physical cores", ftc_home)
     assert_nothing_left(aws.ec2(), "pp")
 
 
@@ -56,6 +58,7 @@ def test_a_flag_the_command_would_ignore_is_not_offered(ftc_home, command, flag)
 
 
 
+@pytest.mark.slow
 def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it(ftc_home, cluster,
                                                                                             minilm, glue_dir):
     started = ftc("finetune", "--name", cluster, "--detach", *tiny_job(minilm, glue_dir))
@@ -77,6 +80,7 @@ def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_
     assert record["status"] == "finished" and (Path(job["results_dir"]) / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_resume_of_a_job_stopped_before_its_first_checkpoint_is_refused_before_launch(ftc_home, minilm, glue_dir):
     assert ftc("up", "--name", "nock", "--nodes", "1").returncode == 0
     try:

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from provision.launch import LaunchSpec, pick_allocator, plan_ranks, render_launch
+from provision.launch import LaunchSpec, default_ppn, pick_allocator, plan_ranks, render_launch
 from runner.node.facts import NodeFacts
 
 
@@ -16,13 +16,14 @@ def facts(sockets=2, cores_per_socket=32, allocators=()):
                      private_ip="10.0.0.1", interface="eth0", allocators=list(allocators))
 
 
-def test_one_rank_per_socket_by_default():
+def test_a_rank_per_four_cores_by_default_and_at_least_one_per_socket():
     plan = plan_ranks([facts(2, 32)] * 4)
-    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (2, 32, "")
+    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (16, 4, "")
+    assert [default_ppn(sockets, cores) for sockets, cores in ((1, 2), (1, 6), (1, 8), (1, 16), (2, 4))] == [1, 1, 2, 4, 2]
 
 
 def test_intel_stack_keeps_one_core_per_rank_for_oneccl():
-    plan = plan_ranks([facts(2, 32)], stack="intel")
+    plan = plan_ranks([facts(2, 32)], stack="intel", ppn=2)
     assert (plan.ppn, plan.threads, plan.ccl_affinity) == (2, 31, "31,63")
 
 
@@ -44,7 +45,7 @@ def test_allocator_prefers_tcmalloc():
 
 def spec(nodes: int, stack: str, mpi: str, module: str = "runner.node.train", **extra) -> LaunchSpec:
     return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
-                      plan=plan_ranks([facts(2, 32)] * nodes, stack, 1 if extra.get("program") else None),
+                      plan=plan_ranks([facts(2, 32)] * nodes, stack, 1 if extra.get("program") else 2),
                       python="/w/venv/bin/python", module=module, pythonpath="/w/ftc",
                       args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
                       master_addr="10.0.0.5", gloo_iface="ens5", stack=stack, env_file="/w/env.sh", **extra)

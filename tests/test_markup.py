@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ftc
 from helpers import state_of, state_path, up_local
 
@@ -26,6 +27,7 @@ def flat(text: str) -> str:
     return "".join(text.split())
 
 
+@pytest.mark.slow
 def test_brackets_in_ftc_home_and_results_print_literally(ftc_home, tmp_path, monkeypatch):
     home = tmp_path / "h[exp1]" / "[bold]home"
     monkeypatch.setenv("FTC_HOME", str(home))
@@ -96,3 +98,42 @@ def test_the_node_board_shows_steps_and_details_literally(capsys):
         board.update("mk-0", "FAILED: install", "pip: no such file /wheels[exp1]/x.whl")
     shown = capsys.readouterr().err
     assert "/wheels[exp1]/x.whl" in shown, shown
+
+
+# A window title (OSC, ended by BEL), a cleared screen and a cursor move (CSI), a colour (SGR), an 8-bit
+# CSI (C1), a backspace and a bell, a hyperlink (OSC 8, ended by ST), a terminal reset; and plain text
+# around them that must come through as it is: a tab, non-ASCII, brackets.
+CODES = ("a\x1b]0;pwned title\x07b \x1b[2J\x1b[Hc \x1b[31mred\x1b[0m \x9b31m d\x08\x07 é\t[x] "
+         "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ end\x1bc")
+
+
+def test_terminal_codes_in_a_ranks_output_never_reach_the_terminal():
+    from runner.report import for_terminal, printable
+    assert printable(CODES) == "ab c red 31m d é\t[x] link end"
+    assert for_terminal(f"[0] {CODES}", colour=True) == "[0] ab c \x1b[31mred\x1b[0m 31m d é\t[x] link end"
+    plain = "[1,0]<stdout>:rank 0/2 cores [0, 1] loss 0.5 - naïve 日本 100%"
+    assert for_terminal(plain, colour=False) == plain == for_terminal(plain, colour=True)
+
+
+def test_a_failure_report_passes_no_terminal_code_of_a_ranks_log(tmp_path, capsys):
+    from runner import report
+    from runner.node.protocol import line_mark
+    results = tmp_path / "res"
+    (results / "logs").mkdir(parents=True)
+    mark = line_mark("mrpc-1")
+    # rank 1 killed (no traceback of its own): its log's tail and mpirun's verdict are shown
+    (results / "logs" / "rank1.log").write_text(f"{mark} 10:00:00 loading\nwarning: {CODES}\n")
+    (results / "output.log").write_text(f"[0] {mark} 10:00:00 rank 0/2\n"
+                                        f"=   RANK 1 PID 7 RUNNING AT n-1 {CODES}\n=   KILLED BY SIGNAL: 9\n")
+    report.show_failure(results, 9)
+    shown = capsys.readouterr().err
+    assert "warning: ab c red 31m d é" in shown and "10:00:00 loading" in shown, shown
+    assert "RUNNING AT n-1 ab c red" in shown and mark not in shown, shown
+    assert not any(code in shown for code in ("\x1b", "\x07", "\x08", "\x9b")), repr(shown)
+
+    # a rank that raised: its exception's message holds the codes
+    (results / "output.log").write_text(f"[1] Traceback (most recent call last):\n[1]   File \"x.py\", line 1\n"
+                                        f"[1] ValueError: bad {CODES}\n")
+    report.show_failure(results, 1)
+    shown = capsys.readouterr().err
+    assert "ValueError: bad ab c red" in shown and not any(code in shown for code in ("\x1b", "\x07")), repr(shown)

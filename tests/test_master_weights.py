@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import REPO
 from safetensors import safe_open
+
+pytestmark = pytest.mark.slow
 
 
 def bf16_checkpoint(target, vocabulary) -> None:

@@ -4,8 +4,11 @@ mpirun fails with its generic message."""
 
 import signal
 
+import pytest
 import test_hosts
 from conftest import ftc
+
+pytestmark = pytest.mark.slow
 
 servers, user_key = test_hosts.servers, test_hosts.user_key  # own servers, as test_hosts starts them
 

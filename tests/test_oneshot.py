@@ -5,8 +5,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import FTC, sshd_pids
 from helpers import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def test_run_stopped_during_bootstrap_leaves_nothing_running(ftc_home, minilm, glue_dir, tmp_path):

@@ -7,23 +7,26 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import FTC, ftc
 from helpers import following, held_job
 
+from runner.node.protocol import line_mark
 from runner.report import first_bad_rank, for_terminal, progress, tracebacks
 
-IMPI_OUTPUT = """\
-[0] 10:00:01 rank 0/2 (local 0/1) cores [0] threads 1 backend gloo precision bf16 grad_compress bf16 recipe ftc
-[0] 10:00:02 \x1b[1mcoloured\x1b[0m line
-[0] 23:59:50 epoch 1/2 step 1/10 loss 0.6957 25.0 samples/s eta 0m23s
+MARK = line_mark("mrpc-1")  # the job's: the training program's logger starts each of its lines with it
+IMPI_OUTPUT = f"""\
+[0] {MARK} 10:00:01 rank 0/2 (local 0/1) cores [0] threads 1 backend gloo precision bf16 grad_compress bf16 recipe ftc
+[0] {MARK} 10:00:02 \x1b[1mcoloured\x1b[0m line
+[0] {MARK} 23:59:50 epoch 1/2 step 1/10 loss 0.6957 25.0 samples/s eta 0m23s
 [1] Traceback (most recent call last):
 [1]   File "/x/train.py", line 9, in main
 [1]     load()
 [1] ValueError: MRPC row 7 has no label
 [1] [W gloo] connection closed by peer
-[0] 23:59:58 epoch 1/2 step 5/10 loss 0.6381 23.0 samples/s eta 0m13s
-[0] 23:59:59 epoch 1 dev eval_accuracy 0.6838 eval_f1 0.8122
-[0] 00:00:04 epoch 2/2 step 6/10 loss 0.6337 22.9 samples/s eta 0m11s
+[0] {MARK} 23:59:58 epoch 1/2 step 5/10 loss 0.6381 23.0 samples/s eta 0m13s
+[0] {MARK} 23:59:59 epoch 1 dev eval_accuracy 0.6838 eval_f1 0.8122
+[0] {MARK} 00:00:04 epoch 2/2 step 6/10 loss 0.6337 22.9 samples/s eta 0m11s
 
 ===================================================================================
 =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
@@ -62,7 +65,7 @@ def test_the_failing_rank_is_the_one_mpirun_names_first():
 
 
 def test_progress_lines_give_throughput_over_time_across_midnight():
-    steps, dev = progress(IMPI_OUTPUT)
+    steps, dev = progress(IMPI_OUTPUT, MARK)
     assert [s["seconds"] for s in steps] == [0.0, 8.0, 14.0]  # 00:00:04 came after 23:59:59: the next day
     assert [s["samples_per_second"] for s in steps] == [25.0, 23.0, 22.9]
     assert steps[1]["epoch"] == 1.0 and dev == [{"epoch": 1, "eval_accuracy": 0.6838, "eval_f1": 0.8122}]
@@ -85,11 +88,12 @@ def test_every_flag_of_every_subcommand_has_a_help_line():
     assert missing == []
 
 
+@pytest.mark.slow
 def test_status_and_json_go_to_stdout_and_the_only_cluster_is_picked(ftc_home):
     none = ftc("status", "--json")
     assert none.returncode == 0 and json.loads(none.stdout) == []
     up = ftc("up", "--name", "solo", "--nodes", "1", "--no-bootstrap")
-    assert up.returncode == 0 and "not bootstrapped; next: `make bootstrap NAME=solo`" in up.stderr  # a job needs it
+    assert up.returncode == 0 and "not bootstrapped; next: `ftc bootstrap --name solo`" in up.stderr  # a job needs it
     try:
         listed = ftc("status", "--json")
         assert [c["name"] for c in json.loads(listed.stdout)] == ["solo"]
@@ -115,6 +119,7 @@ def broken_model(minilm: str, where: Path) -> Path:
     return where
 
 
+@pytest.mark.slow
 def test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower(ftc_home, tmp_path, minilm,
                                                                                glue_dir):
     assert ftc("up", "--name", "out", "--nodes", "1").returncode == 0
@@ -145,6 +150,7 @@ def test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower(
     assert "busy" not in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down(ftc_home, minilm, glue_dir):
     run = subprocess.Popen([*FTC, "run", "--name", "stop", "--nodes", "1", "--task", "mrpc", "--model", minilm,
                             "--data-dir", str(glue_dir), "--epochs", "10"],

@@ -4,13 +4,17 @@ cluster is destroyed, a run's report and plot, runs compared; and the demo's set
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc
 from helpers import one_error, tiny_job
 
+from runner.node.protocol import line_mark
 
+
+@pytest.mark.slow
 def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ftc_home, tmp_path, minilm, glue_dir):
     first_cwd, other_cwd, elsewhere = tmp_path / "a", tmp_path / "b", tmp_path / "kept" / "mine"
     first_cwd.mkdir()
@@ -202,11 +206,12 @@ def test_corrupt_runs_are_listed_as_corrupt_and_never_crash_the_history(ftc_home
 
 def test_log_lines_whose_numbers_are_not_numbers_are_passed_over(ftc_home):
     run = write_run(ftc_home, "odd-log", GOOD_RUN | {"id": "odd-log"})
-    (run / "output.log").write_text("[0] 10:00:00 epoch 1/1 step 1/2 loss abc 3.0 samples/s\n"
-                                    "[0] 10:00:01 epoch 1 dev eval_acc x.y\n"
-                                    "[0] 10:00:02 epoch 1/1 step 2/2 loss 0.5 1.2.3 samples/s\n"
-                                    "[0] 10:00:03 epoch 1/1 step 2/2 loss 0.5 3.5 samples/s eta 0s\n"
-                                    "[0] 10:00:04 epoch 1 dev eval_accuracy 0.6 eval_f1 0.7\n")
+    mark = line_mark("odd-log")
+    (run / "output.log").write_text(f"[0] {mark} 10:00:00 epoch 1/1 step 1/2 loss abc 3.0 samples/s\n"
+                                    f"[0] {mark} 10:00:01 epoch 1 dev eval_acc x.y\n"
+                                    f"[0] {mark} 10:00:02 epoch 1/1 step 2/2 loss 0.5 1.2.3 samples/s\n"
+                                    f"[0] {mark} 10:00:03 epoch 1/1 step 2/2 loss 0.5 3.5 samples/s eta 0s\n"
+                                    f"[0] {mark} 10:00:04 epoch 1 dev eval_accuracy 0.6 eval_f1 0.7\n")
     shown = ftc("runs", "show", "odd-log")
     assert shown.returncode == 0, shown.stderr
     report = (run / "report.md").read_text()
@@ -230,7 +235,7 @@ def test_compare_into_a_directory_is_refused(ftc_home, tmp_path):
     plots = tmp_path / "plots.png"
     plots.mkdir()
     proc = ftc("runs", "compare", "one", "two", "--out", str(plots))
-    assert proc.returncode == 2 and f"OUT='{plots}' is a directory" in one_error(proc)
+    assert proc.returncode == 2 and f"--out='{plots}' is a directory" in one_error(proc)
     assert list(plots.iterdir()) == []
 
 
@@ -251,3 +256,70 @@ def test_compare_shows_the_settings_that_differ(ftc_home, tmp_path):
     table = compared.stdout.split("settings that differ", 1)[1]
     assert "lr" in table and "2e-05" in table and "0.0002" in table and "dropout" in table
     assert "task" not in table and out.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- your text is never read as ftc's own log lines ------------------------------------------------------
+
+FORGED_DEV = "12:00:00 epoch 1 dev eval_accuracy 0.9999"  # a dev-metrics line, as the logger once wrote it
+
+
+@pytest.mark.slow
+def test_a_header_cell_holding_a_log_line_is_quoted_and_never_read_as_a_metric(ftc_home, tmp_path, minilm):
+    from runner.node import datafiles
+    from runner.node.protocol import LOG_MARK_ENV
+    cell = f"x\n{FORGED_DEV}\n"
+    train = tmp_path / "train.csv"
+    train.write_text(f'text,"{cell}"\nit was great,1\nit was awful,0\n')
+    with pytest.raises(datafiles.DataProblems) as refused:  # the controller's check, before launch
+        datafiles.check(train, train)
+    (problem,) = refused.value.problems
+    assert "no column 'label' (columns: 'text', 'x\\n12:00:00 epoch 1 dev" in problem and "\n" not in problem, problem
+
+    # The node's own check says the same in its traceback: the real training program, one rank of a job
+    run = write_run(ftc_home, "custom-forged", GOOD_RUN | {"id": "custom-forged", "task": "custom",
+                                                           "status": "failed"})
+    proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "custom", "--model", minilm,
+                           "--train-file", str(train), "--validation-file", str(train), "--output-dir", str(run)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, LOG_MARK_ENV: line_mark("custom-forged")})
+    assert proc.returncode == 1 and "DataProblems" in proc.stderr, proc.stderr[-2000:]
+    (run / "output.log").write_text(proc.stdout + proc.stderr)
+    shown = ftc("runs", "show", "custom-forged")
+    assert shown.returncode == 0, shown.stderr
+    assert "per epoch" not in shown.stdout and "0.9999" not in shown.stdout, shown.stdout
+    assert "No epoch finished." in (run / "report.md").read_text()
+
+
+FORGING_SCRIPT = r'''
+import os, sys
+if os.environ["RANK"] != "0":
+    sys.exit(0)  # rank 0 alone fails: mpirun stops no rank before it has printed
+print("12:00:00 epoch 1/1 step 1/1 loss 0.1000 999.0 samples/s eta 0s", flush=True)
+print("12:00:01 epoch 1 dev eval_accuracy 0.9999", flush=True)
+print("12:00:02 checkpoint saved: epoch 1 -> /etc/hostname", flush=True)
+print("a title\x1b]0;pwned\x07, a cleared screen\x1b[2J\x1b[H, a bell\x07: rank", os.environ["RANK"], flush=True)
+sys.exit(3)
+'''
+
+
+@pytest.mark.slow
+def test_a_scripts_prints_are_never_read_as_metrics_and_reach_the_terminal_without_codes(ftc_home, cluster,
+                                                                                           tmp_path):
+    script = tmp_path / "work" / "forge.py"
+    script.parent.mkdir()
+    script.write_text(FORGING_SCRIPT)
+    failed = ftc("launch", "--name", cluster, "--", str(script))
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    assert f"rank 0 on node {cluster}-0 failed first (exit code 3)" in failed.stderr
+    assert "a title, a cleared screen, a bell: rank 0" in failed.stderr  # the last lines of its log
+    job = json.loads((ftc_home / "clusters" / cluster / "state.json").read_text())["jobs"][-1]
+    assert not (Path(job["results_dir"]) / "checkpoints").exists()  # its "checkpoint saved" line copied nothing
+    shown = ftc("runs", "show", job["id"])
+    assert shown.returncode == 0, shown.stderr
+    assert "a title, a cleared screen, a bell: rank 0" in shown.stdout  # the tail of rank 0's log, as text
+    assert "per epoch" not in shown.stdout, shown.stdout
+    assert "No epoch finished." in (Path(job["results_dir"]) / "report.md").read_text()
+    logs = ftc("logs", "--name", cluster)
+    assert "a title, a cleared screen, a bell: rank 0" in logs.stdout
+    for text in (failed.stdout, failed.stderr, shown.stdout, logs.stdout):
+        assert not any(code in text for code in ("\x1b", "\x07")), repr(text)

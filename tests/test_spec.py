@@ -13,29 +13,30 @@ from provision.errors import UsageError
 from provision.spec import ClusterSpec, resolve_spec
 
 BAD_UP = [
-    (["--nodes", "0"], "NODES='0'"),
-    (["--nodes", "-1"], "NODES='-1'"),
-    (["--nodes", "abc"], "NODES='abc'"),
-    (["--nodes", "100000"], "NODES='100000'"),
-    (["--name", "Bad_Name!"], "NAME='Bad_Name!'"),
-    (["--name=-lead"], "NAME='-lead'"),
-    (["--instance-type", "c6i.huge"], "INSTANCE_TYPE='c6i.huge'"),
-    (["--instance-type", "p5.48xlarge"], "INSTANCE_TYPE='p5.48xlarge'"),
-    (["--region", "mars-north-1"], "REGION='mars-north-1'"),
-    (["--ssh-cidr", "0.0.0.0/0"], "SSH_CIDR='0.0.0.0/0'"),
-    (["--ssh-cidr", "::/0"], "SSH_CIDR='::/0'"),
-    (["--ssh-cidr", "300.1.2.3/32"], "SSH_CIDR='300.1.2.3/32'"),
-    (["--spot", "maybe"], "SPOT='maybe'"),
-    (["--max-hours", "0"], "MAX_HOURS='0'"),
-    (["--root-volume-gb", "2"], "ROOT_VOLUME_GB='2'"),
-    (["--stack", "cuda"], "STACK='cuda'"),
-    (["--provider", "gcp"], "PROVIDER='gcp'"),
-    (["--zones", "us-west-2a"], "ZONES='us-west-2a'"),
-    (["--ami", "ami-xyz"], "AMI='ami-xyz'"),
-    (["--config", "/does/not/exist.toml"], "CONFIG='/does/not/exist.toml'"),
+    (["--nodes", "0"], "--nodes='0'"),
+    (["--nodes", "-1"], "--nodes='-1'"),
+    (["--nodes", "abc"], "--nodes='abc'"),
+    (["--nodes", "100000"], "--nodes='100000'"),
+    (["--name", "Bad_Name!"], "--name='Bad_Name!'"),
+    (["--name=-lead"], "--name='-lead'"),
+    (["--instance-type", "c6i.huge"], "--instance-type='c6i.huge'"),
+    (["--instance-type", "p5.48xlarge"], "--instance-type='p5.48xlarge'"),
+    (["--region", "mars-north-1"], "--region='mars-north-1'"),
+    (["--ssh-cidr", "0.0.0.0/0"], "--ssh-cidr='0.0.0.0/0'"),
+    (["--ssh-cidr", "::/0"], "--ssh-cidr='::/0'"),
+    (["--ssh-cidr", "300.1.2.3/32"], "--ssh-cidr='300.1.2.3/32'"),
+    (["--spot", "maybe"], "--spot='maybe'"),
+    (["--max-hours", "0"], "--max-hours='0'"),
+    (["--root-volume-gb", "2"], "--root-volume-gb='2'"),
+    (["--stack", "cuda"], "--stack='cuda'"),
+    (["--provider", "gcp"], "--provider='gcp'"),
+    (["--zones", "us-west-2a"], "--zones='us-west-2a'"),
+    (["--ami", "ami-xyz"], "--ami='ami-xyz'"),
+    (["--config", "/does/not/exist.toml"], "--config='/does/not/exist.toml'"),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,named", BAD_UP, ids=[" ".join(f) for f, _ in BAD_UP])
 def test_bad_input_is_refused_with_one_line_and_nothing_created(aws, ftc_home, flags, named):
     proc = ftc("up", "--name", "bad", "--provider", "aws", "--yes", "1", "--ssh-cidr", "203.0.113.7/32", *flags)
@@ -78,49 +79,49 @@ def test_precedence_is_flags_then_env_then_config_then_defaults():
 
 
 def test_open_ssh_needs_explicit_opt_in():
-    with pytest.raises(UsageError, match="ALLOW_OPEN_SSH=1"):
+    with pytest.raises(UsageError, match="--allow-open-ssh=1"):
         resolve_spec({"ssh_cidr": "0.0.0.0/0"}, {}, {})
     assert resolve_spec({"ssh_cidr": "0.0.0.0/0", "allow_open_ssh": "1"}, {}, {}).ssh_cidr == "0.0.0.0/0"
 
 
 def test_zone_outside_region_is_refused():
-    with pytest.raises(UsageError, match="not in REGION"):
+    with pytest.raises(UsageError, match="not in --region"):
         resolve_spec({"zones": "eu-west-1a", "region": "us-east-1"}, {}, {})
 
 
 EVERY_COMMAND = [
-    (["down", "--name", "Bad!"], "NAME='Bad!'"),
-    (["down", "--name", "x", "--provider", "gcp"], "PROVIDER='gcp'"),
-    (["down", "--name", "x", "--region", "moon-1"], "REGION='moon-1'"),
-    (["status", "--name", "Bad!"], "NAME='Bad!'"),
-    (["status", "--name", "nosuch"], "NAME='nosuch'"),
-    (["bootstrap", "--name", "nosuch"], "NAME='nosuch'"),
-    (["bootstrap", "--name", "nosuch", "--with", "chef"], "BOOTSTRAPPER='chef'"),
-    (["ssh", "--name", "nosuch"], "NAME='nosuch'"),
-    (["logs", "--name", "nosuch"], "NAME='nosuch'"),
-    (["cancel", "--name", "nosuch"], "NAME='nosuch'"),
-    (["fetch", "--name", "nosuch"], "NAME='nosuch'"),
-    (["extend", "--name", "nosuch", "--hours", "-1"], "HOURS='-1'"),
-    (["extend", "--name", "nosuch", "--hours", "2"], "NAME='nosuch'"),
-    (["inventory", "--name", "nosuch"], "NAME='nosuch'"),
-    (["finetune", "--name", "nosuch", "--ppn", "zero"], "PPN='zero'"),
-    (["finetune", "--name", "nosuch", "--lr", "2"], "LR='2'"),
-    (["finetune", "--name", "nosuch", "--max-train-samples", "-5"], "MAX_TRAIN_SAMPLES='-5'"),
-    (["finetune", "--name", "nosuch", "--max-eval-samples", "x"], "MAX_EVAL_SAMPLES='x'"),
-    (["finetune", "--name", "nosuch", "--model", "/no/such/model"], "MODEL='/no/such/model'"),
-    (["run", "--nodes", "0"], "NODES='0'"),
-    (["run", "--nodes", "2", "--task", "squad"], "TASK='squad'"),
-    (["run", "--keep", "perhaps"], "KEEP='perhaps'"),
-    (["up", "--bootstrap", "sometimes"], "BOOTSTRAP='sometimes'"),
-    (["up", "--yes", "sure"], "YES='sure'"),
+    (["down", "--name", "Bad!"], "--name='Bad!'"),
+    (["down", "--name", "x", "--provider", "gcp"], "--provider='gcp'"),
+    (["down", "--name", "x", "--region", "moon-1"], "--region='moon-1'"),
+    (["status", "--name", "Bad!"], "--name='Bad!'"),
+    (["status", "--name", "nosuch"], "--name='nosuch'"),
+    (["bootstrap", "--name", "nosuch"], "--name='nosuch'"),
+    (["bootstrap", "--name", "nosuch", "--with", "chef"], "--with='chef'"),
+    (["ssh", "--name", "nosuch"], "--name='nosuch'"),
+    (["logs", "--name", "nosuch"], "--name='nosuch'"),
+    (["cancel", "--name", "nosuch"], "--name='nosuch'"),
+    (["fetch", "--name", "nosuch"], "--name='nosuch'"),
+    (["extend", "--name", "nosuch", "--hours", "-1"], "--hours='-1'"),
+    (["extend", "--name", "nosuch", "--hours", "2"], "--name='nosuch'"),
+    (["inventory", "--name", "nosuch"], "--name='nosuch'"),
+    (["finetune", "--name", "nosuch", "--ppn", "zero"], "--ppn='zero'"),
+    (["finetune", "--name", "nosuch", "--lr", "2"], "--lr='2'"),
+    (["finetune", "--name", "nosuch", "--max-train-samples", "-5"], "--max-train-samples='-5'"),
+    (["finetune", "--name", "nosuch", "--max-eval-samples", "x"], "--max-eval-samples='x'"),
+    (["finetune", "--name", "nosuch", "--model", "/no/such/model"], "--model='/no/such/model'"),
+    (["run", "--nodes", "0"], "--nodes='0'"),
+    (["run", "--nodes", "2", "--task", "squad"], "--task='squad'"),
+    (["run", "--keep", "perhaps"], "--keep='perhaps'"),
+    (["up", "--bootstrap", "sometimes"], "--bootstrap='sometimes'"),
+    (["up", "--yes", "sure"], "--yes='sure'"),
     (["bench", "--ranks", "1,x"], "'x' is not a whole number"),
-    (["bench", "--repeats", "0"], "REPEATS='0' is out of range; allowed: 1.."),
-    (["plan", "--task", "squad"], "TASK='squad'"),
-    (["plan", "--nodes", "1,65"], "NODES='65'"),
-    (["plan", "--instance-type", "p5.48xlarge"], "INSTANCE_TYPE='p5.48xlarge'"),
-    (["plan", "--epochs", "three"], "EPOCHS='three'"),
-    (["plan", "--samples-per-s", "-3"], "SAMPLES_PER_S='-3'"),
-    (["plan", "--bench", "/no/such/bench.json"], "BENCH='/no/such/bench.json'"),
+    (["bench", "--repeats", "0"], "--repeats='0' is out of range; allowed: 1.."),
+    (["plan", "--task", "squad"], "--task='squad'"),
+    (["plan", "--nodes", "1,65"], "--nodes='65'"),
+    (["plan", "--instance-type", "p5.48xlarge"], "--instance-type='p5.48xlarge'"),
+    (["plan", "--epochs", "three"], "--epochs='three'"),
+    (["plan", "--samples-per-s", "-3"], "--samples-per-s='-3'"),
+    (["plan", "--bench", "/no/such/bench.json"], "--bench='/no/such/bench.json'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 
@@ -183,10 +184,10 @@ def test_config_whose_cluster_is_not_a_table_is_refused(ftc_home, tmp_path):
 
 def test_a_config_that_is_a_directory_is_refused(ftc_home, tmp_path):
     (tmp_path / "cfgdir").mkdir()
-    assert_refused(ftc("up", "--name", "cfg", "--config", str(tmp_path / "cfgdir")), "CONFIG=", ftc_home)
+    assert_refused(ftc("up", "--name", "cfg", "--config", str(tmp_path / "cfgdir")), "--config=", ftc_home)
     (tmp_path / "ftc.toml").mkdir()  # ./ftc.toml, read without being named
     proc = ftc("up", "--name", "cfg")
-    assert_refused(proc, "CONFIG='ftc.toml' cannot be read (Is a directory)", ftc_home)
+    assert_refused(proc, "--config='ftc.toml' cannot be read (Is a directory)", ftc_home)
 
 
 @pytest.mark.parametrize("text,named", [("nodes = 2\n[cluster]\nnodes = 1\n", "'nodes' outside its [cluster] table"),
@@ -197,14 +198,15 @@ def test_config_settings_outside_the_cluster_table_are_refused_by_name(ftc_home,
     assert_refused(ftc("up", "--name", "cfg", "--config", str(config)), named, ftc_home)
 
 
+@pytest.mark.slow
 def test_a_home_of_no_such_user_in_a_path_is_refused_by_name(ftc_home, tmp_path):
     key = ftc("up", "--name", "tilde", "--provider", "ssh", "--hosts", "127.0.0.1:1",
               "--ssh-key", f"{NO_SUCH_USER_HOME}/key")
-    assert_refused(key, f"SSH_KEY='{NO_SUCH_USER_HOME}/key': '{NO_SUCH_USER_HOME}' names no home directory", ftc_home)
+    assert_refused(key, f"--ssh-key='{NO_SUCH_USER_HOME}/key': '{NO_SUCH_USER_HOME}' names no home directory", ftc_home)
     up_local("inv")
     try:
         out = ftc("inventory", "--name", "inv", "--out", f"{NO_SUCH_USER_HOME}/inv.yml")
-        assert out.returncode == 2 and f"OUT='{NO_SUCH_USER_HOME}/inv.yml'" in only_line(out)
+        assert out.returncode == 2 and f"--out='{NO_SUCH_USER_HOME}/inv.yml'" in only_line(out)
         assert not (tmp_path / NO_SUCH_USER_HOME).exists()
     finally:
         assert ftc("down", "--name", "inv").returncode == 0

@@ -4,10 +4,12 @@ import json
 import signal
 import subprocess
 
+import pytest
 from conftest import FTC, assert_nothing_left, cluster_resources, ftc
 from helpers import AWS_UP, wait_for
 
 
+@pytest.mark.slow
 def test_an_up_killed_after_run_instances_shows_its_instances_and_every_command_names_down(aws, ftc_home, minilm,
                                                                                              glue_dir):
     # Held where `up` waits for the instances it launched: RunInstances has answered and its ids are saved.
@@ -47,6 +49,7 @@ def test_an_up_killed_after_run_instances_shows_its_instances_and_every_command_
     assert_nothing_left(aws.ec2(), "cut")
 
 
+@pytest.mark.slow
 def test_a_running_job_shows_as_lost_once_every_instance_is_gone(aws, ftc_home):
     from provision import state as st
     assert ftc("up", *AWS_UP, "--name", "gone", "--nodes", "2").returncode == 0
@@ -63,6 +66,7 @@ def test_a_running_job_shows_as_lost_once_every_instance_is_gone(aws, ftc_home):
     assert_nothing_left(aws.ec2(), "gone")
 
 
+@pytest.mark.slow
 def test_switches_work_bare_status_names_each_nodes_ssh_host_and_every_command_has_a_description(ftc_home):
     up = ftc("up", "--name", "sw", "--nodes", "1", "--no-bootstrap", "--yes")  # a bare switch is on
     assert up.returncode == 0, up.stderr
@@ -75,4 +79,4 @@ def test_switches_work_bare_status_names_each_nodes_ssh_host_and_every_command_h
     assert "create a cluster (and bootstrap it)" in ftc("up", "--help").stdout
     assert "run your own training script on every rank" in ftc("launch", "--help").stdout
     refused = ftc("up", "--name", "sw", "--spot", "maybe")
-    assert refused.returncode == 2 and "SPOT='maybe'" in refused.stderr
+    assert refused.returncode == 2 and "--spot='maybe'" in refused.stderr

@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 from conftest import ftc
 
 from provision import state as st
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_failed_bootstrap_step_shows_the_nodes_message_as_text(ftc_home):

@@ -41,6 +41,7 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
     proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", minilm,
                            "--data-dir", str(glue_dir)], capture_output=True, text=True,
@@ -49,6 +50,7 @@ def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
     assert "world size 1 from the launcher's environment, but 2 ranks were launched" in proc.stderr
 
 
+@pytest.mark.slow
 def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, glue_dir):
     render = ftc("finetune", "--name", cluster, "--render-only", *job_flags(minilm, glue_dir))
     assert render.returncode == 0 and "mpirun -f" in render.stdout and "-n 2 -ppn 1" in render.stdout
@@ -96,6 +98,7 @@ def assert_no_secrets(home: Path, directories: list[Path], output: str) -> None:
         assert not any(line in text for line in secret_lines)
 
 
+@pytest.mark.slow
 def test_one_shot_run_tears_down_after_itself(ftc_home, minilm, glue_dir):
     from conftest import sshd_pids
     proc = ftc("run", "--name", "once", "--nodes", "2", *job_flags(minilm, glue_dir, samples=64, epochs=1), timeout=900)
@@ -109,6 +112,7 @@ def test_one_shot_run_tears_down_after_itself(ftc_home, minilm, glue_dir):
     assert results_of_run(ftc_home, "once")["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, cluster, minilm, glue_dir):
     # 128 rows, 2 ranks x 32: 2 steps an epoch; held before step 3, epoch 1 is checkpointed
     follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=128, epochs=3)],
@@ -129,6 +133,7 @@ def test_resume_after_a_killed_run_continues_from_the_checkpoint(ftc_home, clust
     assert [e["epoch"] for e in results["epoch_metrics"]] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minilm, glue_dir):
     from provision.procs import descendants
     follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, samples=256)],
@@ -147,14 +152,14 @@ def test_a_crashed_rank_fails_the_job_fast_with_its_log(ftc_home, cluster, minil
 
 
 @pytest.mark.parametrize("flags,named", [
-    (["--task", "squad"], "TASK='squad'"),
-    (["--data-dir", "/no/such/dir"], "DATA_DIR='/no/such/dir'"),
-    (["--epochs", "0"], "EPOCHS='0'"),
-    (["--batch-size", "x"], "BATCH_SIZE='x'"),
-    (["--recipe", "fast"], "RECIPE='fast'"),
-    (["--precision", "fp8"], "PRECISION='fp8'"),
-    (["--model=--help"], "MODEL='--help'"),
-    (["--model=-x/y"], "MODEL='-x/y'"),
+    (["--task", "squad"], "--task='squad'"),
+    (["--data-dir", "/no/such/dir"], "--data-dir='/no/such/dir'"),
+    (["--epochs", "0"], "--epochs='0'"),
+    (["--batch-size", "x"], "--batch-size='x'"),
+    (["--recipe", "fast"], "--recipe='fast'"),
+    (["--precision", "fp8"], "--precision='fp8'"),
+    (["--model=--help"], "--model='--help'"),
+    (["--model=-x/y"], "--model='-x/y'"),
 ])
 def test_bad_job_input_is_refused_before_any_rank_starts(ftc_home, flags, named):
     proc = ftc("finetune", "--name", "nowhere", *flags)
@@ -173,6 +178,7 @@ def test_model_path_without_weights_and_missing_data_file_are_refused(ftc_home, 
     assert proc.returncode == 2 and "lacks" in proc.stderr and "dev.tsv" in proc.stderr
 
 
+@pytest.mark.slow
 def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
     proc = ftc("finetune", "--name", "nowhere")
     assert proc.returncode == 2 and "no cluster of that name" in proc.stderr
@@ -182,6 +188,7 @@ def test_finetune_without_cluster_or_bootstrap_is_refused(ftc_home):
     ftc("down", "--name", "raw", check=True)
 
 
+@pytest.mark.slow
 def test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run(ftc_home, minilm, glue_dir):
     from provision.procs import descendants
     flags = job_flags(minilm, glue_dir, samples=128, epochs=2)  # 2 steps an epoch
@@ -220,6 +227,7 @@ def state_of_named(home: Path, name: str) -> dict:
     return json.loads((home / "clusters" / name / "state.json").read_text())
 
 
+@pytest.mark.slow
 def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, minilm, glue_dir):
     import boto3
     s3 = boto3.client("s3", region_name="us-east-1")
@@ -235,6 +243,7 @@ def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, minilm, glue_
     assert bad.returncode == 2 and "CHECKPOINT_S3='http://not-s3'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_sweep_over_1_and_2_local_nodes_writes_the_2021_table(ftc_home, minilm, glue_dir, tmp_path):
     from conftest import sshd_pids
     out = tmp_path / "sweep"
@@ -256,6 +265,7 @@ def test_sweep_over_1_and_2_local_nodes_writes_the_2021_table(ftc_home, minilm, 
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "sw").exists()
 
 
+@pytest.mark.slow
 def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes(ftc_home, minilm, glue_dir):
     from conftest import sshd_pids
     from fake_imds import FakeIMDS

@@ -7,11 +7,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ftc
 
 from provision import state as st
 from provision.ssh import connect
 from runner.transfer import copy_checkpoint
+
+pytestmark = pytest.mark.slow
 
 
 def sftp_servers_under(sshd_pid: int) -> list[int]:

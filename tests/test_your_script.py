@@ -79,6 +79,7 @@ def test_an_output_folder_outside_the_workdir_is_refused(raw):
 
 # ---- bad input: one line, exit code 2, nothing started ----------------------------------------------------
 
+@pytest.mark.slow
 def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, tmp_path):
     workdir = tmp_path / "work"
     script = gloo_script(workdir)
@@ -95,13 +96,13 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "OUTPUT='../elsewhere' is not a folder"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "ENV='not a pair'"),
-        (["--name", "nb", "--ppn", "0", "--", str(script)], "PPN="),
+        (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
         (["--name", "nb", "--", f" {script}"], "begins or ends with a space"),
         (["--name", "nb", "--env", "PATH=/x", "--", str(script)], "ftc sets PATH"),
-        (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "MAX_WORKDIR_MB=''"),
-        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "ARGS="),
-        (["--name", "no-such-cluster", "--", str(script)], "NAME='no-such-cluster'"),
+        (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "--max-workdir-mb=''"),
+        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "--args="),
+        (["--name", "no-such-cluster", "--", str(script)], "--name='no-such-cluster'"),
         (["--name", "nb", "--", str(script)], "is not bootstrapped"),
     ]
     for args, named in cases:
@@ -119,6 +120,7 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
 
 # ---- real runs on two local nodes --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home(ftc_home, cluster, minilm,
                                                                                     glue_dir, tmp_path):
     proc = ftc("launch", "--name", cluster, "--workdir", str(REPO / "examples"), "--", str(EXAMPLE),
@@ -147,6 +149,7 @@ def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_hom
     assert "python hf_trainer_glue.py" in shown.stdout and "rank 0's log" in shown.stdout
 
 
+@pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
     # A workdir and a script whose names would run commands if any shell read them unquoted.
     # (a relative canary: whichever folder a shell would run it in lies under tmp_path, FTC_HOME included)
@@ -180,6 +183,7 @@ def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_ho
     assert next(r for r in listed if r["id"] == job["id"])["exit_code"] == 3
 
 
+@pytest.mark.slow
 def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_path):
     script = gloo_script(tmp_path / "work")
     started = ftc("launch", "--name", cluster, "--detach", "--", str(script), "--hold")
@@ -242,6 +246,7 @@ def _wheel(folder: Path, name: str, value: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ftc_home, cluster, tmp_path):
     import sys
     package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's marker applies
@@ -275,6 +280,7 @@ def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ft
         venv_marker.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_a_ppn_above_the_nodes_cores_is_refused_before_anything_starts(ftc_home, cluster, tmp_path):
     script = gloo_script(tmp_path / "work")
     proc = ftc("launch", "--name", cluster, "--ppn", "512", "--", str(script))
@@ -292,6 +298,7 @@ def assert_refused_on_cluster(proc, named: str, home: Path, cluster: str) -> Non
 
 
 
+@pytest.mark.slow
 def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path):
     """One rank's wrapper, started as mpirun starts it (cwd: the job's directory), on a node whose
     metadata service announces a reclaim: the script is told by SIGTERM and reads FTC_PREEMPTED=1."""
@@ -344,6 +351,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home(ftc_home, cluster,
                                                                                              tmp_path):
     tag = str(6000 + os.getpid() % 3000)  # this test's own `sleep` duration, to find what it left
@@ -368,6 +376,7 @@ def _reads(path: Path) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default(ftc_home, minilm, glue_dir):
     dry = make("-n", "launch", home=ftc_home)  # with no SCRIPT and no ARGS: the example on ../shared's MRPC
     assert dry.returncode == 0, dry.stderr

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import state as st
 from ..catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
-from ..errors import FtcError, UsageError
+from ..errors import FtcError, UsageError, option
 from ..templates import render
 from ..ui import console
 from ..values import from_env, number
@@ -103,8 +103,8 @@ def caller_cidr() -> str:
         with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:  # noqa: S310 - fixed https URL
             return f"{reply.read().decode().strip()}/32"
     except OSError:
-        raise UsageError("SSH_CIDR is not set and your public address could not be found (no network?); "
-                         "give SSH_CIDR=<your address>/32") from None
+        raise UsageError(f"{option('ssh_cidr')} is not set and your public address could not be found (no network?); "
+                         f"give {option('ssh_cidr')}=<your address>/32") from None
 
 
 def preflight(state: st.ClusterState) -> AwsPreflight:

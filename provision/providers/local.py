@@ -19,7 +19,7 @@ from runner.node.distenv import listen_port
 
 from .. import procs
 from .. import state as st
-from ..errors import FtcError
+from ..errors import FtcError, option
 from ..keys import keygen
 from ..templates import render
 from ..ui import console
@@ -77,7 +77,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # Debian's sshd wants its privsep dir
     cores = sorted(os.sched_getaffinity(0))
     if spec.nodes > len(cores):
-        console.print(f"[yellow]warning:[/] NODES={spec.nodes} is more than this machine's {len(cores)} cores: "
+        console.print(f"[yellow]warning:[/] {option('nodes')}={spec.nodes} is more than this machine's {len(cores)} cores: "
                       "nodes will share cores, so timings are not those of separate machines")
     shares = split_cores(cores, spec.nodes)
     access_pub = ensure_access_key(state.name)

@@ -8,7 +8,7 @@ nothing of ftc but its errors, so the state (provision/state.py) can hold these 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import UsageError
+from ..errors import UsageError, option
 
 Record = Callable[[], None]  # the orchestrator's, passed to the verbs: save the state as it now is
 
@@ -100,5 +100,5 @@ TRAITS = {
 def traits(provider: str) -> Traits:
     """What `provider` can do and needs; an unknown name is refused in one line."""
     if provider not in TRAITS:
-        raise UsageError(f"PROVIDER={provider!r} is not known; allowed: {', '.join(TRAITS)}")
+        raise UsageError(f"{option('provider')}={provider!r} is not known; allowed: {', '.join(TRAITS)}")
     return TRAITS[provider]

@@ -36,7 +36,7 @@ import paramiko
 
 from .. import procs
 from .. import state as st
-from ..errors import FtcError, UsageError
+from ..errors import FtcError, UsageError, command, option
 from ..spec import ClusterSpec, host_label, parse_host
 from ..ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
 from ..templates import render
@@ -108,12 +108,13 @@ def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list
     need_gb = FREE_GB_WITH_STACK_PYTHON if stack_python else FREE_GB_TO_INSTALL
     free_gb = int(one.get("free_kb") or 0) / 2**20
     if free_gb < need_gb:
+        install = "" if stack_python else f" to install the stack (or give {option('stack_python')})"
         problems.append(f"host {label}: {free_gb:.1f} GB free in {one.get('home', '$HOME')}, ftc needs {need_gb} GB"
-                        f"{'' if stack_python else ' to install the stack (or give STACK_PYTHON)'}")
+                        f"{install}")
     for cluster in probe.get("cluster", []):
         where = workdir_of(one.get("home", "~"), cluster)
         problems.append(f"host {label}: ftc cluster {cluster!r} is already there ({where}); one ftc cluster per "
-                        f"server: `make destroy NAME={cluster}` from the controller that made it, or, if that is gone, "
+                        f"server: `{command('down', name=cluster)}` from the controller that made it, or, if that is gone, "
                         f"remove {where} and the authorized_keys line ending 'ftc-{cluster}-internal' by hand")
     return problems
 
@@ -122,23 +123,23 @@ def _python_verdicts(label: str, one: dict[str, str], stack_python: str) -> list
     version = _version(one.get("python_version", ""))
     if stack_python:
         if not one.get("python") or not version:
-            return [f"host {label}: STACK_PYTHON={stack_python!r} does not run there; give the path of a Python "
-                    "that has the stack on every host, or leave STACK_PYTHON out and ftc installs one"]
+            return [f"host {label}: {option('stack_python')}={stack_python!r} does not run there; give the path of a Python "
+                    f"that has the stack on every host, or leave {option('stack_python')} out and ftc installs one"]
         problems = []
         if version < _version(MIN_PYTHON):
-            problems.append(f"host {label}: STACK_PYTHON={stack_python!r} is Python {one['python_version']}; "
+            problems.append(f"host {label}: {option('stack_python')}={stack_python!r} is Python {one['python_version']}; "
                             f"ftc needs >= {MIN_PYTHON}")
         if one.get("missing"):
-            problems.append(f"host {label}: STACK_PYTHON={stack_python!r} lacks {one['missing'].replace(',', ', ')}; "
-                            "install them there, or leave STACK_PYTHON out and ftc installs its own stack")
+            problems.append(f"host {label}: {option('stack_python')}={stack_python!r} lacks {one['missing'].replace(',', ', ')}; "
+                            f"install them there, or leave {option('stack_python')} out and ftc installs its own stack")
         if one.get("mpirun") != "yes":
-            problems.append(f"host {label}: no mpirun beside STACK_PYTHON={stack_python!r} or on PATH; "
+            problems.append(f"host {label}: no mpirun beside {option('stack_python')}={stack_python!r} or on PATH; "
                             "install impi-rt into that Python (`pip install impi-rt`)")
         return problems
     if not one.get("python"):
         found = one.get("python3_version") or "none"
         return [f"host {label}: no Python >= {MIN_PYTHON} with venv and ensurepip (python3: {found}); ftc installs "
-                "no system package: install one there (e.g. python3.11-venv), or give STACK_PYTHON"]
+                f"no system package: install one there (e.g. python3.11-venv), or give {option('stack_python')}"]
     return []
 
 
@@ -271,8 +272,8 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
     spec = state.cluster_spec
     problem = key_problem(spec.ssh_key) if spec.ssh_key else ""
     if problem:
-        raise UsageError(f"SSH_KEY={spec.ssh_key!r} {problem}; give an unencrypted private key that logs in to your "
-                         "servers, or leave SSH_KEY out to use your ssh agent and ~/.ssh keys")
+        raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key that logs "
+                         f"in to your servers, or leave {option('ssh_key')} out to use your ssh agent and ~/.ssh keys")
     hosts = hosts_of(spec, getpass.getuser())
     twice = same_servers(hosts, _each(hosts, _resolve))
     if twice:

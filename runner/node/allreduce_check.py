@@ -5,7 +5,8 @@ with what every rank saw, and every rank exits non-zero if a sum is wrong.
 
 `--time-mb M` (the bench): then also the seconds one all_reduce of M MB of bf16 takes,
 the gradient of a model in ftc's all-reduce precision, which the planner's network model
-is checked against.
+is checked against. `--chunks K`: that gradient as K all_reduces in flight at once, as ftc's
+gradient buckets go (each on the next of gloo's devices: several flows with several interfaces).
 """
 
 import argparse
@@ -28,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--time-mb", type=float, default=0.0)
+    parser.add_argument("--chunks", type=int, default=1)
     args = parser.parse_args()
     env = read_env()
     with threads_started_on(CORES):  # gloo's threads as the training program starts them
@@ -46,11 +48,13 @@ def main() -> int:
     report = AllreduceReport(n, a.tolist() + b.tolist(), seen)
     if args.time_mb:
         gradient = torch.ones(int(args.time_mb * 1e6 / 2), dtype=torch.bfloat16)
+        chunks = gradient.chunk(args.chunks)
         seconds = []
         for _ in range(7):
             dist.barrier()
             started = time.perf_counter()
-            dist.all_reduce(gradient)
+            for work in [dist.all_reduce(chunk, async_op=True) for chunk in chunks]:
+                work.wait()
             seconds.append(time.perf_counter() - started)
         report.allreduce_seconds = sorted(seconds[2:])[len(seconds[2:]) // 2]  # median after warm-up
     if env.master:

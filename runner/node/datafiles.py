@@ -31,6 +31,9 @@ DEFAULT_LABEL = "label"
 CUSTOM = "custom"  # the task name of your own files
 MAX_PROBLEMS = 20  # per file: the first ones say what is wrong; hundreds more would hide them
 MAX_SHOWN = 10  # classes named in a message; a file with thousands would make one line of megabytes
+# How a message names the column options: ftc's flags here; the controller passes the form the user runs
+# ftc in (`--text-columns`, or TEXT_COLUMNS through make).
+OPTIONS = {"text_columns": "--text-columns", "label_column": "--label-column"}
 WHOLE = re.compile(r"^[+-]?\d+$")
 
 
@@ -194,47 +197,68 @@ def layout_of(text_columns: str, label_column: str, names: list[str]) -> Layout:
     return Layout(text, label_column or DEFAULT_LABEL)
 
 
-def missing_column(path: Path, line: int, names: list[str], layout: Layout) -> str:
+def column_hint(column: str, layout: Layout, options: dict[str, str]) -> str:
+    """What to do about a column the file lacks: name its columns with the option that chose it."""
+    return f"name the file's columns with {options['text_columns' if column in layout.text else 'label_column']}"
+
+
+def quoted(names) -> str:
+    """A file's column names for a message, each quoted (a header cell or a JSON key may hold any text:
+    a newline, a line of ftc's own log) and shortened."""
+    return ", ".join(repr(short(name)) for name in names) or "none"
+
+
+def missing_column(path: Path, line: int, names: list[str], layout: Layout, options: dict[str, str]) -> str:
     """The problem line for the first of the layout's columns the file lacks, '' when it has them all."""
     missing = [c for c in (*layout.text, layout.label) if c not in names]
     if not missing:
         return ""
-    given = "TEXT_COLUMNS" if missing[0] in layout.text else "LABEL_COLUMN"
-    return (f"{path}: line {line}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
-            f"name the file's columns with {given}")
+    return (f"{path}: line {line}: no column {missing[0]!r} (columns: {quoted(names)}); "
+            f"{column_hint(missing[0], layout, options)}")
 
 
-def scan(path: Path, layout: Layout | None, text_columns: str = "", label_column: str = "") -> tuple:
+def scan(path: Path, layout: Layout | None, text_columns: str = "", label_column: str = "",
+         options: dict[str, str] = OPTIONS) -> tuple:
     """(layout, label keys, rows, problems) of one file, read once. `layout` None: found from this
-    file's header (CSV, TSV) or first object (JSON) and the flags (the training file)."""
-    keys, problems, count = set(), [], 0
+    file's header (CSV, TSV) or first object (JSON) and the flags (the training file). A column
+    absent from every JSON object is one problem, not one a row."""
+    keys, problems, count = set(), [], 0  # problems: (line, what), line 0 for the whole file's
+    absent: dict[str, list[tuple[int, str]]] = {}  # a column -> the problem of each object without it
+    objects, present = 0, {}  # JSON objects read, and their keys in the order first seen
     try:
         for line, row, problem in records(path):
             if problem == "header" or (row is not None and layout is None):
                 layout = layout or layout_of(text_columns, label_column, list(row))
                 if layout.label in layout.text:
                     return layout, keys, count, [
-                        f"{path}: line {line}, column {layout.label!r}: both a text column (TEXT_COLUMNS) and the "
-                        "label column (LABEL_COLUMN); allowed: text columns other than the label's"]
-                missing = missing_column(path, line, list(row), layout) if problem == "header" else ""
+                        f"{path}: line {line}, column {layout.label!r}: both a text column "
+                        f"({options['text_columns']}) and the label column ({options['label_column']}); "
+                        "allowed: text columns other than the label's"]
+                missing = missing_column(path, line, list(row), layout, options) if problem == "header" else ""
                 if missing:
                     return layout, keys, count, [missing]
                 if problem == "header":
                     continue
             if row is None:
-                problems.append(f"{path}: line {line}{',' if problem.startswith('column ') else ':'} {problem}")
+                problems.append((line, f"{path}: line {line}{',' if problem.startswith('column ') else ':'} {problem}"))
                 continue
+            objects += 1
+            present.update(dict.fromkeys(row))
             found = row_problem(row, layout)
             if found:
-                problems.append(f"{path}: line {line}, column {found[0]!r}: {found[1]}")
+                said = (line, f"{path}: line {line}, column {found[0]!r}: {found[1]}")
+                (problems if found[0] in row else absent.setdefault(found[0], [])).append(said)
                 continue
             keys.add(label_key(row[layout.label]))
             count += 1
     except UnicodeDecodeError as exc:
-        problems.append(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save it as UTF-8")
+        problems.append((sys.maxsize, f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save it as UTF-8"))
+    for column, said in absent.items():
+        problems += [(0, f"{path}: no row has column {column!r} (columns: {quoted(present)}); "
+                         f"{column_hint(column, layout, options)}")] if len(said) == objects else said
     if not count and not problems:
-        problems.append(f"{path}: no rows" + (" after the header" if layout else ""))
-    return layout, keys, count, problems
+        problems.append((0, f"{path}: no rows" + (" after the header" if layout else "")))
+    return layout, keys, count, [what for _, what in sorted(problems, key=lambda problem: problem[0])]
 
 
 def row_problem(row: dict, layout: Layout) -> tuple[str, str] | None:
@@ -249,17 +273,24 @@ def row_problem(row: dict, layout: Layout) -> tuple[str, str] | None:
     return None
 
 
-def check(train: Path, validation: Path, text_columns: str = "", label_column: str = "") -> Task:
-    """Both files read whole, here, before anything launches: the task they make. Raises
+def check(train: Path, validation: Path, text_columns: str = "", label_column: str = "",
+          options: dict[str, str] = OPTIONS) -> Task:
+    """Both files read whole, here, before anything launches: the task they make (see examine)."""
+    return examine(train, validation, text_columns, label_column, options)[0]
+
+
+def examine(train: Path, validation: Path, text_columns: str = "", label_column: str = "",
+            options: dict[str, str] = OPTIONS) -> tuple[Task, int]:
+    """Both files read whole: the task they make and the training file's row count. Raises
     DataProblems with every problem (at most MAX_PROBLEMS a file), each naming file, line, column."""
-    layout, keys, _, problems = scan(train, None, text_columns, label_column)
+    layout, keys, rows, problems = scan(train, None, text_columns, label_column, options)
     if problems:
         raise DataProblems(capped(problems))
     classes = classes_of(keys)
     if classes is not None and len(classes) < 2:
         raise DataProblems([f"{train}: column {layout.label!r}: one class only ({classes[0]}); "
                             "classification needs at least 2"])
-    _, dev_keys, _, problems = scan(validation, layout)
+    _, dev_keys, _, problems = scan(validation, layout, options=options)
     if problems:
         raise DataProblems(capped(problems))
     if classes is None:
@@ -271,7 +302,7 @@ def check(train: Path, validation: Path, text_columns: str = "", label_column: s
     if stray:
         raise DataProblems(capped([f"{validation}: column {layout.label!r}: label {short(label)!r} {what}"
                                    for label in stray]))
-    return task_of(layout, classes)
+    return task_of(layout, classes), rows
 
 
 def capped(problems: list[str]) -> list[str]:

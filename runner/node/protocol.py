@@ -3,12 +3,16 @@ print that the controller reads, the files they leave for it, and the exit code 
 The node programs write with the functions here, the controller parses with them; both import this
 module (standard library only: it ships to every node with the rest of runner/node/).
 
-A training log line reaches the controller as `[rank] HH:MM:SS message` in output.log: mpirun puts
-the rank before it (report.split_rank takes it off), the training program's logger the clock
-(LOG_FORMAT; split_clock takes it off), and the message is what a `*_line` function here wrote.
-Each `parse_*` function returns None for a line that is not its kind: a log may hold any text.
+A training log line reaches the controller as `[rank] MARK HH:MM:SS message` in output.log: mpirun
+puts the rank before it (report.split_rank takes it off), the training program's logger the job's
+mark and the clock (log_format; split_logged takes them off), and the message is what a `*_line`
+function here wrote. output.log also holds what anything else on a rank printed (a library's
+warning, a traceback quoting your data, your own script's output in `ftc launch`): only a line that
+carries the job's mark (line_mark) is the protocol's, so no such text is ever read as progress,
+metrics or a checkpoint. Each `parse_*` function returns None for a message that is not its kind.
 """
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, fields
@@ -21,27 +25,52 @@ PREEMPTED_FILE = "preempted.json"  # in the job's directory: Preempted, when the
 CHECKPOINT_FILE = "checkpoints/last.pt"  # in the job's directory: the last checkpoint, what a resume starts from
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the training program stopped on purpose, resumable
 
-# The training program's log format (logging's), whose clock split_clock reads back.
-LOG_FORMAT, LOG_CLOCK = "%(asctime)s %(message)s", "%H:%M:%S"
-CLOCK = re.compile(r"(\d\d):(\d\d):(\d\d) ")
+# ---- which lines are the protocol's ----------------------------------------------------------------------
+
+# A line the controller reads starts with the job's mark: a hash of the job's id, given to the training
+# program in its launch environment (LOG_MARK_ENV) and computed again by the controller from the id it
+# recorded, so nothing more is stored. Your data and your script's prints were written without it (a
+# script job's environment never holds it), so they cannot carry it by accident; whatever else they
+# hold, a line without it is only text.
+LOG_MARK_ENV = "FTC_LOG_MARK"
+LOG_CLOCK = "%H:%M:%S"
+LOGGED = re.compile(r"(ftc-[0-9a-f]{12}) (\d\d):(\d\d):(\d\d) ")
 # A number as Python's float() reads it (and as f"{x:.4f}" writes NaN and infinities): a line with
 # anything else in a number's place is not the line it looks like, so reading it cannot fail.
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf)"
 
 
+def line_mark(job_id: str) -> str:
+    """The mark at the start of every line the training program's logger writes for this job."""
+    return "ftc-" + hashlib.sha256(f"ftc log line of job {job_id}".encode()).hexdigest()[:12]
+
+
+def log_format(mark: str) -> str:
+    """logging's format of the training program's lines: the job's mark (none in a run by hand, which
+    no controller reads), the clock, the message."""
+    return f"{mark} %(asctime)s %(message)s" if mark else "%(asctime)s %(message)s"
+
+
+@dataclass
+class Logged:
+    """A line the training program's logger wrote (mpirun's rank prefix taken off)."""
+    mark: str  # the job's line_mark
+    seconds: int  # since midnight, by the logger's clock
+    message: str  # what a `*_line` function wrote, or another message of the program's
+
+
+def split_logged(text: str) -> Logged | None:
+    """The logger's line, taken apart; None for a line of any other shape."""
+    found = LOGGED.match(text)
+    if not found:
+        return None
+    mark, hours, minutes, seconds = found.groups()
+    return Logged(mark, int(hours) * 3600 + int(minutes) * 60 + int(seconds), text[found.end():])
+
+
 def strict_json(data, indent: int | None = 2) -> str:
     """Every JSON a node writes: strict (no NaN or Infinity; non-finite values are null already)."""
     return json.dumps(data, indent=indent, allow_nan=False)
-
-
-def split_clock(text: str) -> tuple[int | None, str]:
-    """A log line (mpirun's rank prefix taken off): the seconds since midnight of its clock (None:
-    a line without one, not the logger's) and the message after it."""
-    found = CLOCK.match(text)
-    if not found:
-        return None, text
-    hours, minutes, seconds = (int(g) for g in found.groups())
-    return hours * 3600 + minutes * 60 + seconds, text[found.end():]
 
 
 # ---- the training log's lines ------------------------------------------------------------------------
@@ -113,9 +142,8 @@ def checkpoint_line(c: CheckpointSaved) -> str:
 CHECKPOINT = re.compile(r"checkpoint saved: epoch (\d+)(?: batch (\d+) \(spot interruption notice\))? -> (.+)$")
 
 
-def parse_checkpoint(line: str) -> CheckpointSaved | None:
-    """Anywhere in a line of output, rank prefix and clock included."""
-    found = CHECKPOINT.search(line.rstrip("\r\n"))
+def parse_checkpoint(message: str) -> CheckpointSaved | None:
+    found = CHECKPOINT.match(message.rstrip("\r\n"))
     if not found:
         return None
     epochs, batch, path = found.groups()
@@ -126,9 +154,11 @@ DONE = "done"  # every rank's last log line, once it has left the process group
 
 
 def ended(log_text: str) -> bool:
-    """A rank's log (logs/rank<r>.log) ran to its end: its last line is DONE."""
+    """A rank's log (logs/rank<r>.log, written only through the program's log handler) ran to its end:
+    its last line is DONE."""
     lines = log_text.rstrip().splitlines()
-    return bool(lines) and split_clock(lines[-1])[1] == DONE
+    last = split_logged(lines[-1]) if lines else None
+    return last is not None and last.message == DONE
 
 
 # ---- the bootstrap verification's line (allreduce_check.py) ---------------------------------------
@@ -268,6 +298,8 @@ class TrainResults:
     started_at: str  # ISO 8601, UTC
     finished_at: str
     labels: list[str] | None = None  # the classes in index order (the model's id2label); None: regression
+    compile_cache: str = "none"  # warm | cold: the node's kernel cache when the compile began; none: not compiled
+    compile_seconds: float | None = None  # what the compile cost rank 0's first steps; None: not compiled
 
     def to_dict(self) -> dict:
         """The file's layout: the fields in order, the dev metrics as top-level keys after epoch_metrics."""

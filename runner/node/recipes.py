@@ -11,3 +11,29 @@ RECIPES = {
                  grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
                  gloo_threads="inherit"),
 }
+
+# Your own data of a few hundred rows: the ftc recipe's lr 2e-5 over its few global batches of 64
+# barely moves the weights (160 clearly separable rows: 0.60 dev accuracy, lr 2e-4 without dropout: 1.00).
+# Such a file gets more, smaller steps at 10x the rate, without dropout, wherever the user left them unset.
+SMALL_DATA_ROWS = 1000  # a training file under this many rows is small
+SMALL_DATA = dict(lr=2e-4, epochs=3, batch_size=8, dropout=0.0)
+
+
+def small_data(rows: int, given: set[str]) -> dict:
+    """The settings a training file of `rows` rows gets in place of the ftc recipe's: SMALL_DATA less
+    the settings in `given` (set by the user); {} when the file is not small. Pure."""
+    if rows >= SMALL_DATA_ROWS:
+        return {}
+    return {key: value for key, value in SMALL_DATA.items() if key not in given}
+
+
+def small_data_line(chosen: dict, rows: int, options: dict[str, str]) -> str:
+    """The one line that says the small-data settings ran, and why; `options` names each setting as the
+    user would set it (`--lr` or `LR`). Pure."""
+    words = {"lr": f"lr {chosen.get('lr', 0):.0e}".replace("e-0", "e-"), "epochs": f"{chosen.get('epochs')} epochs",
+             "batch_size": f"batch size {chosen.get('batch_size')} per rank", "dropout": "no dropout"}
+    settings = ", ".join(words[key] for key in SMALL_DATA if key in chosen)
+    named = [options[key] for key in SMALL_DATA if key in chosen]
+    override = " or ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    return (f"recipe: small-data ({settings}) because the job trains on {rows} rows (under {SMALL_DATA_ROWS}); "
+            f"set {override} to override")

@@ -24,6 +24,7 @@ to 128, batch 32 per rank, lr 2e-5, 3 epochs), so both can be compared on the sa
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from .protocol import (
     DONE,
     EXIT_PREEMPTED,
     LOG_CLOCK,
-    LOG_FORMAT,
+    LOG_MARK_ENV,
     PREEMPTED_FILE,
     RESULTS_FILE,
     CheckpointSaved,
@@ -52,6 +53,7 @@ from .protocol import (
     TrainResults,
     checkpoint_line,
     dev_line,
+    log_format,
     progress_line,
     strict_json,
 )
@@ -88,6 +90,11 @@ from .ddp import (  # noqa: E402
 # pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
 # 1 rank: 345 steps, no; QQP: thousands, yes).
 COMPILE_MIN_STEPS = 1600
+# A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
+# the first's time: measured on the AMX host (docs/compile_cache.json).
+WARM_COMPILE_SHARE = 0.375
+# The note in a node's kernel cache of what was compiled there, and how long it took.
+COMPILED_FILE = "ftc-compiled.json"
 
 # The dropout probabilities of the architectures ftc is tested with (BERT/MiniLM, DistilBERT,
 # RoBERTa, DeBERTa-v2; ModernBERT's embedding and MLP dropout):
@@ -254,9 +261,7 @@ class StepStats:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    started_at = datetime.now(timezone.utc)
-    env = ENV
+    args, env, started_at = parse_args(argv), ENV, datetime.now(timezone.utc)
     out_dir = Path(args.output_dir)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = setup_logging(out_dir / "logs" / f"rank{env.rank}.log", env.master)
@@ -273,7 +278,7 @@ def main(argv=None) -> int:
 
     # ---- model and optimizer --------------------------------------------------------------------
     model, optimizer, scheduler = build_model(args, task, setup.precision, total_steps)
-    compile_note = maybe_compile(model, args.compile, total_steps, out_dir, log)
+    compiled = maybe_compile(model, args, setup.precision, total_steps, out_dir, env, log)
     start_epoch, history, step, position = 0, [], 0, EPOCH_START
     checkpoint_path = out_dir / CHECKPOINT_FILE
     if args.resume:
@@ -325,10 +330,11 @@ def main(argv=None) -> int:
             break
 
     # ---- results ----------------------------------------------------------------------------------
+    remember_compile(compiled, compile_seconds(stats), env)
     timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
         results = results_of(args, env, setup, stats, history, step, start_epoch, position, train, timeline,
-                             compile_note, started_at, task)
+                             compiled, started_at, task)
         write_results(results, model, tokenizer, out_dir, args.no_save, log)
     leave_group(env)
     log.info(DONE)
@@ -444,25 +450,95 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     return model, optimizer, scheduler
 
 
-def compile_choice(mode: str, total_steps: int) -> tuple[bool, str]:
-    """Whether to torch.compile, and why, in words for the log and results.json."""
+def compile_choice(mode: str, total_steps: int, cache: str = "cold") -> tuple[bool, str]:
+    """Whether to torch.compile, and why, in words for the log and results.json. With the node's
+    kernel cache warm (an earlier job compiled the same model and shapes there), the compile costs
+    WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
     if mode != "auto":
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
-    if total_steps >= COMPILE_MIN_STEPS:
-        return True, f"on (planned {total_steps} steps >= {COMPILE_MIN_STEPS}: the compile pays back)"
-    return False, f"off (planned {total_steps} steps < {COMPILE_MIN_STEPS}: the compile would not pay back)"
+    min_steps = compile_min_steps(cache)
+    if total_steps >= min_steps:
+        return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
+    return False, (f"off (planned {total_steps} steps < {min_steps} with a {cache} kernel cache: "
+                   "the compile would not pay back)")
 
 
-def maybe_compile(model, mode: str, total_steps: int, out_dir: Path, log) -> str:
-    compiled, note = compile_choice(mode, total_steps)
+def compile_min_steps(cache: str) -> int:
+    return COMPILE_MIN_STEPS if cache == "cold" else math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE)
+
+
+def kernel_cache(out_dir: Path, stack: str) -> Path:
+    """Where compiled kernels are kept: per node and stack, outside the job directory, so the next
+    job of the same model and shapes on this node reuses them (unless the launcher chose a place)."""
+    if INDUCTOR_CACHE_GIVEN:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    node_dir = os.environ.get("FTC_NODE_DIR")
+    return Path(node_dir) / "cache" / f"inductor-{stack}" if node_dir else out_dir / "inductor-cache"
+
+
+def compile_signature(args, precision: str) -> str:
+    """What the kept kernels depend on: the model, the shapes a step sees, precision and torch."""
+    return "|".join(map(str, (args.model, args.batch_size, args.max_length, args.pad_to, precision,
+                              args.dropout, torch.__version__)))
+
+
+def compiled_before(cache_dir: Path) -> dict:
+    """The cache's note of what was compiled into it, and how long each compile took."""
+    try:
+        return json.loads((cache_dir / COMPILED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cache_state(cache_dir: Path, signature: str, env) -> str:
+    """warm when every node's cache holds kernels compiled for this signature, else cold: the
+    ranks must agree, or one would wait at its first step on another's compile."""
+    warm = torch.tensor([int(signature in compiled_before(cache_dir))])
+    if env.world_size > 1:
+        dist.all_reduce(warm, op=dist.ReduceOp.MIN)
+    return "warm" if warm.item() else "cold"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What maybe_compile decided, for the log, results.json and the cache's note."""
+    note: str  # whether torch.compile ran, and why, in words
+    cache: str  # warm | cold: the node's kernel cache when the compile began; none: not compiled
+    cache_dir: Path
+    signature: str  # compile_signature
+
+
+def maybe_compile(model, args, precision: str, total_steps: int, out_dir: Path, env, log) -> Compiled:
+    cache_dir = kernel_cache(out_dir, args.stack)
+    signature = compile_signature(args, precision)
+    cache = cache_state(cache_dir, signature, env) if args.compile != "off" else "cold"
+    compiled, note = compile_choice(args.compile, total_steps, cache)
     log.info(f"compile: {note}")
-    if compiled:
-        # In place, so the state dict (checkpoints, the saved model) keeps its names. The
-        # compiled artefacts are cached in the job directory: a resumed run reuses them.
-        if not INDUCTOR_CACHE_GIVEN:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((out_dir / "inductor-cache").resolve())
-        model.compile(dynamic=True)
-    return note
+    if not compiled:
+        return Compiled(note, "none", cache_dir, signature)
+    # In place, so the state dict (checkpoints, the saved model) keeps its names.
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
+    model.compile(dynamic=True)
+    return Compiled(note, cache, cache_dir, signature)
+
+
+def compile_seconds(stats: "StepStats") -> float:
+    """The compile's cost, measured: what the first (untimed) steps took beyond steady steps."""
+    steady = stats.steady_seconds / max(1, stats.steps_run - stats.warmup_steps)
+    return max(0.0, stats.seconds - stats.steady_seconds - min(stats.warmup_steps, stats.steps_run) * steady)
+
+
+def remember_compile(compiled: Compiled, seconds: float, env) -> None:
+    """Each node's first rank notes in its cache what was compiled, and how long it took cold
+    or warm (written whole, then renamed: a reader never sees half a note)."""
+    if compiled.cache == "none" or env.local_rank != 0:
+        return
+    notes = compiled_before(compiled.cache_dir)
+    notes.setdefault(compiled.signature, {})[f"{compiled.cache}_s"] = round(seconds, 1)
+    partial = compiled.cache_dir / f"{COMPILED_FILE}.{os.getpid()}"
+    partial.write_text(json.dumps(notes, indent=1))
+    partial.replace(compiled.cache_dir / COMPILED_FILE)
 
 
 # ---- DDP --------------------------------------------------------------------------------------------
@@ -695,14 +771,15 @@ def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int,
 # ---- results ----------------------------------------------------------------------------------------
 
 def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: int, start_epoch: int,
-               position: dict, train: dict, timeline: list[dict], compile_note: str,
+               position: dict, train: dict, timeline: list[dict], compiled: Compiled,
                started_at: datetime, task: glue.Task) -> TrainResults:
     several = env.world_size > 1
     return TrainResults(
         task=args.task, model=args.model, recipe=args.recipe, stack=args.stack,
         backend=setup.backend, precision=setup.precision, native_bf16=setup.native_bf16,
         grad_compress=setup.grad_compress, grad_sync=not args.no_grad_sync,
-        embedding_sync=args.embedding_sync if several else "none", compile=compile_note,
+        embedding_sync=args.embedding_sync if several else "none", compile=compiled.note,
+        compile_cache=compiled.cache, compile_seconds=round(compile_seconds(stats), 1) if compiled.cache != "none" else None,
         allreduce=args.allreduce if several else "none", balance=args.balance if several else "none",
         gloo_threads=args.gloo_threads if several else "none",
         nodes=env.world_size // max(1, env.local_world_size), ranks_per_node=env.local_world_size,
@@ -737,7 +814,8 @@ def write_results(results: TrainResults, model, tokenizer, out_dir: Path, no_sav
 def setup_logging(path: Path, master: bool) -> logging.Logger:
     log = logging.getLogger("ftc")
     log.setLevel(logging.INFO)
-    formatter = logging.Formatter(LOG_FORMAT, LOG_CLOCK)
+    # every line carries the job's mark (protocol.line_mark): the controller reads only such lines
+    formatter = logging.Formatter(log_format(os.environ.get(LOG_MARK_ENV, "")), LOG_CLOCK)
     handler = logging.FileHandler(path)
     handler.setFormatter(formatter)
     log.addHandler(handler)

@@ -1,0 +1,62 @@
+"""What a node's kept kernel cache saves: the same compiled training job twice on the same cores,
+the first with an empty cache (cold), the second reading what the first wrote (warm). Run by hand
+(on the AMX host for docs/compile_cache.json); the trainer's own compile_seconds, from results.json.
+
+    python tests/compile_cache_compare.py --data-dir GLUE --tokenizer DIR --cores 0-3 --out docs/compile_cache.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runner.bench import make_distilbert  # noqa: E402
+from runner.node.facts import cpu_info  # noqa: E402
+
+
+def one_job(work: Path, node_dir: Path, name: str, args) -> dict:
+    """One compiled job of `args.steps` steps; its results.json."""
+    out = work / name
+    env = {**os.environ, "FTC_NODE_DIR": str(node_dir), "OMP_NUM_THREADS": str(len(args.cpus))}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    subprocess.run(["taskset", "-c", args.cores, sys.executable, "-m", "runner.node.train", "--task", "mrpc",
+                    "--data-dir", args.data_dir, "--model", str(args.model), "--random-init", "--compile", "on",
+                    "--max-steps", str(args.steps), "--no-eval", "--no-save", "--output-dir", str(out)],
+                   env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
+    return json.loads((out / "results.json").read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--cores", default="0-3")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", default="docs/compile_cache.json")
+    args = p.parse_args()
+    first, _, last = args.cores.partition("-")
+    args.cpus = list(range(int(first), int(last or first) + 1))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        args.model = make_distilbert(work / "model", Path(args.tokenizer), args.layers)
+        cold = one_job(work, work / "node", "cold", args)
+        warm = one_job(work, work / "node", "warm", args)
+    assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm"), (cold["compile_cache"], warm["compile_cache"])
+    report = {"date": date.today().isoformat(), "cpu": cpu_info()[0], "cores": len(args.cpus),
+              "model": f"distilbert, {args.layers} layers", "steps": args.steps, "precision": cold["precision"],
+              "cold_compile_s": cold["compile_seconds"], "warm_compile_s": warm["compile_seconds"],
+              "warm_share": round(warm["compile_seconds"] / cold["compile_seconds"], 3),
+              "steady_samples_per_s": [cold["steady_samples_per_second"], warm["steady_samples_per_second"]]}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

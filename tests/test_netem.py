@@ -1,0 +1,112 @@
+"""runner/netem.py: the emulated AWS network of `ftc bench --network`: its pure parts (rates, names,
+addresses, command lines), and one real build of it for 2 nodes whose TCP flows keep their caps."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from runner import netem
+from runner.netem import Layout, LinkRates
+
+
+def test_the_links_scale_with_the_simulated_nodes_compute_and_gradient_against_the_real_ones():
+    # a c7i.16xlarge by the plan: 316 rows/s, a 134 MB bf16 gradient; a 4-core simulated node: 39.5 rows/s, the same
+    rates = netem.scaled_rates(10, 25, 39.5, 134e6, 316, 134e6)
+    assert rates.scale == pytest.approx(0.125)
+    assert (rates.flow_gbit, rates.node_gbit) == (pytest.approx(1.25), pytest.approx(3.125))
+    # twice the bytes on the simulated wire (fp32) needs twice the bandwidth for the same share of a step
+    assert netem.scaled_rates(10, 25, 39.5, 268e6, 316, 134e6).scale == pytest.approx(0.25)
+    # the step's compute against its transfer is the real node's
+    sim_step, real_step = 32 / 39.5, 32 / 316
+    sim_transfer, real_transfer = 134e6 * 8 / (rates.flow_gbit * 1e9), 134e6 * 8 / 10e9
+    assert sim_step / sim_transfer == pytest.approx(real_step / real_transfer)
+
+
+def test_a_rate_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match="sim_rows_per_s must be positive"):
+        netem.scaled_rates(10, 25, 0, 1e6, 316, 134e6)
+
+
+@pytest.mark.parametrize("flow, node, flows", [(10, 25, 3), (10, 12.5, 2), (10, 10, 1), (10, 50, 5), (10, 5, 1)])
+def test_enough_flows_to_fill_a_node_and_no_more(flow, node, flows):
+    assert netem.flows_to_fill(LinkRates(flow, node, 1.0)) == flows
+
+
+def test_every_namespace_carries_the_owners_pid_and_every_address_stays_in_10_slash_8():
+    layout = Layout(4242, 2, 3, LinkRates(0.2, 0.5, 0.02))
+    assert layout.namespaces() == ["ftcnet-4242-sw", "ftcnet-4242-r0", "ftcnet-4242-n0", "ftcnet-4242-r1",
+                                   "ftcnet-4242-n1"]
+    assert layout.interfaces() == ["f0", "f1", "f2"] and layout.interfaces(1) == ["f0"]
+    assert layout.address(1, 2) == "10.202.1.2" and layout.master_addr == "10.200.0.2"
+    commands = netem.setup_commands(layout)
+    # every command acts inside one of the layout's namespaces, none on the host's own network
+    for cmd in commands:
+        ns = cmd[cmd.index("-n") + 1] if "-n" in cmd else cmd[cmd.index("exec") + 1]
+        assert ns in layout.namespaces(), cmd
+    addresses = [cmd[cmd.index("add") + 1] for cmd in commands if cmd[:1] == ["ip"] and "addr" in cmd]
+    assert addresses and all(a.startswith("10.") for a in addresses)
+
+
+def test_each_flow_is_shaped_at_the_flow_cap_and_each_uplink_at_the_nodes_rate_both_ways():
+    layout = Layout(7, 2, 2, LinkRates(0.2, 0.5, 0.02))
+    shaped = {(cmd[2], cmd[cmd.index("dev") + 1]): cmd[cmd.index("rate") + 1]
+              for cmd in netem.setup_commands(layout) if cmd[0] == "tc"}
+    for i in range(2):
+        for j in range(2):
+            assert shaped[(layout.node_ns(i), f"f{j}")] == shaped[(layout.router_ns(i), f"d{j}")] == "200000kbit"
+        assert shaped[(layout.router_ns(i), "uplink")] == shaped[(layout.switch_ns, f"p{i}")] == "500000kbit"
+    assert len(shaped) == 2 * (2 * 2 + 2)
+
+
+def test_a_token_bucket_passes_a_whole_gso_packet_and_queues_50_ms():
+    low = netem.shape("ns", "f0", 0.1)  # 12.5 MB/s
+    assert low[low.index("burst") + 1] == str(128 * 1024)
+    assert int(low[low.index("limit") + 1]) == 128 * 1024 + 12_500_000 // 20
+    high = netem.shape("ns", "f0", 10)  # 1.25 GB/s: 2 ms of it
+    assert high[high.index("burst") + 1] == str(1_250_000_000 // 500)
+
+
+def test_only_namespaces_of_a_gone_process_are_stale():
+    names = ["ftcnet-100-n0", "ftcnet-100-sw", "ftcnet-200-n0", "ftcnet-x-n0", "other-100-n0", "ftcnet-300-probe"]
+    assert netem.stale_namespaces(names, alive=lambda pid: pid == 200) == ["ftcnet-100-n0", "ftcnet-100-sw",
+                                                                           "ftcnet-300-probe"]
+
+
+def test_a_rank_enters_its_own_nodes_namespace_by_its_launchers_rank():
+    layout = Layout(55, 2, 1, LinkRates(1, 1, 1))
+    command = netem.in_node(layout, ["python", "-c", "pass"])
+    enter = {**os.environ, "PMI_RANK": "1"}
+    printed = subprocess.run(["bash", "-c", command[2].replace("exec ip netns exec", "echo"), *command[3:]],
+                             env=enter, capture_output=True, text=True).stdout
+    assert printed.split() == ["ftcnet-55-n1", "python", "-c", "pass"]
+    enter = {k: v for k, v in os.environ.items() if k != "PMI_RANK"} | {"OMPI_COMM_WORLD_RANK": "0"}
+    printed = subprocess.run(["bash", "-c", command[2].replace("exec ip netns exec", "echo"), *command[3:]],
+                             env=enter, capture_output=True, text=True).stdout
+    assert printed.split()[0] == "ftcnet-55-n0"
+
+
+def test_a_layout_out_of_the_address_plan_is_refused():
+    with pytest.raises(ValueError, match="allowed 1..200 x 1..50"):
+        Layout(1, 201, 1, LinkRates(1, 1, 1))
+
+
+def namespaces() -> list[str]:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
+                    reason="builds network namespaces and tc qdiscs: needs root and iproute2's ip and tc")
+def test_one_flow_keeps_its_cap_several_share_the_nodes_rate_and_nothing_is_left():
+    layout = Layout(os.getpid(), 2, 3, LinkRates(flow_gbit=0.1, node_gbit=0.25, scale=0.01))
+    with netem.Network(layout):
+        assert set(layout.namespaces()) <= set(namespaces())
+        one = netem.tcp_gbit(layout, 1, 12.5)  # about a second at the cap
+        two = netem.tcp_gbit(layout, 2, 12.5)
+        three = netem.tcp_gbit(layout, 3, 12.5)
+    assert not [ns for ns in namespaces() if ns.startswith(layout.tag + "-")]
+    assert 0.03 < one <= 1.3 * 0.1  # one flow: at most its cap
+    assert two >= 1.4 * one  # a second interface is a second flow
+    assert three <= 1.3 * 0.25  # together, at most the node's rate
