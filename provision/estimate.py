@@ -51,9 +51,23 @@ class Levers:
     accumulate: int  # micro-batches per all-reduce; above 1 the recipe changes (global batch, lr), so only on request
 
 
-# What ftc's jobs do today: gloo's ring opens one connection to each neighbour, the ftc recipe
-# reduces after backward, nothing accumulates. Switch it to what the bench measures best (issue 28).
+# The model's levers when given none: one connection to each ring neighbour, the all-reduce after
+# backward, nothing accumulated. ftc's jobs open more flows where the instance's link holds them:
+# default_levers.
 DEFAULT_LEVERS = Levers(flows=1, overlap=False, accumulate=1)
+
+
+def flows_to_fill(network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> int:
+    """The fewest TCP flows whose caps together reach the instance's bandwidth (3 for 25 Gbit/s)."""
+    return max(1, math.ceil(network_gbps / flow_gbps - 1e-9))
+
+
+def default_levers(network_gbps: float) -> Levers:
+    """What ftc's jobs do on an instance of `network_gbps`: gloo given as many flows per peer as fill
+    its link (provision/launch.default_flows; on the emulated c7i network 3 flows trained at 0.78
+    efficiency on 2 nodes, one flow at 0.51: docs/bench.json network), the all-reduce after backward,
+    nothing accumulated."""
+    return replace(DEFAULT_LEVERS, flows=flows_to_fill(network_gbps))
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
 
 
@@ -169,7 +183,7 @@ def describe_levers(levers: Levers, network_gbps: float) -> str:
 def alternative_levers(levers: Levers, network_gbps: float) -> list[Levers]:
     """What to try when more nodes do not pay: enough flows to fill the instance's link, overlapped with
     backward; and accumulation (which changes the recipe) where there is none."""
-    flows = max(levers.flows, math.ceil(network_gbps / EC2_FLOW_GBPS))
+    flows = max(levers.flows, flows_to_fill(network_gbps))
     options = []
     if (flows, True) != (levers.flows, levers.overlap):
         options.append(replace(levers, flows=flows, overlap=True))

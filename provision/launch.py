@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from runner.node.facts import ALLOCATORS, NodeFacts
 
 from . import state as st
+from .catalog import INSTANCE_TYPES
+from .estimate import flows_to_fill
 from .providers import traits
 from .templates import render
 
@@ -141,9 +143,24 @@ def node_python(state: st.ClusterState, facts: list[NodeFacts], node: st.NodeInf
     return facts[0 if traits(state.provider).shares_this_machine else node.index].python_executable
 
 
+def default_flows(state: st.ClusterState) -> int:
+    """gloo's TCP connections to each peer when the job names none: on catalog instances as many as
+    fill the instance's link, since the cloud caps each flow (estimate.flows_to_fill: 3 at 25 Gbit/s);
+    elsewhere one. Pure."""
+    if not traits(state.provider).instance_types:
+        return 1
+    return flows_to_fill(INSTANCE_TYPES[state.cluster_spec.instance_type].network_gbps)
+
+
+def gloo_devices(interface: str, flows: int) -> str:
+    """GLOO_SOCKET_IFNAME for `flows` connections per peer: gloo opens one per device named, and the
+    collectives in flight at once (ftc's gradient buckets) go out on different ones. Pure."""
+    return ",".join([interface] * flows)
+
+
 def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
                    args: list[str], ppn: int | None = None, program: list[str] | None = None,
-                   env: dict[str, str] | None = None) -> LaunchSpec:
+                   env: dict[str, str] | None = None, flows: int | None = None) -> LaunchSpec:
     """The launch of a node program across this cluster, from its state and node facts. `job_dir` and
     the paths in `args` are the head's; each node's ranks get them in its own directory (node_path)."""
     head, wd = facts[0], state.head.workdir
@@ -158,5 +175,6 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
         description=description, job_dir=job_dir, hostfile=f"{wd}/hostfile", nodes=len(state.nodes),
         plan=plan_ranks(named, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,
-        gloo_iface=head.interface, stack=stack, allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
+        gloo_iface=gloo_devices(head.interface, flows or default_flows(state)), stack=stack,
+        allocator=pick_allocator(head), env_file=f"{wd}/env.sh",
         as_root=state.head.ssh_user == "root", program=program or [], env=env or {}, places=places)

@@ -152,7 +152,8 @@ def _launch_parser(sub) -> None:
     p = sub.add_parser("launch", help="run your own training script on every rank: ftc launch -- train.py [ARGS...]")
     _name_flag(p)
     p.add_argument("--workdir", default=None, help="the folder copied to every node (default: the script's own)")
-    p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
+    p.add_argument("--ppn", default=None, help="ranks per node (default: one per 4 physical cores, at least one per socket, "
+                                                 "as for ftc's jobs)")
     p.add_argument("--output", default=None,
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
     p.add_argument("--requirements", default=None, help="a requirements file installed into the stack on every node")
@@ -508,10 +509,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     recipe = RECIPES["ftc"]
     batch = recipe["batch_size"] if args.batch_size is None else JOB_PARSERS["batch_size"]("batch_size", args.batch_size)
-    levers = plan.plan_levers(args)
     bench = plan.bench_figures(args.bench)
     model, params = plan.plan_model(args.model)
     cls = estimate.xeon_class(kind.native_bf16)
+    levers = plan.plan_levers(args, kind.network_gbps)
     rate, source = plan.plan_rate(args.samples_per_s, bench, kind, cls, params)
 
     def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:

@@ -83,7 +83,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                               "runner.node.train",
                               train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
                                          metadata_endpoint() if state.cluster_spec.spot else ""),
-                              ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)})
+                              ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
     except ValueError as exc:
         raise UsageError(f"PPN={job.ppn}: {exc}") from None
     if render_only:
@@ -91,7 +91,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         return 0
     refuse_unreachable_inputs(job, state.provider)
     settings = {**job_settings(job), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
-                "threads_per_rank": spec.plan.threads}
+                "threads_per_rank": spec.plan.threads, "flows": len(spec.gloo_iface.split(","))}
     if resume or resume_from:
         runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)

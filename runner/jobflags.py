@@ -26,6 +26,8 @@ JOB_FLAGS = {
                  "backward: may hide the transfer on a real network)",
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
                "PyTorch's fused kernel (faster: docs/performance.md)",
+    "flows": "gloo TCP connections per peer (default: on EC2 as many as fill the instance's link, 3 at 25 Gbit/s, "
+             "since each flow is capped at 10; elsewhere 1)",
     "ppn": "ranks per node (default: one per 4 physical cores, at least one per socket)",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",

@@ -41,7 +41,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "max_eval_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
-           "allreduce": one_of(("after-backward", "overlap"))}
+           "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16)}
 RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
@@ -64,7 +64,8 @@ class JobSpec:
     precision: str = "auto"
     dropout: float | None = None  # None: the model's own
     allreduce: str = ""  # "": the recipe's (ftc: after-backward, seed: overlap)
-    ppn: int = 0  # 0: one per socket
+    ppn: int = 0  # 0: provision/launch.default_ppn
+    flows: int = 0  # gloo connections per peer; 0: provision/launch.default_flows
     results: str = ""
     checkpoint_s3: str = ""
 

@@ -19,13 +19,14 @@ that made it, so a later run removes what a killed one left (its pid gone), and 
 Pure functions decide (rates, names, addresses, every `ip`/`tc` command line); `Network` runs them.
 """
 
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+
+from provision import estimate
 
 PREFIX = "ftcnet-"
 MAX_NODES = 200  # the node index is an address octet
@@ -56,7 +57,7 @@ def scaled_rates(real_flow_gbit: float, real_node_gbit: float, sim_rows_per_s: f
 
 def flows_to_fill(rates: LinkRates) -> int:
     """The fewest flows whose caps together reach the node's aggregate (3 for 10 and 25 Gbit/s)."""
-    return max(1, math.ceil(rates.node_gbit / rates.flow_gbit - 1e-9))
+    return estimate.flows_to_fill(rates.node_gbit, rates.flow_gbit)
 
 
 @dataclass(frozen=True)

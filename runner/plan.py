@@ -36,14 +36,16 @@ def bench_figures(path: str) -> dict:
         raise UsageError(f"{label('bench')}={path!r}: {exc}; run `ftc bench --out DIR` for a sound one") from None
 
 
-def plan_levers(args: argparse.Namespace):
-    """The levers `ftc plan` models: its flags where given, else the defaults (estimate.DEFAULT_LEVERS)."""
-    from provision.estimate import DEFAULT_LEVERS, Levers
+def plan_levers(args: argparse.Namespace, network_gbps: float):
+    """The levers `ftc plan` models: its flags where given, else what ftc's jobs do on such an
+    instance (estimate.default_levers)."""
+    from provision.estimate import Levers, default_levers
     from runner.jobspec import PARSERS as JOB_PARSERS
-    flows = DEFAULT_LEVERS.flows if args.flows is None else whole(1, 64)("flows", args.flows)
-    overlap = DEFAULT_LEVERS.overlap if args.allreduce is None \
+    default = default_levers(network_gbps)
+    flows = default.flows if args.flows is None else whole(1, 64)("flows", args.flows)
+    overlap = default.overlap if args.allreduce is None \
         else JOB_PARSERS["allreduce"]("allreduce", args.allreduce) == "overlap"
-    accumulate = DEFAULT_LEVERS.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
+    accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
     return Levers(flows, overlap, accumulate)
 
 

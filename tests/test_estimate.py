@@ -140,7 +140,8 @@ def test_flows_lift_the_ring_to_the_instance_bandwidth():
 
 def test_default_levers_are_what_ftc_jobs_do():
     from runner.node.recipes import RECIPES
-    assert estimate.DEFAULT_LEVERS == estimate.Levers(flows=1, overlap=False, accumulate=1)
+    assert estimate.default_levers(25.0) == estimate.Levers(flows=3, overlap=False, accumulate=1)
+    assert [estimate.flows_to_fill(gbps) for gbps in (10.0, 12.5, 25.0, 50.0)] == [1, 2, 3, 5]
     assert RECIPES["ftc"]["allreduce"] == "after-backward"
 
 
@@ -238,7 +239,9 @@ def test_plan_json_prints_the_rows_and_the_recommendation_only(ftc_home):
 
 def test_plan_models_the_levers_it_is_given(ftc_home):
     default, levers = plan_json(), plan_json("--flows", "3", "--allreduce", "overlap")
-    assert levers["rows"][2]["allreduce_ms"] < default["rows"][2]["allreduce_ms"]  # 25 Gbit/s, not one flow's 10
+    one_flow = plan_json("--flows", "1")
+    assert one_flow["rows"][2]["allreduce_ms"] > default["rows"][2]["allreduce_ms"]  # one flow's 10 Gbit/s, not 25
+    assert levers["rows"][2]["allreduce_ms"] == default["rows"][2]["allreduce_ms"]  # the default fills the link
     assert levers["rows"][2]["efficiency"] > 0.9 > default["rows"][2]["efficiency"]  # hidden behind backward
     accumulated = plan_json("--accumulate", "4")
     assert accumulated["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]

@@ -121,3 +121,16 @@ def test_hostname_lines_drop_each_flavour_s_rank_tag():
     from provision.bootstrap import hostname_lines
     assert hostname_lines("[0] node-a\n[1] node-b\n") == ["node-a", "node-b"]  # Intel MPI, MPICH
     assert hostname_lines("[1,0]<stdout>:node-a\n[1,1]<stdout>:node-b\n\n") == ["node-a", "node-b"]  # Open MPI
+
+
+def test_gloo_gets_as_many_flows_as_fill_a_catalog_instances_link_and_one_elsewhere():
+    from provision import state as st
+    from provision.launch import default_flows, gloo_devices
+    from provision.spec import ClusterSpec
+
+    def state(provider: str, instance_type: str = "c6i.16xlarge") -> st.ClusterState:
+        spec = ClusterSpec(name="c", provider=provider, instance_type=instance_type)
+        return st.ClusterState(name="c", provider=provider, spec=spec.to_dict())
+    assert default_flows(state("aws", "c7i.16xlarge")) == 3  # 25 Gbit/s over flows capped at 10
+    assert default_flows(state("local")) == default_flows(state("ssh")) == 1
+    assert gloo_devices("ens5", 3) == "ens5,ens5,ens5" and gloo_devices("lo", 1) == "lo"

@@ -54,8 +54,12 @@ def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
 def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, glue_dir):
     render = ftc("finetune", "--name", cluster, "--render-only", *job_flags(minilm, glue_dir))
     assert render.returncode == 0 and "mpirun -f" in render.stdout and "-n 2 -ppn 1" in render.stdout
+    two_flows = ftc("finetune", "--name", cluster, "--render-only", "--flows", "2", *job_flags(minilm, glue_dir))
+    assert re.search(r"^export GLOO_SOCKET_IFNAME=(\w+),\1$", two_flows.stdout, re.M), two_flows.stdout
 
-    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, *job_flags(minilm, glue_dir, epochs=3)],
+    # gloo with two connections per peer: the job trains and its run records them
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, "--flows", "2",
+                                 *job_flags(minilm, glue_dir, epochs=3)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
     job_dir = held_job(ftc_home, cluster, follower)  # the job is training: now the follower goes away
@@ -83,6 +87,7 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, minilm, 
     assert (results_dir / "model" / "config.json").exists() and (results_dir / "model" / "model.safetensors").exists()
     assert {p.name for p in (results_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
     assert "finished" in ftc("status", "--name", cluster).stdout
+    assert json.loads((results_dir / "run.json").read_text())["flows"] == 2
     assert_no_secrets(ftc_home, [results_dir, Path(job["remote_dir"])], again.stdout + again.stderr)
 
 
