@@ -27,6 +27,7 @@ from runner.node.protocol import (
     BOOTSTRAP_FACTS,
     BOOTSTRAP_SKIP,
     BOOTSTRAP_STEP,
+    LOGIN_REFUSED,
     AllreduceReport,
     bootstrap_step_line,
     parse_allreduce,
@@ -122,9 +123,22 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "known_hosts": render("known_hosts.j2", nodes=state.nodes),
         "hostfile": render("hostfile.j2", nodes=state.nodes),
         "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=traits(state.provider).own_hosts),
-        "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name),
+        "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name, venv=venv, stacks=stacks_elsewhere(state, node)),
     }
     return {**files, **node_package()}
+
+
+def stacks_elsewhere(state: st.ClusterState, me: st.NodeInfo) -> dict[str, str]:
+    """For `me`'s bin/ssh: every node's name -> its stack's directory where that is not `me`'s, else "".
+    {} where every node's stack lies where `me`'s does (one path on every host: STACK_PYTHON, or one
+    home on every server) or the nodes share this machine (they run the head's files). Pure."""
+    if traits(state.provider).shares_this_machine:
+        return {}
+    mine = stack_venv(state, me)[0]
+    theirs = {node.name: stack_venv(state, node)[0] for node in state.nodes}
+    if set(theirs.values()) == {mine}:
+        return {}
+    return {name: "" if venv == mine else venv for name, venv in theirs.items()}
 
 
 def node_package() -> dict[str, str]:
@@ -264,19 +278,16 @@ def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step,
         return checked
 
 
-REFUSED = "ftc-login-refused"  # starts the line of each node node 0 could not log in to
-
-
 def check_logins(conn, state: st.ClusterState) -> None:
     """Node 0 logs in to every node by name with the cluster key (bin/ssh, as mpirun reaches them),
     so that a refusal is named here, with its likely cause, rather than met as mpirun's generic failure."""
     head, wd = state.head, shlex.quote(state.head.workdir)
     out = run(conn, head, "verify logins", f"for n in {' '.join(shlex.quote(n.name) for n in state.nodes)}; do "
-              f'why=$({wd}/bin/ssh "$n" true 2>&1 < /dev/null) || echo "{REFUSED} $n $(echo "$why" | tail -n 1)"; done')
+              f'why=$({wd}/bin/ssh "$n" true 2>&1 < /dev/null) || echo "{LOGIN_REFUSED} $n $(echo "$why" | tail -n 1)"; done')
     for line in out.splitlines():
-        if not line.startswith(f"{REFUSED} "):
+        if not line.startswith(f"{LOGIN_REFUSED} "):
             continue  # a banner a node's shell printed
-        name, _, reason = line[len(REFUSED) + 1:].partition(" ")
+        name, _, reason = line[len(LOGIN_REFUSED) + 1:].partition(" ")
         node = next(n for n in state.nodes if n.name == name)
         if "Permission denied" in reason:
             raise StepFailed(head.name, "verify logins", f"{node.name} ({node.ssh_user}@{node.private_ip}) refused the "
@@ -292,14 +303,14 @@ def facts_paths(state: st.ClusterState) -> list[Path]:
     return [st.cluster_dir(state.name) / "facts" / f"{node.index}.json" for node in state.nodes]
 
 
-def load_facts(name: str) -> list[NodeFacts]:
-    state = st.load(name)
+def load_facts(state: st.ClusterState) -> list[NodeFacts]:
+    """Every node's facts as its bootstrap recorded them; refused unless `state` is of a bootstrapped cluster."""
     paths = facts_paths(state)
     if st.half_made(state):
         raise UsageError(st.half_made(state))
     if state.phase != "bootstrapped" or not all(p.exists() for p in paths):
-        raise UsageError(f"{label('name')}={name!r} is not bootstrapped (phase {state.phase}); "
-                         f"run `{command('bootstrap', name=name)}` first")
+        raise UsageError(f"{label('name')}={state.name!r} is not bootstrapped (phase {state.phase}); "
+                         f"run `{command('bootstrap', name=state.name)}` first")
     return [NodeFacts.from_dict(json.loads(p.read_text())) for p in paths]
 
 

@@ -7,6 +7,7 @@ The one launch builder: `ftc finetune`, the bootstrap's verification (Fabric and
 from dataclasses import dataclass, field, replace
 
 from runner.node.facts import ALLOCATORS, NodeFacts
+from runner.node.protocol import EXIT_CODE_FILE, LOGS_DIR
 
 from . import state as st
 from .catalog import INSTANCE_TYPES
@@ -113,7 +114,8 @@ def render_launch(spec: LaunchSpec) -> str:
                   args=spec.args,
                   mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
                   stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
-                  as_root=spec.as_root, exported=exported, command=command, env=spec.env, places=own_places(spec))
+                  as_root=spec.as_root, exported=exported, command=command, env=spec.env, places=own_places(spec),
+                  logs_dir=LOGS_DIR, exit_code_file=EXIT_CODE_FILE)
 
 
 def pick_allocator(facts: NodeFacts) -> str:

@@ -33,7 +33,7 @@ from provision.values import boolean, local_path, whole, whole_list, writable_di
 from . import netem
 from .model_files import packaged_model
 from .node import facts as node_facts
-from .node.protocol import RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
+from .node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -240,13 +240,13 @@ def launch(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: i
     if network:
         spec = replace(spec, master_addr=network.master_addr, gloo_iface=",".join(network.interfaces(flows)),
                        program=netem.in_node(network, [sys.executable, "-m", module, *args]))
-    script = job_dir / "launch.sh"
+    script = job_dir / LAUNCH_SCRIPT
     script.write_text(render_launch(spec))
     # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
     # each rank then takes its own equal share (Intel MPI's pin domains, or FTC_SELF_PIN).
     proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), "bash", str(script)],
                           capture_output=True, text=True)
-    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
     return job_dir, proc.stdout
@@ -290,7 +290,7 @@ def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank:
                "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer",
                *peer_args, "--output-dir", str(job_dir)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
-    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
     return json.loads((job_dir / RESULTS_FILE).read_text())
@@ -915,7 +915,7 @@ def by_hand_torchrun(name: str, out: Path, ranks: int, cores: list[int], per_ran
                "--standalone", "--nproc-per-node", str(ranks), str(script), *script_args,
                "--output-dir", str(job_dir / "output")]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
-    (job_dir / "output.log").write_text(proc.stdout + proc.stderr)
+    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
     return json.loads((job_dir / "output" / "result.json").read_text())

@@ -20,21 +20,30 @@ from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
 from provision.ssh import NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
 from provision.ui import answer, console
-from provision.values import writable_dir
+from provision.values import label, writable_dir
 
 from . import runs
 from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
 from .node import glue
 from .node.protocol import (
     CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    EXIT_CODE_FILE,
     EXIT_PREEMPTED,
+    JOB_PREEMPTED,
+    JOB_RUNNING,
+    LAUNCH_SCRIPT,
     LOG_MARK_ENV,
+    LOGS_DIR,
+    OUTPUT_LOG,
     PREEMPTED_FILE,
+    SCRIPT_OUTPUT_HOME,
     SCRIPT_WORKDIR,
     RankExit,
     first_failure,
     line_mark,
     parse_checkpoint,
+    rank_log_path,
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
@@ -60,7 +69,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     controller (a cluster that is gone): a new job on this cluster starts from it. `one_shot`: the
     caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
     state = st.load(name)
-    facts = load_facts(name)
+    facts = load_facts(state)
     if not render_only:
         refuse_dead_nodes(state)
     follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
@@ -85,7 +94,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                                          metadata_endpoint() if state.cluster_spec.spot else ""),
                               ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
     except ValueError as exc:
-        raise UsageError(f"PPN={job.ppn}: {exc}") from None
+        raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
     if render_only:
         print(render_launch(spec), end="")
         return 0
@@ -96,16 +105,17 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         runs.refuse_other_job(results_dir, name, settings)
     writable_dir("results", results_dir)
     with runs.results_claimed(results_dir, check_unused=not (resume or resume_from)):
-        record = start(name, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
+        state = start(state, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
                                               checkpoint_s3=job.checkpoint_s3), resume_from,
-                       lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
+                      lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
+        record = state.jobs[-1]
         runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
-    return follow(name, one_shot=one_shot)
+    return follow(state, one_shot=one_shot)
 
 
 def refuse_dead_nodes(state: st.ClusterState) -> None:
@@ -161,38 +171,40 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
-def start(name: str, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None,
-          prepare: Callable[[st.ClusterState], None]) -> st.JobInfo:
+def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None,
+          prepare: Callable[[st.ClusterState], None]) -> st.ClusterState:
     """`prepare` the nodes (data files, a script's workdir), put the launch script (and a checkpoint to
     resume from) on the head node and start it detached, under the cluster's lock and only if no other
-    job runs; record it in the state."""
-    with st.locked(name, "launch" if record.kind == "script" else "finetune"):
-        state = st.load(name)
+    job runs; record it in the state. The state is read anew under the lock (another command may have
+    started a job since `loaded` was read); the state so read, with the job last in it, is returned."""
+    with st.locked(loaded.name, "launch" if record.kind == "script" else "finetune"):
+        state = st.load(loaded.name)
         refuse_if_busy(state, ended_job_code(state))
         prepare(state)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         with connect(state, state.head) as conn:
-            run(conn, state.head, "launch", f"mkdir -p {in_dir}/logs {in_dir}/checkpoints")
-            put_text(conn, render_launch(spec), f"{remote_dir}/launch.sh", 0o755)
+            run(conn, state.head, "launch", f"mkdir -p {in_dir}/{LOGS_DIR} {in_dir}/{CHECKPOINTS_DIR}")
+            put_text(conn, render_launch(spec), f"{remote_dir}/{LAUNCH_SCRIPT}", 0o755)
             if resume_from:
                 interruptible(conn.client.get_transport(), conn.put, str(resume_from), f"{remote_dir}/{CHECKPOINT_FILE}")
             # The pid and its start time: only that process is ever signalled (a pid may be reused).
             # No start time: the script had already ended, and nothing of it is left to signal.
             pid, *started = run(conn, state.head, "launch",
-                                f"cd {in_dir} && rm -f exit_code && (setsid nohup bash launch.sh >> output.log 2>&1 "
-                                f"< /dev/null & pid=$!; echo $pid $({procs.START_OF.format(pid='$pid')}))").split()
+                                f"cd {in_dir} && rm -f {EXIT_CODE_FILE} && (setsid nohup bash {LAUNCH_SCRIPT} "
+                                f">> {OUTPUT_LOG} 2>&1 < /dev/null & pid=$!; echo $pid $({procs.START_OF.format(pid='$pid')}))"
+                                ).split()
             record.pid, record.pid_start = int(pid), int(started[0]) if started else 0
         record.started_at, record.pids_by_node = time.time(), {state.head.name: [record.pid]}
         state.jobs = [j for j in state.jobs if j.id != record.id] + [record]
         st.save(state)
-    return record
+    return state
 
 
-def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
-    """Print the job's output until it ends; then fetch. Ctrl-C detaches, the job runs on (in a one-shot
-    run it stops the run instead). A cluster destroyed meanwhile ends the follower with that said."""
-    state = st.load(name)
-    job = state.jobs[-1]
+def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False) -> int:
+    """Print the output of the state's last job until it ends; then fetch. Ctrl-C detaches, the job runs
+    on (in a one-shot run it stops the run instead). A cluster destroyed meanwhile ends the follower with
+    that said."""
+    name, job = state.name, state.jobs[-1]
     conn = connect(state, state.head, within_s=follow_silence_s(),
                    next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
                              f"`ftc status --name {name}` says what is up")
@@ -205,7 +217,7 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
             copy_checkpoint(conn, job)
     try:
         stream(conn, f"tail -n {'+1' if from_start else '20'} -F --pid={job.pid} "
-               f"{shlex.quote(job.remote_dir)}/output.log 2>/dev/null", on_line, silence_s=follow_silence_s())
+               f"{shlex.quote(job.remote_dir)}/{OUTPUT_LOG} 2>/dev/null", on_line, silence_s=follow_silence_s())
     except NodeSilent as exc:
         raise FtcError(f"{state.head.name} stopped answering ({exc}); job {job.id} may still be running. Reattach "
                        f"when it answers: `ftc logs --name {name} -f`; `ftc status --name {name}` says what is up"
@@ -220,12 +232,10 @@ def follow(name: str, from_start: bool = True, one_shot: bool = False) -> int:
         conn.close()
     gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
                     f"is in {job.results_dir}")
-    if destroyed(name):
-        raise gone
     try:
-        return finish(name)
+        return finish(state, gone)
     except (ClusterBusy, UsageError):
-        if destroyed(name):  # `ftc down` took the lock, or the state, after the check above
+        if destroyed(name):  # `ftc down` holds the lock, or took the state away
             raise gone from None
         raise
 
@@ -252,21 +262,26 @@ def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     EXIT_PREEMPTED when the job stopped itself for a spot interruption (mpirun's own code
     for that varies by MPI, so the program's PREEMPTED_FILE decides)."""
     in_dir = shlex.quote(job.remote_dir)
-    out = run(conn, state.head, "status", f"cat {in_dir}/exit_code 2>/dev/null; "
-              f"test -e {in_dir}/{PREEMPTED_FILE} && echo PREEMPTED; "
-              f'[ "$({procs.START_OF.format(pid=job.pid)} 2>/dev/null)" = "{job.pid_start}" ] && echo RUNNING || true'
+    out = run(conn, state.head, "status", f"cat {in_dir}/{EXIT_CODE_FILE} 2>/dev/null; "
+              f"test -e {in_dir}/{PREEMPTED_FILE} && echo {JOB_PREEMPTED}; "
+              f'[ "$({procs.START_OF.format(pid=job.pid)} 2>/dev/null)" = "{job.pid_start}" ] && echo {JOB_RUNNING} || true'
               ).split()
-    if "RUNNING" in out:
+    if JOB_RUNNING in out:
         return None
-    if "PREEMPTED" in out:
+    if JOB_PREEMPTED in out:
         return EXIT_PREEMPTED
     return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
 
 
-def finish(name: str) -> int:
-    """The job has ended: record how, fetch its files, print the outcome."""
+def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
+    """The job has ended: record how, fetch its files, print the outcome. The state is read anew under
+    the lock (a `cancel` may have changed it since `loaded` was read). `gone`, when given, is raised
+    for a cluster that `ftc down` is taking apart (it marks the state first)."""
+    name = loaded.name
     with st.locked(name, "fetch"):
         state = st.load(name)
+        if gone and state.phase == "terminating":
+            raise gone
         job = state.jobs[-1]
         with connect(state, state.head) as conn:
             code = job_exit_code(conn, state, job)
@@ -285,7 +300,7 @@ def finish(name: str) -> int:
                           soft_wrap=True)
             return 0
         if job.kind == "script":
-            failed = first_failure(read_rank_exits(results / "logs"))
+            failed = first_failure(read_rank_exits(results))
             code = failed.code if failed and code != 0 else code
             runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results))
             where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
@@ -312,14 +327,14 @@ def script_outcome(results: Path, code: int, failed: RankExit | None, node: str)
     """A script's end: where its output is, or which rank failed first, on which node, with the last
     lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
     if code == 0:
-        console.print(f"job finished; rank 0's output: {results / 'output'}; its log: {results / 'logs' / 'rank0.log'}; "
+        console.print(f"job finished; rank 0's output: {results / SCRIPT_OUTPUT_HOME}; its log: {results / rank_log_path(0)}; "
                       "every run: `ftc runs`", markup=False, soft_wrap=True)
         return 0
     if failed is None:
         console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "
-                      f"{escape(str(results / 'output.log'))}", soft_wrap=True)
+                      f"{escape(str(results / OUTPUT_LOG))}", soft_wrap=True)
         return code if 0 < code < 256 else 1
-    log = results / "logs" / f"rank{failed.rank}.log"
+    log = results / rank_log_path(failed.rank)
     tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
     console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
                   f"the last lines of its log ({escape(str(log))}):", soft_wrap=True)
@@ -333,9 +348,9 @@ def logs(name: str, follow_output: bool = False) -> int:
         raise UsageError(f"cluster {name!r} has run no job yet; start one with `make finetune NAME={name}`")
     job = state.jobs[-1]
     if follow_output and job.state == "running":
-        return follow(name)
+        return follow(state)
     with connect(state, state.head, within_s=follow_silence_s()) as conn:
-        output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/output.log")
+        output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/{OUTPUT_LOG}")
     colour = sys.stdout.isatty()
     print("".join(f"{for_terminal(line, colour)}\n" for line in output.splitlines()), end="")
     return 0
@@ -369,7 +384,7 @@ def fetch_last(name: str) -> int:
     state = st.load(name)
     if not state.jobs:
         raise UsageError(f"cluster {name!r} has run no job yet")
-    return finish(name)
+    return finish(state)
 
 
 def describe_jobs(state: st.ClusterState, live: list) -> None:
@@ -386,7 +401,7 @@ def describe_jobs(state: st.ClusterState, live: list) -> None:
         try:
             with connect(state, state.head, attempts=2) as conn:
                 line += " | " + for_terminal(run(conn, state.head, "status",
-                                                 f"tail -n 1 {shlex.quote(job.remote_dir)}/output.log").strip(), False)
+                                                 f"tail -n 1 {shlex.quote(job.remote_dir)}/{OUTPUT_LOG}").strip(), False)
                 code = job_exit_code(conn, state, job)
                 if code is not None:
                     line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"

@@ -22,6 +22,8 @@ from rich.markup import escape
 from provision.ui import answer, console
 from runner.node.protocol import (
     LOGGED,
+    MODEL_DIR,
+    OUTPUT_LOG,
     RESULTS_FILE,
     Logged,
     TrainResults,
@@ -29,6 +31,8 @@ from runner.node.protocol import (
     line_mark,
     parse_dev,
     parse_progress,
+    rank_log_path,
+    rank_logs,
     split_logged,
 )
 from runner.node.units import duration
@@ -159,7 +163,7 @@ def show_failure(results: Path, code: int) -> None:
     with its full log; a rank killed without one (a signal, a lost node): its log's tail and mpirun's
     verdict, other ranks' exceptions named as what followed."""
     console.print(f"[red]job failed (exit code {code})[/]; results so far in {escape(str(results))}", soft_wrap=True)
-    output_log = results / "output.log"
+    output_log = results / OUTPUT_LOG
     output = output_log.read_text(errors="replace") if output_log.exists() else ""
     raised, first = tracebacks(output), first_bad_rank(output)
     if not raised or (first is not None and first not in raised):  # killed, or lost with its node
@@ -175,14 +179,14 @@ def show_failure(results: Path, code: int) -> None:
     if len(ranks) > 2:
         console.print(f"(ranks {', '.join(map(str, ranks[2:]))} raised too)")
     console.print(f"rank {ranks[0]}'s full log: {output_log} (its lines start with [{ranks[0]}]); "
-                  f"its progress: {results / 'logs' / f'rank{ranks[0]}.log'}", markup=False, soft_wrap=True)
+                  f"its progress: {results / rank_log_path(ranks[0])}", markup=False, soft_wrap=True)
 
 
 def _show_tails(results: Path, output: str, first: int | None) -> None:
     """No exception of the failing rank's own: the tails of the ranks' logs (the first bad rank's, else
     those that did not finish) and mpirun's verdict."""
-    logs = sorted((results / "logs").glob("rank*.log"), key=lambda p: int(p.stem[4:]))
-    failing = [p for p in logs if p.stem == f"rank{first}"] or \
+    logs = rank_logs(results)
+    failing = [p for p in logs if first is not None and p == results / rank_log_path(first)] or \
         [p for p in logs if not ended(p.read_text())] or logs
     for log in failing[:2]:
         console.print(f"[bold]--- tail of {escape(log.name)} ---[/]")
@@ -191,7 +195,7 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
     verdict = [printable(text) for rank, text in map(split_rank, output.splitlines()) if rank is None and text.strip()]
     if verdict:
         console.print("\n".join(verdict[-8:]), markup=False, soft_wrap=True)
-    console.print(f"full log of every rank: {results / 'output.log'}", markup=False, soft_wrap=True)
+    console.print(f"full log of every rank: {results / OUTPUT_LOG}", markup=False, soft_wrap=True)
 
 
 def results_rows(r: TrainResults) -> list[tuple[str, str]]:
@@ -224,7 +228,7 @@ def key_value_table(title: str, rows: list[tuple[str, str]]):
 def print_results(results: Path) -> None:
     done = TrainResults.read(results)
     answer.print(key_value_table(f"{done.task.upper()} results", results_rows(done)))
-    answer.print(f"results: {results}/{RESULTS_FILE}, model: {results}/model", markup=False, soft_wrap=True)
+    answer.print(f"results: {results}/{RESULTS_FILE}, model: {results}/{MODEL_DIR}", markup=False, soft_wrap=True)
 
 
 # ---- runs: listed, shown, compared --------------------------------------------------------------------
@@ -322,7 +326,7 @@ def runs_table(runs: list[dict], title: str, width: int):
 def epoch_rows(results: Path, job_id: str) -> tuple[list[dict], list[dict]]:
     """Per epoch: train loss and dev metrics (results.json; for a run without one, the dev lines of
     output.log), and the progress lines of output.log: only those the job's own logger wrote."""
-    output = results / "output.log"
+    output = results / OUTPUT_LOG
     steps, dev = progress(output.read_text(errors="replace"), line_mark(job_id)) if output.exists() else ([], [])
     done, _ = read_run_file(results, RESULTS_FILE)
     return done.get("epoch_metrics", dev), steps
@@ -357,7 +361,7 @@ def show(run: dict) -> tuple[Path, Path]:
     epochs, steps = epoch_rows(results, run["id"])
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
     if run["kind"] == "script":  # your script's own output: the tail of rank 0's log
-        log = results / "logs" / "rank0.log"
+        log = results / rank_log_path(0)
         tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else ["(no log of rank 0 home)"]
         answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
                      soft_wrap=True)

@@ -90,7 +90,7 @@ def refuse_other_job(results_dir: str | Path, cluster: str, settings: dict) -> N
     record, problem = read_run_file(Path(results_dir), RECORD)
     if problem or not record:
         return  # a checkpoint kept without ftc's record (copied by hand): nothing recorded to differ from
-    where = f"RESULTS={str(results_dir)!r} holds run {record.get('id', '?')}"
+    where = f"{label('results')}={str(results_dir)!r} holds run {record.get('id', '?')}"
     if record.get("cluster") != cluster:
         raise UsageError(f"{where} of cluster {record.get('cluster')!r}, not {cluster!r}; --resume continues only "
                          "this cluster's own run: start a new job without --resume")
@@ -122,8 +122,8 @@ def results_claimed(results_dir: str | Path, check_unused: bool) -> Iterator[Non
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError(f"RESULTS={str(results_dir)!r} is being claimed by another job starting now; give "
-                             "another RESULTS, or start this job once that one has started") from None
+            raise UsageError(f"{label('results')}={str(results_dir)!r} is being claimed by another job starting now; "
+                             f"give another {label('results')}, or start this job once that one has started") from None
         try:
             if check_unused:
                 refuse_reuse("results", results_dir)

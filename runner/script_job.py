@@ -22,11 +22,19 @@ from provision.launch import cluster_launch, node_path, node_python, render_laun
 from provision.providers import traits
 from provision.ssh import connect, run
 from provision.ui import console
-from provision.values import local_path, refuse_control_character, whole
+from provision.values import label, local_path, refuse_control_character, whole
 
 from . import runs
 from .node.facts import NodeFacts
-from .node.protocol import SCRIPT_WORKDIR
+from .node.protocol import (
+    LOGS_DIR,
+    REQUIREMENTS_DONE,
+    REQUIREMENTS_FAILED,
+    REQUIREMENTS_FILE,
+    REQUIREMENTS_LOG,
+    REQUIREMENTS_SKIPPED,
+    SCRIPT_WORKDIR,
+)
 from .transfer import send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
@@ -194,10 +202,10 @@ def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_d
     for node in nodes:
         job_dir = node_path(state, node, remote_dir)
         with connect(state, node) as conn:
-            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/logs")
+            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
             send_tree(conn, node, root, files, f"{job_dir}/{SCRIPT_WORKDIR}")
             if requirements:
-                conn.put(str(requirements), f"{job_dir}/requirements.txt")
+                conn.put(str(requirements), f"{job_dir}/{REQUIREMENTS_FILE}")
 
 
 def remove_on_nodes(state: st.ClusterState, path: str) -> None:
@@ -231,20 +239,20 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
         with connect(state, node) as conn:
             out = run(conn, node, "requirements",
-                      f"if [ -e {marker} ]; then echo SKIP; exit 0; fi; cd {in_dir}/{SCRIPT_WORKDIR} && "
-                      f"{{ {shlex.quote(python)} -m pip install --disable-pip-version-check -q -r ../requirements.txt "
-                      f"> ../requirements.log 2>&1; code=$?; }}; "
+                      f"if [ -e {marker} ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; cd {in_dir}/{SCRIPT_WORKDIR} && "
+                      f"{{ {shlex.quote(python)} -m pip install --disable-pip-version-check -q -r ../{REQUIREMENTS_FILE} "
+                      f"> ../{REQUIREMENTS_LOG} 2>&1; code=$?; }}; "
                       f"if [ $code = 0 ]; then mkdir -p {shlex.quote(venv + '/.ftc-requirements')} && touch {marker}; "
-                      f"echo DONE; else echo FAILED; tail -n 20 ../requirements.log; fi")
+                      f"echo {REQUIREMENTS_DONE}; else echo {REQUIREMENTS_FAILED}; tail -n 20 ../{REQUIREMENTS_LOG}; fi")
         lines = out.splitlines()
-        if lines[:1] == ["SKIP"]:
+        if lines[:1] == [REQUIREMENTS_SKIPPED]:
             console.print(f"requirements {requirements.name} on {node.name}: already installed (skipped)", markup=False)
             continue
-        if lines[:1] != ["DONE"]:
+        if lines[:1] != [REQUIREMENTS_DONE]:
             why = next((m.group(0).strip() for line in lines for m in [PIP_FAILED.search(line)] if m), "") or \
                 next((line for line in reversed(lines) if line.strip()), "no output")
             raise FtcError(f"requirements {requirements} failed on {node.name}: {why}; fix the file and launch again "
-                           f"(pip's whole output: {job_dir}/requirements.log on {node.name})")
+                           f"(pip's whole output: {job_dir}/{REQUIREMENTS_LOG} on {node.name})")
         console.print(f"requirements {requirements.name} on {node.name}: installed in {time.monotonic() - clock:.1f}s",
                       markup=False)
 
@@ -256,7 +264,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     (runner/job.py) unless detached."""
     from . import job as jobs
     state = st.load(name)
-    facts = load_facts(name)
+    facts = load_facts(state)
     files = workdir_files(job.workdir)
     if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
         raise UsageError(f"SCRIPT={job.script!r} is left out of the copy by WORKDIR's .gitignore; un-ignore it")
@@ -272,7 +280,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
                               "runner.node.script_rank", [job.output, job.script, *job.args], ppn=job.ppn or None,
                               env=env)
     except ValueError as exc:
-        raise UsageError(f"PPN={job.ppn}: {exc}") from None
+        raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
     if render_only:
         print(render_launch(spec), end="")
         return 0
@@ -291,9 +299,10 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
             remove_on_nodes(locked_state, remote_dir)
             raise
 
-    record = jobs.start(name, spec, st.JobInfo(id=job_id, task="script", remote_dir=remote_dir,
+    state = jobs.start(state, spec, st.JobInfo(id=job_id, task="script", remote_dir=remote_dir,
                                                results_dir=results_dir, kind="script", output=job.output),
-                        None, prepare)
+                       None, prepare)
+    record = state.jobs[-1]
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)", markup=False)
@@ -301,7 +310,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
                       markup=False)
         return 0
-    return jobs.follow(name)
+    return jobs.follow(state)
 
 
 def output_bytes(results: Path) -> int:

@@ -25,7 +25,7 @@ from provision.ui import console
 
 from .jobspec import JobSpec
 from .node import glue
-from .node.protocol import CHECKPOINT_FILE, SCRIPT_OUTPUT_HOME, SCRIPT_WORKDIR
+from .node.protocol import CHECKPOINT_FILE, CHECKPOINTS_DIR, DATA_DIR, LOGS_DIR, SCRIPT_OUTPUT_HOME, SCRIPT_WORKDIR
 
 # Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
 SPACE_MARGIN = 2**20
@@ -46,7 +46,7 @@ def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[J
     paths are the head's; each node's copy lies in its own job directory (provision.launch.node_path)."""
     if not job.train_file or traits(provider).shares_this_machine:
         return job, {}
-    copies = {f"{remote_dir}/data/{role}{Path(local).suffix}": local
+    copies = {f"{remote_dir}/{DATA_DIR}/{role}{Path(local).suffix}": local
               for role, local in (("train", job.train_file), ("validation", job.validation_file))}
     train, validation = copies
     return replace(job, train_file=train, validation_file=validation), copies
@@ -233,7 +233,7 @@ def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
     node. Every node's rank logs come home. From the head node: a fine-tuning job's files, but no
     checkpoint older than the last nor the data files sent to the nodes; a script's output.log and
     rank 0's output folder (as output/), not the rest of the workdir's copy. Pure."""
-    if relative.startswith("logs/"):
+    if relative.startswith(f"{LOGS_DIR}/"):
         return relative
     if not on_head:
         return None
@@ -242,15 +242,15 @@ def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
         if relative.startswith(output):
             return f"{SCRIPT_OUTPUT_HOME}/{relative[len(output):]}"
         return relative if "/" not in relative else None
-    if relative.startswith("data/"):  # your data files, copied out to the nodes: you have them
+    if relative.startswith(f"{DATA_DIR}/"):  # your data files, copied out to the nodes: you have them
         return None
-    return None if relative.startswith("checkpoints/") and relative != CHECKPOINT_FILE else relative
+    return None if relative.startswith(f"{CHECKPOINTS_DIR}/") and relative != CHECKPOINT_FILE else relative
 
 
 def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
     """Whether a folder of the job's directory may hold a file that comes home (a script's workdir copy
     is walked only down to its output folder). Pure."""
-    if job.kind != "script" or relative_dir == "logs":
+    if job.kind != "script" or relative_dir == LOGS_DIR:
         return True
     output = f"{SCRIPT_WORKDIR}/{job.output}"
     return output.startswith(relative_dir + "/") or (relative_dir + "/").startswith(output + "/")

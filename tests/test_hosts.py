@@ -32,9 +32,10 @@ class Server:
     """A plain sshd: a machine of yours, as far as ftc can tell."""
 
     def __init__(self, root: Path, address: str, user_key: Path, newline_at_end: bool = True, sftp: str = SFTP,
-                 hidden: tuple[Path, ...] = ()):
+                 hidden: tuple[Path, ...] = (), env: dict[str, str] | None = None):
         self.root, self.address, self.home, self.sftp = root, address, root / "home", sftp
         self.hidden = hidden  # what this server does not see: an empty read-only folder, or empty file, in its place
+        self.env = env or {}  # more variables sshd sets for every session, as an admin's SetEnv would
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / "notes.txt").write_text("a file of yours\n")
         line = (user_key.with_suffix(".pub").read_text().strip() + "\n") if newline_at_end else \
@@ -62,7 +63,9 @@ class Server:
             f"ListenAddress {self.address}:{self.port}", f"HostKey {self.root / 'host_key'}",
             f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {self.home}/.ssh/authorized_keys",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "UsePAM no",
-            "PermitRootLogin prohibit-password", f"SetEnv HOME={self.home}", "StrictModes no", "X11Forwarding no",
+            "PermitRootLogin prohibit-password", "SetEnv " + " ".join(f"{k}={v}" for k, v in {"HOME": self.home,
+                                                                                             **self.env}.items()),
+            "StrictModes no", "X11Forwarding no",
             "PrintMotd no", "PrintLastLog no", "MaxStartups 100", "MaxSessions 100", "LogLevel ERROR",
             f"Subsystem sftp {self.sftp}" if self.sftp else "", ""]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -238,6 +241,39 @@ def test_a_launch_across_accounts_with_their_own_homes_runs_each_node_in_its_own
         assert " : " not in one and "-wdir" not in one and "/tmp/n1" not in one
 
 
+def test_bin_ssh_gives_a_node_whose_stack_lies_in_another_home_its_own_stack_paths(tmp_path):
+    """What a node's bin/ssh hands ssh: in Intel MPI's command for a node whose stack lies in another home
+    (each server's own venv), the words in this node's stack directory name that node's; for a node whose
+    stack lies where this one's does, or a host outside the cluster, the words as given. The directories
+    carry a newline, quotes and commands: they stay data."""
+    from dataclasses import replace
+
+    from provision.bootstrap import node_files
+    canary = tmp_path / "canary"
+    bad = f"a b\n/usr/bin/touch {canary}\n$(/usr/bin/touch {canary}) `/usr/bin/touch {canary}`; 'q\" #"
+    state, _ = two_homes("ssh", (f"/home/{bad}", f"/srv/{bad}"), ("", ""))
+    state.nodes.append(replace(state.nodes[0], index=2, name="c-2", id="n2"))  # another account in the head's home
+    mine, theirs = (f"{node.workdir}/venv" for node in state.nodes[:2])
+    wrapper = tmp_path / "ssh"  # bin/ssh as rendered, but printing the words it would give ssh
+    wrapper.write_text(node_files(state, state.nodes[0])["bin/ssh"].replace("exec /usr/bin/ssh ", "exec printf '%s\\0' "))
+
+    def given_to_ssh(*words: str) -> list[str]:
+        printed = subprocess.run(["sh", str(wrapper), *words], capture_output=True, text=True, check=True).stdout
+        return printed.split("\0")[2:-1]  # after -F and the config
+
+    hydra = ["-q", "-x", "c-1", f"{mine}/bin//hydra_bstrap_proxy", "--base-path", f"{mine}/bin/", "--upstream-host",
+             "c-0", f"{mine}2/bin/x", f"{mine}/bin//hydra_pmi_proxy"]
+    assert given_to_ssh(*hydra) == ["-q", "-x", "c-1", f"{theirs}/bin//hydra_bstrap_proxy", "--base-path",
+                                    f"{theirs}/bin/", "--upstream-host", "c-0", f"{mine}2/bin/x",
+                                    f"{theirs}/bin//hydra_pmi_proxy"]
+    for host in ("c-0", "c-2", "elsewhere"):
+        assert given_to_ssh("-q", "-x", host, *hydra[3:]) == ["-q", "-x", host, *hydra[3:]]
+    assert not canary.exists()
+
+    state.spec["stack_python"] = "/opt/py/bin/python"  # STACK_PYTHON: one path everywhere, the words as given
+    assert "MINE=" not in node_files(state, state.nodes[0])["bin/ssh"]
+
+
 def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
     shown = subprocess.run(["ssh-keygen", "-lf", str(user_key.with_suffix(".pub"))], capture_output=True, text=True,
                            check=True).stdout.split()[1]
@@ -353,6 +389,79 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
         assert_script_runs_across_nodes(ftc_home, "homes", controller)
 
         assert ftc("down", "--name", "homes").returncode == 0
+        assert [s.listing() for s in servers] == before
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def this_machines_uv_cache() -> Path:
+    """Where uv keeps its cache here (`make setup` filled it): uv's own order of UV_CACHE_DIR, XDG_CACHE_HOME, ~."""
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uv"
+
+
+def configure_pip_as_this_machine(home: Path, constraints: Path) -> None:
+    """The server's pip (~/.config/pip/pip.conf) set as this machine's is: a server's $HOME is not this
+    machine's, where its pip settings lie, and without them torch would come from PyPI (the CUDA build).
+    Constrained to the versions this test's Python has, whose wheels uv's cache holds."""
+    from importlib import metadata
+
+    from provision.bootstrap import this_machines_pip_settings
+    constraints.write_text("".join(sorted({f"{d.metadata['Name']}=={d.version}\n" for d in metadata.distributions()
+                                           if d.metadata["Name"] and not d.read_text("direct_url.json")})))
+    settings = this_machines_pip_settings()
+    settings["PIP_CONSTRAINT"] = f"{settings.get('PIP_CONSTRAINT', '')} {constraints}".strip()
+    lines = [f"{name[len('PIP_'):].lower().replace('_', '-')} = {value}" for name, value in settings.items()]
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("\n".join(["[global]", *lines, ""]))
+
+
+@pytest.mark.slow
+def test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own(
+        ftc_home, tmp_path, user_key, minilm):
+    """Without STACK_PYTHON each server installs the stack into a venv in its own home, so the venvs'
+    paths differ, and each server sees nothing of the other's home (a mount namespace each, as in the
+    test above). Intel MPI's mpirun starts its helpers (hydra_bstrap_proxy) on each node by the path
+    of its own stack on the head: `ftc up`'s verification, and a job, run only if each node starts
+    them from its own venv. The servers install with uv from this machine's uv cache and pip
+    settings, offline (UV_OFFLINE: PyTorch's CPU index is out of reach here; the cache holds every pin).
+    1 to 2 minutes on 2 busy cores."""
+    controller = tmp_path / "controller"  # the data and the script: files only the controller has
+    controller.mkdir()
+    ftc_home.mkdir()
+    uv = {"UV_CACHE_DIR": str(this_machines_uv_cache()), "UV_OFFLINE": "1"}
+    servers = [Server(tmp_path / f"server{i}", f"127.0.0.{106 + i}", user_key, env=uv) for i in range(2)]
+    for server in servers:
+        server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller,
+                         Path(minilm))
+        configure_pip_as_this_machine(server.home, tmp_path / "installed.txt")
+        server.start()
+    try:
+        before = [s.listing() for s in servers]
+        up = ftc("up", "--name", "venvs", *ssh_flags(servers, user_key, stack_python=False), "--yes", "1",
+                 timeout=1200)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert "verified: mpirun hostname on 2 node(s)" in up.stdout + up.stderr
+        for server in servers:  # each its own stack, in its own home
+            workdir = server.home / ".ftc-node" / "venvs"
+            facts = json.loads((workdir / "facts.json").read_text())
+            assert facts["python_executable"] == f"{workdir}/venv/bin/python"
+            assert (workdir / "venv" / "bin" / "hydra_bstrap_proxy").is_file()
+
+        train, dev = toy_csv(controller / "mine.csv", 32), toy_csv(controller / "mine-dev.csv", 12, offset=3)
+        job = ftc("finetune", "--name", "venvs", "--train-file", str(train), "--validation-file", str(dev),
+                  "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
+        assert job.returncode == 0, job.stderr[-3000:]
+        done = json.loads((ftc_home / "clusters" / "venvs" / "state.json").read_text())["jobs"][-1]
+        assert done["state"] == "finished", job.stderr[-3000:]
+        assert json.loads((Path(done["results_dir"]) / "results.json").read_text())["world_size"] == 2
+
+        assert_script_runs_across_nodes(ftc_home, "venvs", controller)
+
+        down = ftc("down", "--name", "venvs")
+        assert down.returncode == 0, down.stderr[-3000:]
         assert [s.listing() for s in servers] == before
     finally:
         for server in servers:

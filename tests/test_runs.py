@@ -65,7 +65,7 @@ def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ft
     twice = ftc("runs", "compare", runs[0]["id"], runs[0]["id"], runs[1]["id"], "--out", str(tmp_path / "dup.png"))
     assert twice.returncode == 0 and twice.stdout.count(runs[0]["id"]) == 1  # a run named twice is compared once
     alone = ftc("runs", "compare", runs[0]["id"], runs[0]["id"])
-    assert alone.returncode == 2 and "names one run; compare needs two or more different runs" in alone.stderr
+    assert alone.returncode == 2 and "name one run; compare needs two or more different runs" in alone.stderr
 
 
 def test_an_unknown_run_is_refused_in_one_line(ftc_home):

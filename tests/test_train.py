@@ -245,7 +245,7 @@ def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, minilm, glue_
     remote = s3.head_object(Bucket="ftc-checkpoints", Key=f"runs/{job['id']}/last.pt")
     assert remote["ContentLength"] == local.stat().st_size > 0
     bad = ftc("finetune", "--name", cluster, "--checkpoint-s3", "http://not-s3")
-    assert bad.returncode == 2 and "CHECKPOINT_S3='http://not-s3'" in bad.stderr
+    assert bad.returncode == 2 and "--checkpoint-s3='http://not-s3'" in bad.stderr
 
 
 @pytest.mark.slow

@@ -284,7 +284,7 @@ def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ft
 def test_a_ppn_above_the_nodes_cores_is_refused_before_anything_starts(ftc_home, cluster, tmp_path):
     script = gloo_script(tmp_path / "work")
     proc = ftc("launch", "--name", cluster, "--ppn", "512", "--", str(script))
-    assert_refused_on_cluster(proc, "PPN=512: 512 ranks per node but node", ftc_home, cluster)
+    assert_refused_on_cluster(proc, "--ppn=512: 512 ranks per node but node", ftc_home, cluster)
     big = tmp_path / "work" / "big.bin"
     big.write_bytes(b"\0" * (2 * 2**20))
     proc = ftc("launch", "--name", cluster, "--max-workdir-mb", "1", "--", str(script))

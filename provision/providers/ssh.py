@@ -50,6 +50,9 @@ STACK_MODULES = ("torch", "transformers", "tokenizers")  # what STACK_PYTHON mus
 FREE_GB_WITH_STACK_PYTHON = 2  # jobs, logs, checkpoints
 FREE_GB_TO_INSTALL = 10  # plus the stack's venv (CPU torch and friends: about 5 GB)
 CHECK_ATTEMPTS = 1  # the servers exist: no boot to wait for
+# What host_cleanup.sh.j2 echoes when it is done (rendered into it: the script and its reader share these).
+CLEANED = "CLEANED"  # the cluster's directory is gone (or was never there)
+NOT_OURS = "NOT_OURS"  # the directory holds another claim than this cluster's: left as it is
 
 
 # ---- pure: what the hosts are, and what their answers mean ----------------------------------
@@ -149,7 +152,7 @@ def cleanup_script(state: st.ClusterState, node: st.NodeInfo) -> str:
     stop_jobs = [procs.stop_group_command(pid, job.pid_start) for job in state.jobs if job.state == "running"
                  for pid in job.pids_by_node.get(node.name, [])]
     return render("host_cleanup.sh.j2", cluster=state.name, label=node.id, workdir=node.workdir, root=ROOT,
-                  made_by_ftc=MADE_BY_FTC,
+                  made_by_ftc=MADE_BY_FTC, cleaned=CLEANED, not_ours=NOT_OURS,
                   authorized_keys=node.authorized_keys, stop_jobs=stop_jobs, claim=resources(state).claim,
                   node_dirs=sorted({n.workdir for n in state.nodes}))
 
@@ -334,10 +337,10 @@ def terminate(state: st.ClusterState, record: Record) -> None:
                    f"and the line ending 'ftc-{state.name}-internal' in {node.authorized_keys}"
             # a server that presents another key is never logged in to again: only you can remove what is there
             return (left + ": remove them by hand", False) if "host key mismatch" in str(exc) else (left, True)
-        if "NOT_OURS" in out:  # launch stopped before its claim: the directory there is another's
+        if NOT_OURS in out:  # launch stopped before its claim: the directory there is another's
             console.print(f"host {node.id}: {node.workdir} holds another claim than this cluster's; left as it is",
                           markup=False)
-        done = "CLEANED" in out or "NOT_OURS" in out
+        done = CLEANED in out or NOT_OURS in out
         return ("", False) if done else (f"host {node.id}: cleanup said {out.strip()[-200:]}", False)
     if not state.nodes:
         console.print(f"no servers recorded for {state.name!r}; if it ran on yours, what ftc left there is "

@@ -18,12 +18,43 @@ import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-# ---- files and codes --------------------------------------------------------------------------------
+# ---- the job's directory: its files, and the exit code of a preempted job ----------------------------
 
-RESULTS_FILE = "results.json"  # in the job's directory: rank 0's TrainResults (the bench's peer writes its own)
-PREEMPTED_FILE = "preempted.json"  # in the job's directory: Preempted, when the job stopped for a spot notice
-CHECKPOINT_FILE = "checkpoints/last.pt"  # in the job's directory: the last checkpoint, what a resume starts from
+# Each is a path relative to the job's directory on a node (jobs/<id> in the node's directory); what
+# comes home keeps it under the run's results directory. The launch script is rendered with them
+# (provision/launch.py's render_launch), so no template spells one.
+LAUNCH_SCRIPT = "launch.sh"  # the mpirun script the controller renders and starts detached (head node)
+OUTPUT_LOG = "output.log"  # launch.sh's stdout and stderr: what mpirun collected from every rank (head node)
+EXIT_CODE_FILE = "exit_code"  # launch.sh's exit code, written when mpirun returns (head node)
+LOGS_DIR = "logs"  # every node's: each rank's own log (rank_log_path) and a script rank's exit (rank_exit_path)
+DATA_DIR = "data"  # your data files (TASK=custom), copied to every node
+CHECKPOINTS_DIR = "checkpoints"  # rank 0's checkpoints
+CHECKPOINT_FILE = f"{CHECKPOINTS_DIR}/last.pt"  # the last checkpoint, what a resume starts from
+RESULTS_FILE = "results.json"  # rank 0's TrainResults (the bench's peer writes its own)
+PREEMPTED_FILE = "preempted.json"  # Preempted, when the job stopped for a spot notice
+MODEL_DIR = "model"  # rank 0's fine-tuned model and tokenizer (not with --no-save)
+TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
+KERNEL_CACHE_DIR = "inductor-cache"  # compiled kernels, in a run by hand (a node keeps them in its own cache/)
+HELD_FILE = "held"  # --hold-at-step: rank 0 writes it when every rank stops to wait ...
+RELEASE_FILE = "release"  # ... until a test writes this one
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the training program stopped on purpose, resumable
+
+
+def rank_log_path(rank: int) -> str:
+    """A rank's own log: the training program's log handler writes it (a script rank tees its output)."""
+    return f"{LOGS_DIR}/rank{rank}.log"
+
+
+def rank_logs(job_dir: Path) -> list[Path]:
+    """Every rank's log in a job's directory (or its results directory), in rank order."""
+    named = {int(found.group(1)): path for path in (Path(job_dir) / LOGS_DIR).glob("rank*.log")
+             if (found := re.fullmatch(r"rank(\d+)\.log", path.name))}
+    return [named[rank] for rank in sorted(named)]
+
+
+# The words the controller's check of a job on the head node (job.job_exit_code) echoes for it to read.
+JOB_RUNNING = "RUNNING"  # the launch script (its pid, with its start time) still runs
+JOB_PREEMPTED = "PREEMPTED"  # PREEMPTED_FILE is there: the job stopped for a spot notice
 
 # ---- which lines are the protocol's ----------------------------------------------------------------------
 
@@ -154,7 +185,7 @@ DONE = "done"  # every rank's last log line, once it has left the process group
 
 
 def ended(log_text: str) -> bool:
-    """A rank's log (logs/rank<r>.log, written only through the program's log handler) ran to its end:
+    """A rank's log (rank_log_path, written only through the program's log handler) ran to its end:
     its last line is DONE."""
     lines = log_text.rstrip().splitlines()
     last = split_logged(lines[-1]) if lines else None
@@ -208,6 +239,7 @@ def parse_allreduce(output: str) -> AllreduceReport | None:
 BOOTSTRAP_STEP = "STEP"  # `STEP <name>`: the node starts that step (keys+files, install, facts)
 BOOTSTRAP_SKIP = "SKIP"  # the step's marker was there: nothing of it redone
 BOOTSTRAP_FACTS = "FACTS"  # what follows is the node's facts (NodeFacts JSON)
+LOGIN_REFUSED = "ftc-login-refused"  # the verification's line for each node the head node could not log in to
 
 
 def bootstrap_step_line(step: str) -> str:
@@ -336,11 +368,17 @@ class TrainResults:
 SCRIPT_WORKDIR = "workdir"  # in the job's directory: the node's copy of your workdir, where each rank runs
 SCRIPT_OUTPUT_HOME = "output"  # in the results directory: rank 0's output folder, fetched
 PREEMPTED_NOTE = "preempted.env"  # in the job's directory: `FTC_PREEMPTED=1` once a spot notice came
+REQUIREMENTS_FILE = "requirements.txt"  # in the job's directory: your requirements, beside the workdir's copy
+REQUIREMENTS_LOG = "requirements.log"  # in the job's directory: pip's output installing them
+# The words the install of your requirements on a node (script_job.install_requirements) echoes.
+REQUIREMENTS_SKIPPED = "SKIP"  # installed before: the stack's venv holds this file's content's marker
+REQUIREMENTS_DONE = "DONE"
+REQUIREMENTS_FAILED = "FAILED"  # the last lines of REQUIREMENTS_LOG follow
 
 
 @dataclass
 class RankExit:
-    """How one rank of a script job ended: logs/rank<r>.exit.json on its node, fetched home with the logs."""
+    """How one rank of a script job ended: rank_exit_path on its node, fetched home with the logs."""
     rank: int
     node: str  # the hostname of the node it ran on
     code: int  # the script's exit code; 128 + N when signal N killed it
@@ -348,7 +386,7 @@ class RankExit:
 
 
 def rank_exit_path(rank: int) -> str:
-    return f"logs/rank{rank}.exit.json"
+    return f"{LOGS_DIR}/rank{rank}.exit.json"
 
 
 def write_rank_exit(job_dir: Path, exit: RankExit) -> None:
@@ -362,11 +400,11 @@ def first_failure(exits: list[RankExit]) -> RankExit | None:
     return min(failed, key=lambda e: (e.ended_at, e.rank)) if failed else None
 
 
-def read_rank_exits(logs: Path) -> list[RankExit]:
-    """Every rank's exit record under a fetched job's logs/ (a record that does not parse is skipped:
+def read_rank_exits(job_dir: Path) -> list[RankExit]:
+    """Every rank's exit record in a fetched job's LOGS_DIR (a record that does not parse is skipped:
     the rank was killed while writing it)."""
     found = []
-    for path in sorted(logs.glob("rank*.exit.json")):
+    for path in sorted((job_dir / LOGS_DIR).glob("rank*.exit.json")):
         try:
             data = json.loads(path.read_text())
             found.append(RankExit(int(data["rank"]), str(data["node"]), int(data["code"]), float(data["ended_at"])))

@@ -12,6 +12,7 @@ rank's cores: the launch binds each OpenMP thread, the main one included, to a s
 thread inherits its starter's binding (distenv.threads_started_on).
 """
 
+import atexit
 import functools
 import importlib.util
 import os
@@ -43,10 +44,13 @@ def _gloo_threads_on(cores: list[int], distenv) -> None:
     dist.init_process_group = init_process_group
 
 
-def _leave_if_joined(distenv) -> None:
+def _leave_if_joined(distenv) -> bool:
+    """Out of the process group the script joined and did not leave (barrier first); whether it had."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         distenv.leave_process_group()
+        return True
+    return False
 
 
 def _exit_now(code: int) -> None:
@@ -80,7 +84,13 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - the script's own failure: its traceback, as python prints it
         traceback.print_exception(type(exc), exc, _from_the_script(exc.__traceback__, script))
         _exit_now(1)
-    _leave_if_joined(distenv)
+    if _leave_if_joined(distenv):
+        # A group the script's libraries still hold (accelerate keeps its own reference) outlives
+        # destroy_process_group and would be torn down by the interpreter's exit, whose C++ teardown
+        # aborts the rank with `terminate called without an active exception` (seen under load, 1
+        # rank of 2). So: the exit's Python part (the script's atexit handlers, its streams), then out.
+        atexit._run_exitfuncs()
+        _exit_now(0)
 
 
 if __name__ == "__main__":

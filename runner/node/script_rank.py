@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .distenv import pin_self, read_env
-from .protocol import PREEMPTED_NOTE, SCRIPT_WORKDIR, RankExit, write_rank_exit
+from .protocol import LOGS_DIR, PREEMPTED_NOTE, SCRIPT_WORKDIR, RankExit, rank_log_path, write_rank_exit
 from .spot import Watcher
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
     (workdir / output).mkdir(parents=True, exist_ok=True)
-    (job_dir / "logs").mkdir(exist_ok=True)
+    (job_dir / LOGS_DIR).mkdir(exist_ok=True)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the script starts in a session of its own is adopted here, not by init
     # stdin: nothing (a rank's inherited one is mpirun's socket, where a read would wait for ever); a
     # process group of its own, so that what it leaves running is found and stopped; killed with this
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
     watcher = _watch_spot(child, note)
-    reader = threading.Thread(target=_tee, args=(child.stdout, job_dir / "logs" / f"rank{dist.rank}.log"), daemon=True)
+    reader = threading.Thread(target=_tee, args=(child.stdout, job_dir / rank_log_path(dist.rank)), daemon=True)
     reader.start()
     code = child.wait()
     _stop_leftovers(child.pid)  # their ends of the output pipe close with them

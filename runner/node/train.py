@@ -36,16 +36,22 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from . import datafiles, glue, spot
-from .distenv import check_world_size, leave_process_group, pin_self, read_env, threads_started_on
+from .distenv import DistEnv, check_world_size, leave_process_group, pin_self, read_env, threads_started_on
 from .facts import cpu_info, native_bf16, versions
 from .protocol import (
     CHECKPOINT_FILE,
     DONE,
     EXIT_PREEMPTED,
+    HELD_FILE,
+    KERNEL_CACHE_DIR,
     LOG_CLOCK,
     LOG_MARK_ENV,
+    LOGS_DIR,
+    MODEL_DIR,
     PREEMPTED_FILE,
+    RELEASE_FILE,
     RESULTS_FILE,
+    TENSORBOARD_DIR,
     CheckpointSaved,
     DevMetrics,
     Preempted,
@@ -55,6 +61,7 @@ from .protocol import (
     dev_line,
     log_format,
     progress_line,
+    rank_log_path,
     strict_json,
 )
 from .recipes import RECIPES
@@ -146,12 +153,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=None,
                    help="every dropout probability of the model (default: its config's); 0 lets attention use fused SDPA")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--resume", action="store_true", help="continue from <output-dir>/checkpoints/last.pt")
+    p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
     p.add_argument("--spot-watch", default="", metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
                         f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
     p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
-                   help="tests: before step N, write <output-dir>/held and wait for <output-dir>/release")
+                   help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (bench)")
     p.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
@@ -260,11 +267,60 @@ class StepStats:
                 "steady_tokens_per_second": per_second(self.steady_tokens, self.steady_seconds)}
 
 
+@dataclass
+class Data:
+    """The task and its rows, tokenized (unpadded: collate pads each batch)."""
+    tokenizer: object
+    task: glue.Task
+    train: dict  # encode's
+    dev: dict
+    pad_id: int  # the tokenizer's padding token
+
+
+@dataclass
+class Run:
+    """What the loop and its helpers share: the settings and this rank, the data, the model with its
+    optimizer and schedule, where the job's files go, and how far training has come (what a
+    checkpoint keeps, and where a resumed run started)."""
+    args: argparse.Namespace
+    env: DistEnv
+    setup: Setup
+    log: logging.Logger
+    out_dir: Path  # the job's directory (--output-dir)
+    data: Data
+    total_steps: int  # planned, all epochs
+    model: torch.nn.Module  # the model itself (never DDP around it): what is saved
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stats: StepStats
+    started_at: datetime  # this process's start, UTC
+    sync: Sync | None = None  # how the ranks average gradients: made once the model is compiled and resumed
+    watcher: spot.Watcher | None = None  # this node's spot watch (its first rank's, with --spot-watch)
+    board: object = None  # rank 0's TensorBoard writer
+    step: int = 0  # steps done, all epochs
+    history: list[dict] = field(default_factory=list)  # per finished epoch: train loss, the pass, dev metrics
+    start_epoch: int = 0  # this process's first epoch, from 0 (a resumed run's)
+    resumed_at: dict = field(default_factory=lambda: dict(EPOCH_START))  # where in start_epoch it resumed
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out_dir / CHECKPOINT_FILE
+
+
+@dataclass
+class RankRows:
+    """This rank's rows of a global batch, ready for a step."""
+    inputs: dict  # collated and padded
+    labels: torch.Tensor
+    share: float  # of the global batch: this rank's mean loss is weighted by it
+    collate_s: float  # dealing and collating them (counted in the step's compute)
+
+
 def main(argv=None) -> int:
     args, env, started_at = parse_args(argv), ENV, datetime.now(timezone.utc)
     out_dir = Path(args.output_dir)
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    log = setup_logging(out_dir / "logs" / f"rank{env.rank}.log", env.master)
+    (out_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    log = setup_logging(out_dir / rank_log_path(env.rank), env.master)
 
     # ---- setup: threads, process group, precision -----------------------------------------------
     setup = start(args, env, log)
@@ -272,70 +328,62 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     # ---- data -----------------------------------------------------------------------------------
-    tokenizer, task, train, dev = load_data(args, env)
+    data = load_data(args, env)
+    train = data.train
     total_steps = args.max_steps or args.epochs * len(global_batches(
         len(train["labels"]), train["lengths"], args.batch_size, env.world_size, args.group_by_length, args.seed))
 
     # ---- model and optimizer --------------------------------------------------------------------
-    model, optimizer, scheduler = build_model(args, task, setup.precision, total_steps)
-    compiled = maybe_compile(model, args, setup.precision, total_steps, out_dir, env, log)
-    start_epoch, history, step, position = 0, [], 0, EPOCH_START
-    checkpoint_path = out_dir / CHECKPOINT_FILE
+    model, optimizer, scheduler = build_model(args, data.task, setup.precision, total_steps)
+    stats = StepStats(args.warmup_steps_untimed)
+    run = Run(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at)
+    compiled = maybe_compile(run)
     if args.resume:
-        start_epoch, step, history, position = resume(checkpoint_path, model, optimizer, scheduler, env, log)
+        resume(run)
 
     # ---- DDP ------------------------------------------------------------------------------------
-    sync = make_sync(model, args, env, setup.grad_compress)
-    watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
+    run.sync = make_sync(model, args, env, setup.grad_compress)
+    run.watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
 
     # ---- the loop -------------------------------------------------------------------------------
-    stats = StepStats(args.warmup_steps_untimed)
-    board = open_board(out_dir, env)
-    label_dtype = torch.float32 if task.labels is None else torch.long
-    pad_id = tokenizer.pad_token_id or 0
-    for epoch in range(start_epoch, args.epochs):
+    run.board = open_board(out_dir, env)
+    for epoch in range(run.start_epoch, args.epochs):
         batches = global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
                                  args.group_by_length, args.seed + epoch)
-        skip = position["batch"] if epoch == start_epoch else 0  # done before a mid-epoch stop
-        stats.start_epoch(position if skip else EPOCH_START)
+        skip = run.resumed_at["batch"] if epoch == run.start_epoch else 0  # done before a mid-epoch stop
+        stats.start_epoch(run.resumed_at if skip else EPOCH_START)
         epoch_start = time.perf_counter()
-        sync.module.train()
+        run.sync.module.train()
         for i, global_batch in enumerate(batches[skip:], start=skip):
-            if step + 1 == args.hold_at_step:
-                hold(out_dir, step + 1, env)
-            t0 = time.perf_counter()
-            batch, labels, share = rank_batch(train, global_batch, sync, env, args, pad_id, label_dtype)
-            loss, phases = train_step(sync, optimizer, scheduler, batch, labels, share, setup.precision,
-                                      time.perf_counter() - t0)
-            step += 1
+            if run.step + 1 == args.hold_at_step:
+                hold(run)
+            loss, phases = train_step(run, rank_batch(run, global_batch))
+            run.step += 1
             stats.record(phases, len(global_batch), sum(train["lengths"][j] for j in global_batch), loss)
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
-                log_progress(log, stats, epoch, step, total_steps, args, env, board, scheduler.get_last_lr()[0])
-            if args.spot_watch and interruption_seen(watcher, env.world_size):
-                return stop_for_spot(watcher, model, optimizer, scheduler, checkpoint_path, out_dir, history, log, env,
-                                     epoch, step, i + 1, stats.position(i + 1))
-            if args.max_steps and step >= args.max_steps:
+                log_progress(run, epoch)
+            if args.spot_watch and interruption_seen(run.watcher, env.world_size):
+                return stop_for_spot(run, epoch, i + 1)
+            if args.max_steps and run.step >= args.max_steps:
                 break
         epoch_seconds = time.perf_counter() - epoch_start
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
-        metrics = {} if args.no_eval else evaluate(model, dev, task, args, env, pad_id, setup.precision, board, step)
-        history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
-                        "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
-                        "pass_tokens": stats.epoch_tokens, **metrics})
+        metrics = {} if args.no_eval else evaluate(run)
+        run.history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
+                            "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
+                            "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
             log.info(dev_line(DevMetrics(epoch + 1, metrics)))
         if not args.no_save:
-            save_all(checkpoint_path, model, optimizer, scheduler, epoch + 1, step, history, EPOCH_START, env, log)
-        if args.max_steps and step >= args.max_steps:
+            save_all(run, epoch + 1, EPOCH_START)
+        if args.max_steps and run.step >= args.max_steps:
             break
 
     # ---- results ----------------------------------------------------------------------------------
     remember_compile(compiled, compile_seconds(stats), env)
     timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
-        results = results_of(args, env, setup, stats, history, step, start_epoch, position, train, timeline,
-                             compiled, started_at, task)
-        write_results(results, model, tokenizer, out_dir, args.no_save, log)
+        write_results(run, results_of(run, compiled, timeline))
     leave_group(env)
     log.info(DONE)
     return 0
@@ -383,9 +431,9 @@ def start(args, env, log) -> Setup:
 
 # ---- data -------------------------------------------------------------------------------------------
 
-def load_data(args, env) -> tuple:
+def load_data(args, env) -> Data:
     """The tokenizer, the task (a GLUE one, or the one the custom files make), and the train and
-    dev rows tokenized (unpadded: collate pads each batch)."""
+    dev rows tokenized."""
     import transformers
     transformers.utils.logging.disable_progress_bar()
     # transformers' own messages (the weights' load report) go to this rank's log file only,
@@ -406,8 +454,8 @@ def load_data(args, env) -> tuple:
     if args.max_eval_samples:
         dev_rows = dev_rows[:args.max_eval_samples]
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    return (tokenizer, task, encode(tokenizer, train_rows, args.max_length),
-            encode(tokenizer, dev_rows, args.max_length))
+    return Data(tokenizer, task, encode(tokenizer, train_rows, args.max_length),
+                encode(tokenizer, dev_rows, args.max_length), tokenizer.pad_token_id or 0)
 
 
 def encode(tokenizer, rows, max_length: int) -> dict:
@@ -473,7 +521,7 @@ def kernel_cache(out_dir: Path, stack: str) -> Path:
     if INDUCTOR_CACHE_GIVEN:
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     node_dir = os.environ.get("FTC_NODE_DIR")
-    return Path(node_dir) / "cache" / f"inductor-{stack}" if node_dir else out_dir / "inductor-cache"
+    return Path(node_dir) / "cache" / f"inductor-{stack}" if node_dir else out_dir / KERNEL_CACHE_DIR
 
 
 def compile_signature(args, precision: str) -> str:
@@ -508,18 +556,19 @@ class Compiled:
     signature: str  # compile_signature
 
 
-def maybe_compile(model, args, precision: str, total_steps: int, out_dir: Path, env, log) -> Compiled:
-    cache_dir = kernel_cache(out_dir, args.stack)
-    signature = compile_signature(args, precision)
-    cache = cache_state(cache_dir, signature, env) if args.compile != "off" else "cold"
-    compiled, note = compile_choice(args.compile, total_steps, cache)
-    log.info(f"compile: {note}")
+def maybe_compile(run: Run) -> Compiled:
+    args = run.args
+    cache_dir = kernel_cache(run.out_dir, args.stack)
+    signature = compile_signature(args, run.setup.precision)
+    cache = cache_state(cache_dir, signature, run.env) if args.compile != "off" else "cold"
+    compiled, note = compile_choice(args.compile, run.total_steps, cache)
+    run.log.info(f"compile: {note}")
     if not compiled:
         return Compiled(note, "none", cache_dir, signature)
     # In place, so the state dict (checkpoints, the saved model) keeps its names.
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
-    model.compile(dynamic=True)
+    run.model.compile(dynamic=True)
     return Compiled(note, cache, cache_dir, signature)
 
 
@@ -572,22 +621,22 @@ def make_sync(model, args, env, grad_compress: str) -> Sync:
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
-def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: float, precision: str,
-               collate_s: float) -> tuple[float, dict[str, float]]:
+def train_step(run: Run, rows: RankRows) -> tuple[float, dict[str, float]]:
     """Forward and backward; wait for every rank; average the gradient; optimizer step. Returns
     the loss and the seconds of each phase (PHASES)."""
+    sync, optimizer, collate_s = run.sync, run.optimizer, rows.collate_s
     syncing = sync.balance is not None  # none in one process, or with --no-grad-sync (profiling)
     t0 = time.perf_counter()
     if sync.rows and syncing:
-        sync.rows.agree(batch["input_ids"])  # its small all-reduce runs beside forward
+        sync.rows.agree(rows.inputs["input_ids"])  # its small all-reduce runs beside forward
     no_sync = sync.overlapped and not syncing
     with sync.module.no_sync() if no_sync else contextlib.nullcontext():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = sync.module(**batch, labels=labels).loss
-        (loss * share if share != 1 else loss).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.setup.precision == "bf16"):
+            loss = sync.module(**rows.inputs, labels=rows.labels).loss
+        (loss * rows.share if rows.share != 1 else loss).backward()
     t1 = time.perf_counter()
     if syncing:
-        sync.balance.exchange(len(labels), collate_s + t1 - t0)  # waits here for the slowest rank
+        sync.balance.exchange(len(rows.labels), collate_s + t1 - t0)  # waits here for the slowest rank
     t2 = time.perf_counter()
     if syncing:
         if sync.grads:
@@ -596,7 +645,7 @@ def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: flo
             sync.rows.finish()
     t3 = time.perf_counter()
     optimizer.step()
-    scheduler.step()
+    run.scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     value = loss.item()
     t4 = time.perf_counter()
@@ -604,15 +653,17 @@ def train_step(sync: Sync, optimizer, scheduler, batch: dict, labels, share: flo
                    "step_s": collate_s + t4 - t0}
 
 
-def rank_batch(train: dict, global_batch: list[int], sync: Sync, env, args, pad_id: int, label_dtype) -> tuple:
+def rank_batch(run: Run, global_batch: list[int]) -> RankRows:
     """This rank's rows of a global batch, padded, their labels, and the share of the global batch
     they are: each rank's mean loss is weighted by it, so that the averaged gradient is the global
     batch's mean however the rows were split."""
-    counts = sync.balance.counts(len(global_batch)) if sync.balance else even_counts(len(global_batch), env.world_size)
+    t0, env, train, balance = time.perf_counter(), run.env, run.data.train, run.sync.balance
+    counts = balance.counts(len(global_batch)) if balance else even_counts(len(global_batch), env.world_size)
     indices = deal(global_batch, counts)[env.rank]
-    batch = collate(train, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
-    labels = torch.tensor([train["labels"][j] for j in indices], dtype=label_dtype)
-    return batch, labels, len(indices) * env.world_size / len(global_batch)
+    batch = collate(train, indices, run.data.pad_id, run.args.max_length if run.args.pad_to == "max_length" else 0)
+    labels = torch.tensor([train["labels"][j] for j in indices],
+                          dtype=torch.float32 if run.data.task.labels is None else torch.long)
+    return RankRows(batch, labels, len(indices) * env.world_size / len(global_batch), time.perf_counter() - t0)
 
 
 def every_rank(value, world: int) -> list:
@@ -630,11 +681,14 @@ def leave_group(env) -> None:
         leave_process_group()
 
 
-def log_progress(log, stats: StepStats, epoch: int, step: int, total_steps: int, args, env, board, lr: float) -> None:
+def log_progress(run: Run, epoch: int) -> None:
+    stats, step, total_steps = run.stats, run.step, run.total_steps
     rate = stats.samples / stats.seconds
-    left = (total_steps - step) * args.batch_size * env.world_size / rate
-    log.info(progress_line(Progress(epoch + 1, args.epochs, step, total_steps, stats.last_loss, rate, duration(left))))
-    to_board(board, step, {"train/loss": stats.last_loss, "train/learning_rate": lr, "train/samples_per_second": rate})
+    left = (total_steps - step) * run.args.batch_size * run.env.world_size / rate
+    run.log.info(progress_line(Progress(epoch + 1, run.args.epochs, step, total_steps, stats.last_loss, rate,
+                                        duration(left))))
+    to_board(run.board, step, {"train/loss": stats.last_loss, "train/learning_rate": run.scheduler.get_last_lr()[0],
+                               "train/samples_per_second": rate})
 
 
 def open_board(out_dir: Path, env):
@@ -642,7 +696,7 @@ def open_board(out_dir: Path, env):
     if not env.master:
         return None
     from torch.utils.tensorboard import SummaryWriter
-    return SummaryWriter(str(out_dir / "tensorboard"))
+    return SummaryWriter(str(out_dir / TENSORBOARD_DIR))
 
 
 def to_board(board, step: int, values: dict[str, float | None]) -> None:
@@ -656,21 +710,21 @@ def to_board(board, step: int, values: dict[str, float | None]) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, dev: dict, task: glue.Task, args, env, pad_id: int, precision: str, board,
-             step: int) -> dict[str, float]:
+def evaluate(run: Run) -> dict[str, float]:
     """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics
     (and writes them to TensorBoard at `step`).
 
     The model's own forward, uncompiled: a second compiled graph (eval mode) would cost more
     than a few hundred dev rows take."""
+    model, dev, args, env = run.model, run.data.dev, run.args, run.env
     model.eval()
     mine = list(range(env.rank, len(dev["labels"]), env.world_size))
     mine.sort(key=dev["lengths"].__getitem__)
     predictions = []
     for start in range(0, len(mine), args.batch_size * 2):
         indices = mine[start:start + args.batch_size * 2]
-        batch = collate(dev, indices, pad_id, args.max_length if args.pad_to == "max_length" else 0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        batch = collate(dev, indices, run.data.pad_id, args.max_length if args.pad_to == "max_length" else 0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.setup.precision == "bf16"):
             logits = model.forward(**batch).logits.float()
         values = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1).float()
         predictions += list(zip(indices, values.tolist()))
@@ -679,18 +733,18 @@ def evaluate(model, dev: dict, task: glue.Task, args, env, pad_id: int, precisio
     predictions.sort()
     pred = [p for _, p in predictions]
     gold = [dev["labels"][i] for i, _ in predictions]
-    metrics = glue.score(task, pred, gold)
-    to_board(board, step, {key.replace("eval_", "eval/", 1): value for key, value in metrics.items()})
+    metrics = glue.score(run.data.task, pred, gold)
+    to_board(run.board, run.step, {key.replace("eval_", "eval/", 1): value for key, value in metrics.items()})
     return metrics
 
 
-def hold(out_dir: Path, step: int, env) -> None:
+def hold(run: Run) -> None:
     """Tests act on a job at a known point (detach, cancel, lose a node, arm a spot notice)
-    instead of racing the clock: before `step`, rank 0 writes <output-dir>/held and every rank
-    waits until <output-dir>/release exists (local nodes share one file system)."""
-    if env.master:
-        (out_dir / "held").write_text(str(step))
-    while not (out_dir / "release").exists():
+    instead of racing the clock: before the next step, rank 0 writes HELD_FILE and every rank
+    waits until RELEASE_FILE exists in the job's directory (local nodes share one file system)."""
+    if run.env.master:
+        (run.out_dir / HELD_FILE).write_text(str(run.step + 1))
+    while not (run.out_dir / RELEASE_FILE).exists():
         time.sleep(0.1)
 
 
@@ -708,14 +762,14 @@ def interruption_seen(watcher, world: int) -> bool:
     return bool(seen.item())
 
 
-def stop_for_spot(watcher, model, optimizer, scheduler, path: Path, out_dir: Path, history: list, log, env,
-                  epoch: int, step: int, batch: int, position: dict) -> int:
-    """Every rank stops after the same step (the all-reduce made them agree): checkpoint there, exit."""
-    save_all(path, model, optimizer, scheduler, epoch, step, history, position, env, log, batch)
-    if env.master:
-        (out_dir / PREEMPTED_FILE).write_text(Preempted(watcher.notice if watcher else None, epoch, batch, step).to_json())
-    leave_group(env)
-    log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
+def stop_for_spot(run: Run, epoch: int, batch: int) -> int:
+    """Every rank stops after `batch` of `epoch` (the all-reduce made them agree): checkpoint there, exit."""
+    save_all(run, epoch, run.stats.position(batch), batch)
+    if run.env.master:
+        notice = run.watcher.notice if run.watcher else None
+        (run.out_dir / PREEMPTED_FILE).write_text(Preempted(notice, epoch, batch, run.step).to_json())
+    leave_group(run.env)
+    run.log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
     return EXIT_PREEMPTED
 
 
@@ -725,54 +779,57 @@ def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
-def save_all(path: Path, model, optimizer, scheduler, epochs_done: int, step: int, history: list, position: dict,
-             env, log, batch: int | None = None) -> None:
+def save_all(run: Run, epochs_done: int, position: dict, batch: int | None = None) -> None:
     """Every rank's RNG (dropout masks differ by rank): a resumed run then matches an
     uninterrupted one. `position`: how far into the next epoch (a mid-epoch stop, after `batch`)."""
-    rng = [None] * env.world_size
-    if env.world_size > 1:
+    rng = [None] * run.env.world_size
+    if run.env.world_size > 1:
         dist.all_gather_object(rng, rng_state())
     else:
         rng = [rng_state()]
-    if env.master:
-        save_checkpoint(path, model, optimizer, scheduler, epochs_done, step, history, rng, position)
-        log.info(checkpoint_line(CheckpointSaved(epochs_done, str(path), batch)))
+    if run.env.master:
+        save_checkpoint(run, epochs_done, rng, position)
+        run.log.info(checkpoint_line(CheckpointSaved(epochs_done, str(run.checkpoint), batch)))
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, epoch: int, step: int, history: list, rng: list,
-                    position: dict) -> None:
+def save_checkpoint(run: Run, epochs_done: int, rng: list, position: dict) -> None:
+    path = run.checkpoint
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "epoch": epoch, "step": step, "history": history, "rng": rng, "position": position}, tmp)
+    torch.save({"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(), "epoch": epochs_done, "step": run.step,
+                "history": run.history, "rng": rng, "position": position}, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
 
 
-def resume(path: Path, model, optimizer, scheduler, env, log) -> tuple[int, int, list, dict]:
-    """Rank 0 reads the checkpoint (only its node has it) and sends it to the other ranks."""
+def resume(run: Run) -> None:
+    """Rank 0 reads the checkpoint (only its node has it) and sends it to the other ranks; the run
+    goes on from where it was saved."""
+    path, env = run.checkpoint, run.env
     box = [torch.load(path, weights_only=False) if env.master and path.exists() else None]
     if env.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     checkpoint = box[0]
     if checkpoint is None:
         raise SystemExit(f"--resume: no checkpoint at {path}; start without --resume")
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
+    run.model.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
     rng = checkpoint.get("rng") or []
     if len(rng) == env.world_size:  # the same layout as the run that saved it: continue its random streams
         torch.set_rng_state(rng[env.rank]["torch"])
         random.setstate(rng[env.rank]["python"])
     position = checkpoint.get("position") or EPOCH_START  # checkpoints from before mid-epoch stops
-    log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, batch {position['batch']}, step {checkpoint['step']}")
-    return checkpoint["epoch"], checkpoint["step"], checkpoint["history"], position
+    run.log.info(f"resumed from {path}: epoch {checkpoint['epoch']}, batch {position['batch']}, step {checkpoint['step']}")
+    run.start_epoch, run.step, run.history, run.resumed_at = (checkpoint["epoch"], checkpoint["step"],
+                                                               checkpoint["history"], position)
 
 
 # ---- results ----------------------------------------------------------------------------------------
 
-def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: int, start_epoch: int,
-               position: dict, train: dict, timeline: list[dict], compiled: Compiled,
-               started_at: datetime, task: glue.Task) -> TrainResults:
+def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResults:
+    """`timeline`: every rank's StepStats.timeline, in rank order."""
+    args, env, setup, stats, history, train = run.args, run.env, run.setup, run.stats, run.history, run.data.train
     several = env.world_size > 1
     return TrainResults(
         task=args.task, model=args.model, recipe=args.recipe, stack=args.stack,
@@ -788,13 +845,13 @@ def results_of(args, env, setup: Setup, stats: StepStats, history: list, step: i
         padding=args.pad_to, dropout=args.dropout, train_samples=len(train["labels"]),
         train_tokens=sum(train["lengths"]), train_samples_seen=stats.samples,
         train_tokens_seen=stats.tokens, train_seconds=round(stats.seconds, 3), **stats.rates(),
-        first_loss=finite(stats.first_loss), final_loss=finite(stats.last_loss), steps=step,
-        resumed_from_epoch=start_epoch if args.resume else None,
-        resumed_from_batch=position["batch"] if args.resume else None,
+        first_loss=finite(stats.first_loss), final_loss=finite(stats.last_loss), steps=run.step,
+        resumed_from_epoch=run.start_epoch if args.resume else None,
+        resumed_from_batch=run.resumed_at["batch"] if args.resume else None,
         epoch_metrics=history, metrics={k: v for k, v in (history[-1] if history else {}).items() if k.startswith("eval_")},
         timeline=[{"rank": r, **phases} for r, phases in enumerate(timeline)],
-        versions={"python": sys.version.split()[0], **versions()}, started_at=started_at.isoformat(),
-        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(task.labels) if task.labels else None)
+        versions={"python": sys.version.split()[0], **versions()}, started_at=run.started_at.isoformat(),
+        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(run.data.task.labels) if run.data.task.labels else None)
 
 
 def finite(value: float | None) -> float | None:
@@ -803,12 +860,12 @@ def finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def write_results(results: TrainResults, model, tokenizer, out_dir: Path, no_save: bool, log) -> None:
-    if not no_save:
-        model.save_pretrained(out_dir / "model")
-        tokenizer.save_pretrained(out_dir / "model")
-    (out_dir / RESULTS_FILE).write_text(results.to_json())
-    log.info("results: " + strict_json(results.metrics, indent=None))
+def write_results(run: Run, results: TrainResults) -> None:
+    if not run.args.no_save:
+        run.model.save_pretrained(run.out_dir / MODEL_DIR)
+        run.data.tokenizer.save_pretrained(run.out_dir / MODEL_DIR)
+    (run.out_dir / RESULTS_FILE).write_text(results.to_json())
+    run.log.info("results: " + strict_json(results.metrics, indent=None))
 
 
 def setup_logging(path: Path, master: bool) -> logging.Logger:
