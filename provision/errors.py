@@ -3,7 +3,7 @@
 Every message names the value or the resource at fault and says what to do next;
 the CLI prints it as one line and exits with the code below. A message names a setting and a next
 command in the form the user runs ftc in: `--text-columns` and `ftc up --name ftc` at the ftc
-command, `TEXT_COLUMNS` and `make cluster NAME=ftc` through the Makefile (`option`, `command`).
+command, `TEXT_COLUMNS` and `make cluster NAME=ftc` through the Makefile (`option`, `switch_on`, `command`).
 """
 
 import argparse
@@ -40,7 +40,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 VIA_MAKE = "FTC_VIA_MAKE"  # the Makefile sets it to 1 on every ftc command it runs
-MAKE_NAMES = {"with": "BOOTSTRAPPER"}  # options whose Make variable has another name
+MAKE_NAMES = {"with": "BOOTSTRAPPER", "arg": "ARGS", "run": "ID"}  # settings whose Make variable has another name
+# Settings given at the ftc command as words of their own, not flags (`ftc launch -- SCRIPT ARGS`,
+# `ftc runs show ID`), and the name a message gives them there.
+OPERANDS = {"script": "script", "arg": "argument", "run": "id"}
 MAKE_TARGETS = {"up": "cluster", "down": "destroy"}  # ftc commands whose make target has another name
 
 
@@ -52,12 +55,19 @@ def via_make(env: Mapping[str, str] | None = None) -> bool:
 def option(key: str, env: Mapping[str, str] | None = None) -> str:
     """A setting named as the user gives it: 'text_columns' is `--text-columns` at the ftc command and
     `TEXT_COLUMNS` through make. A name already in upper case (an environment variable such as
-    FTC_HOME) is shown as it is. Pure, given `env`."""
+    FTC_HOME) is shown as it is; an operand (OPERANDS) by its name: 'script' is `script` at the ftc
+    command. Pure, given `env`."""
     if key.isupper():
         return key
     if via_make(env):
         return MAKE_NAMES.get(key, key.upper())
-    return "--" + key.replace("_", "-")
+    return OPERANDS.get(key) or "--" + key.replace("_", "-")
+
+
+def switch_on(key: str, env: Mapping[str, str] | None = None) -> str:
+    """A switch turned on as the user gives it: 'yes' is `--yes` at the ftc command and `YES=1` through
+    make. Pure, given `env`."""
+    return f"{option(key, env)}=1" if via_make(env) else option(key, env)
 
 
 def command(verb: str, env: Mapping[str, str] | None = None, **settings: object) -> str:

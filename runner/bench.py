@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.errors import OneLineParser, UsageError
+from provision.errors import OneLineParser, UsageError, option
 from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, default_ppn, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
@@ -107,7 +107,7 @@ def checked(args: argparse.Namespace) -> None:
         args.levers = [name.strip() for name in args.levers.split(",") if name.strip()]
         unknown = [name for name in args.levers if name not in LEVERS]
         if unknown or not args.levers:
-            raise UsageError(f"LEVERS={','.join(unknown)!r} is not a lever; allowed: {', '.join(LEVERS)}")
+            raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a lever; allowed: {', '.join(LEVERS)}")
     writable_dir("out", args.out)
     if args.bootstrap:
         return
@@ -122,7 +122,8 @@ def checked(args: argparse.Namespace) -> None:
         physical = len(physical_cores())
         args.ranks = sorted({1, *(args.ranks or [n for n in ((1, 2) if args.quick else (1, 2, 4)) if n <= physical])})
         if args.ranks == [1]:
-            raise UsageError("RANKS=1: --network needs a node count above 1 in --ranks (2 or more)")
+            raise UsageError(f"{option('ranks')}=1: {option('network')} needs a node count above 1 in "
+                             f"{option('ranks')} (2 or more)")
     if args.node_shapes is not None:
         args.node_shapes = node_shape_list(args.node_shapes, len(physical_cores()))
     if not args.accuracy:
@@ -137,7 +138,7 @@ def network_instance(raw: str) -> str:
     name = raw if "." in raw else f"{raw}.16xlarge"
     if name not in INSTANCE_TYPES:
         families = sorted({key.split(".")[0] for key in INSTANCE_TYPES})
-        raise UsageError(f"NETWORK={raw!r} is not an instance type; allowed: {', '.join(families)} (their 16xlarge) "
+        raise UsageError(f"{option('network')}={raw!r} is not an instance type; allowed: {', '.join(families)} (their 16xlarge) "
                          "or a type such as c7i.8xlarge")
     return name
 
@@ -146,7 +147,8 @@ def glue_dir(raw: str | None) -> Path:
     """The GLUE directory the bench reads MRPC from: given, or ../shared's."""
     path = (Path(local_path("data_dir", raw)) if raw else DEFAULT_GLUE).resolve()
     if not any((path / task / "train.tsv").is_file() for task in ("mrpc", "MRPC")):
-        raise UsageError(f"DATA_DIR={raw or str(path)!r} has no mrpc/train.tsv; give a GLUE directory with --data-dir")
+        raise UsageError(f"{option('data_dir')}={raw or str(path)!r} has no mrpc/train.tsv; give a GLUE directory with "
+                         f"{option('data_dir')}")
     return path
 
 
@@ -158,7 +160,7 @@ def tokenizer_dir(explicit: str | None) -> Path:
         return Path(packaged_model())
     path = Path(local_path("tokenizer", explicit)).resolve()
     if not any((path / name).is_file() for name in TOKENIZER_FILES[:2]):
-        raise UsageError(f"TOKENIZER={explicit!r} holds no {' or '.join(TOKENIZER_FILES[:2])}; give the directory "
+        raise UsageError(f"{option('tokenizer')}={explicit!r} holds no {' or '.join(TOKENIZER_FILES[:2])}; give the directory "
                          "of the bert-base-uncased vocabulary")
     return path
 
@@ -169,9 +171,9 @@ def rank_layout(ranks: list[int] | None, cores_per_rank: int | None, quick: bool
     counts = ranks or ([1, 2] if quick else [1, 2, 4])
     per_rank = cores_per_rank or max(1, physical // max(counts))
     if per_rank * max(counts) > physical:
-        raise UsageError(f"RANKS={','.join(map(str, counts))} with CORES_PER_RANK={per_rank}: {max(counts)} ranks x "
-                         f"{per_rank} cores > this host's {physical} physical cores; give fewer --ranks or "
-                         "--cores-per-rank")
+        raise UsageError(f"{option('ranks')}={','.join(map(str, counts))} with {option('cores_per_rank')}={per_rank}: "
+                         f"{max(counts)} ranks x {per_rank} cores > this host's {physical} physical cores; give fewer "
+                         f"{option('ranks')} or {option('cores_per_rank')}")
     return counts, per_rank
 
 
@@ -812,9 +814,9 @@ def node_shape_list(raw: str, physical: int) -> list[tuple[int, int]]:
     for item in raw.split(","):
         nodes, _, cores = item.strip().partition("x")
         if not (nodes.isdigit() and cores.isdigit() and int(nodes) >= 1 and int(cores) >= 2):
-            raise UsageError(f"NODE_SHAPES={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
+            raise UsageError(f"{option('node_shapes')}={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
         if int(nodes) * int(cores) > physical:
-            raise UsageError(f"NODE_SHAPES={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
+            raise UsageError(f"{option('node_shapes')}={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
                              f"this host has {physical}")
         shapes.append((int(nodes), int(cores)))
     return shapes

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision import state as st
-from provision.errors import FtcError, UsageError
+from provision.errors import FtcError, UsageError, command
 from provision.providers import TRAITS, traits
 from provision.spec import NAME_RE
 from provision.values import conforms, kind_name, label, local_path
@@ -288,13 +288,13 @@ def find(ref: str) -> dict:
     runs = all_runs()
     matches = [r for r in runs if ref in (r["id"], f"{r['cluster']}/{r['id']}")]
     if len(matches) == 1 and matches[0]["problem"]:
-        raise FtcError(f"RUN={ref!r} is corrupt ({matches[0]['problem']}); its files are in "
+        raise FtcError(f"{label('run')}={ref!r} is corrupt ({matches[0]['problem']}); its files are in "
                        f"{matches[0]['results_dir']}: fix or remove them")
     if len(matches) == 1:
         return matches[0]
     if matches:
         named = ", ".join(f"{r['cluster']}/{r['id']}" for r in matches)
-        raise UsageError(f"RUN={ref!r} ran on several clusters; allowed: one of {named}")
+        raise UsageError(f"{label('run')}={ref!r} ran on several clusters; allowed: one of {named}")
     known = ", ".join(r["id"] for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
-    raise UsageError(f"RUN={ref!r} is not a run ftc knows; allowed: an id from `ftc runs`"
+    raise UsageError(f"{label('run')}={ref!r} is not a run ftc knows; allowed: an id from `{command('runs')}`"
                      + (f" ({known})" if runs else " (none yet)"))

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from provision import state as st
 from provision.bootstrap import load_facts
-from provision.errors import FtcError, UsageError
+from provision.errors import FtcError, UsageError, via_make
 from provision.launch import cluster_launch, node_path, node_python, render_launch
 from provision.providers import traits
 from provision.ssh import connect, run
@@ -72,26 +72,27 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
              max_workdir_mb: str | None = None) -> ScriptJob:
     """Every setting of `ftc launch` checked before anything starts; one UsageError naming the value."""
     if not script:
-        raise UsageError("SCRIPT is missing; give the training script: `ftc launch -- train.py [ARGS...]`")
-    for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("OUTPUT", output or ""),
-                       ("REQUIREMENTS", requirements or ""), *(("ARGS", a) for a in args)):
+        raise UsageError(f"{label('script')} is missing; give your training script"
+                         + ("" if via_make() else ": `ftc launch -- train.py [ARGS...]`"))
+    for key, value in (("script", script), ("workdir", workdir or ""), ("output", output or ""),
+                       ("requirements", requirements or ""), *(("arg", a) for a in args)):
         refuse_control_character(key, value)
-    for key, value in (("SCRIPT", script), ("WORKDIR", workdir or ""), ("REQUIREMENTS", requirements or "")):
+    for key, value in (("script", script), ("workdir", workdir or ""), ("requirements", requirements or "")):
         if value != value.strip():  # read as given: ' lead.py' is not lead.py
-            raise UsageError(f"{key}={value!r} begins or ends with a space; give the path without it")
+            raise UsageError(f"{label(key)}={value!r} begins or ends with a space; give the path without it")
     script_path = Path(local_path("script", script))
     root = Path(local_path("workdir", workdir)) if workdir else script_path.parent
     if not root.is_dir():
-        raise UsageError(f"WORKDIR={workdir!r} is not a directory; give the folder your script runs from")
+        raise UsageError(f"{label('workdir')}={workdir!r} is not a directory; give the folder your script runs from")
     if not script_path.is_file():
-        raise UsageError(f"SCRIPT={script!r} is not a file ({script_path}); give your training script's path")
+        raise UsageError(f"{label('script')}={script!r} is not a file ({script_path}); give your training script's path")
     try:
         inside = script_path.resolve().relative_to(root.resolve())
     except ValueError:
-        raise UsageError(f"SCRIPT={script!r} is outside WORKDIR={str(root)!r}: only the workdir is copied to the nodes; "
-                         "give a script inside it, or a WORKDIR that holds it") from None
+        raise UsageError(f"{label('script')}={script!r} is outside {label('workdir')}={str(root)!r}: only the workdir "
+                         f"is copied to the nodes; give a script inside it, or a {label('workdir')} that holds it") from None
     job = ScriptJob(workdir=root, script=inside.as_posix(), args=list(args),
-                    output=_relative_inside("OUTPUT", output or "output"),
+                    output=_relative_inside("output", output or "output"),
                     ppn=whole(1, 512)("ppn", ppn) if ppn is not None else 0,
                     env=_env_pairs(env or []),
                     max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
@@ -99,11 +100,11 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
     if requirements:
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
-            raise UsageError(f"REQUIREMENTS={requirements!r} is a directory; give a requirements file")
+            raise UsageError(f"{label('requirements')}={requirements!r} is a directory; give a requirements file")
         try:
             path.read_bytes()
         except OSError as exc:
-            raise UsageError(f"REQUIREMENTS={requirements!r} cannot be read ({exc.strerror or exc}); give a "
+            raise UsageError(f"{label('requirements')}={requirements!r} cannot be read ({exc.strerror or exc}); give a "
                              "requirements file pip can read") from None
         job.requirements = path
     return job
@@ -115,7 +116,7 @@ def _relative_inside(key: str, raw: str) -> str:
     path = PurePosixPath(raw)
     parts = [p for p in path.parts if p != "."]
     if path.is_absolute() or ".." in parts or not parts:
-        raise UsageError(f"{key}={raw!r} is not a folder inside the workdir; allowed: a relative path such as "
+        raise UsageError(f"{label(key)}={raw!r} is not a folder inside the workdir; allowed: a relative path such as "
                          "'output' (no '..', not absolute, not the workdir itself)")
     return "/".join(parts)
 
@@ -125,10 +126,11 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not ENV_NAME.match(key):
-            raise UsageError(f"ENV={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. --env HF_HOME=/data")
+            raise UsageError(f"{label('env')}={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. "
+                             "HF_HOME=/data")
         if key in RESERVED_ENV:
-            raise UsageError(f"ENV={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
-        refuse_control_character("ENV", pair)
+            raise UsageError(f"{label('env')}={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
+        refuse_control_character("env", pair)
         env[key] = value
     return env
 
@@ -152,7 +154,7 @@ def workdir_files(root: Path) -> list[Path]:
         try:
             entries = sorted(folder.iterdir())
         except OSError as exc:
-            raise UsageError(f"WORKDIR: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
+            raise UsageError(f"{label('workdir')}: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
                              ".gitignore") from None
         for entry in entries:
             if entry.name in ALWAYS_LEFT_OUT:
@@ -160,7 +162,7 @@ def workdir_files(root: Path) -> list[Path]:
             try:
                 entry.name.encode("utf-8")
             except UnicodeEncodeError:
-                raise UsageError(f"WORKDIR: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
+                raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
                                  "the fetch need; rename it, or list it in .gitignore") from None
             is_dir = entry.is_dir()
             if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
@@ -186,9 +188,9 @@ def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
     if total > limit_mb * 2**20:
         largest = ", ".join(f"{name} {size / 2**20:.1f} MB" for name, size in
                             sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
-        raise UsageError(f"WORKDIR={str(root)!r} holds {total / 2**20:.1f} MB to copy to every node, over the "
-                         f"{limit_mb} MB limit (largest: {largest}); list what the nodes do not need in its "
-                         f".gitignore, or raise MAX_WORKDIR_MB")
+        raise UsageError(f"{label('workdir')}={str(root)!r} holds {total / 2**20:.1f} MB to copy to every node, over "
+                         f"the {limit_mb} MB limit (largest: {largest}); list what the nodes do not need in its "
+                         f".gitignore, or raise {label('max_workdir_mb')}")
     return total
 
 
@@ -267,7 +269,8 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     facts = load_facts(state)
     files = workdir_files(job.workdir)
     if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
-        raise UsageError(f"SCRIPT={job.script!r} is left out of the copy by WORKDIR's .gitignore; un-ignore it")
+        raise UsageError(f"{label('script')}={job.script!r} is left out of the copy by the .gitignore of "
+                         f"{label('workdir')}={str(job.workdir)!r}; un-ignore it")
     refuse_oversized(job.workdir, files, job.max_workdir_mb)
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"

@@ -62,7 +62,7 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     ("--ranks", "1,0", "--ranks='0' is out of range; allowed: 1..256"),
     ("--repeats", "many", "--repeats='many' is not a whole number; allowed: 1..100"),
     ("--rows", "8", "--rows='8' is out of range; allowed: 32..1000000"),
-    ("--levers", "turbo", "LEVERS='turbo' is not a lever; allowed: overlap, balance-speed, dense-embedding, fp32-wire, "
+    ("--levers", "turbo", "--levers='turbo' is not a lever; allowed: overlap, balance-speed, dense-embedding, fp32-wire, "
                           "gloo-inherit, dropout-0, no-grad-sync"),
     ("--cores-per-rank", "0", "--cores-per-rank='0' is out of range; allowed: 1..1024"),
 ])
@@ -90,9 +90,9 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
 
 @pytest.mark.parametrize("flags, named", [
     (["--out", "{tmp}/afile"], "--out='{tmp}/afile' is not writable"),
-    (["--data-dir", "{tmp}/no-glue"], "DATA_DIR='{tmp}/no-glue' has no mrpc/train.tsv"),
-    (["--ranks", "1,256", "--cores-per-rank", "1024"], "RANKS=1,256 with CORES_PER_RANK=1024"),
-    (["--tokenizer", "{tmp}/no-vocab"], "TOKENIZER='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
+    (["--data-dir", "{tmp}/no-glue"], "--data-dir='{tmp}/no-glue' has no mrpc/train.tsv"),
+    (["--ranks", "1,256", "--cores-per-rank", "1024"], "--ranks=1,256 with --cores-per-rank=1024"),
+    (["--tokenizer", "{tmp}/no-vocab"], "--tokenizer='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
     (["--quick=maybe"], "--quick='maybe' is not a boolean"),
 ], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean"])
 def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
@@ -107,7 +107,7 @@ def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tm
 def test_quick_0_is_the_full_bench_and_every_bench_flag_has_help(ftc_home, tmp_path):
     # the full bench's rank counts (1,2,4), refused here only because no host has 4 x 1024 cores
     proc = ftc("bench", "--quick=0", "--cores-per-rank", "1024", "--out", str(tmp_path / "bench"))
-    assert proc.returncode == 2 and "RANKS=1,2,4 with CORES_PER_RANK=1024" in one_error(proc)
+    assert proc.returncode == 2 and "--ranks=1,2,4 with --cores-per-rank=1024" in one_error(proc)
     from runner.bench import build_parser
     assert [a.dest for a in build_parser()._actions if not a.help] == []
 
@@ -133,9 +133,9 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--network", "c9x"], "NETWORK='c9x' is not an instance type; allowed: c6i, c7i, m6i, m7i, r6i, r7i (their "
+    (["--network", "c9x"], "--network='c9x' is not an instance type; allowed: c6i, c7i, m6i, m7i, r6i, r7i (their "
                            "16xlarge) or a type such as c7i.8xlarge"),
-    (["--network", "c7i", "--ranks", "1"], "RANKS=1: --network needs a node count above 1 in --ranks (2 or more)"),
+    (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
 ], ids=["not an instance type", "no node count above 1"])
 def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), *flags)

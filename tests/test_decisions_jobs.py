@@ -90,8 +90,8 @@ def test_rank_layout_defaults_to_the_hosts_cores_shared_by_the_most_ranks():
 def test_rank_layout_refuses_more_cores_than_the_host_has():
     with pytest.raises(UsageError) as refused:
         rank_layout(None, None, quick=False, physical=2)
-    assert str(refused.value) == ("RANKS=1,2,4 with CORES_PER_RANK=1: 4 ranks x 1 cores > this host's 2 physical "
-                                  "cores; give fewer --ranks or --cores-per-rank")
+    assert str(refused.value) == ("--ranks=1,2,4 with --cores-per-rank=1: 4 ranks x 1 cores > this host's 2 "
+                                  "physical cores; give fewer --ranks or --cores-per-rank")
 
 
 # ---- the sweep's table -----------------------------------------------------------------------------------

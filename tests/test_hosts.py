@@ -288,7 +288,7 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     before = [s.listing() for s in servers]
     up = ftc("up", "--name", "own", *ssh_flags(servers, user_key), "--yes", "1")
     assert up.returncode == 0, up.stderr
-    assert "YES=1: trusting these host keys" in up.stderr
+    assert "--yes: trusting these host keys" in up.stderr
     for server in servers:
         assert f"host {server.spec}: ssh-ed25519 key {fingerprint(server.public_key)}" in up.stderr
     state = json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())
@@ -486,7 +486,8 @@ def test_unreachable_host_is_refused_before_anything_is_installed(ftc_home, serv
     # Reachable, but nobody confirmed the host keys: no terminal and no YES refuses, changing nothing.
     unconfirmed = ftc("up", "--name", "ask", *ssh_flags(servers, user_key), stdin=subprocess.DEVNULL)
     assert unconfirmed.returncode == 2
-    assert "not confirmed and there is no terminal" in unconfirmed.stderr.strip().splitlines()[-1]
+    assert "not confirmed and there is no terminal to ask on; check the fingerprints, then add --yes to trust them" \
+        in unconfirmed.stderr.strip().splitlines()[-1]
     assert servers[0].listing() == before and not (ftc_home / "clusters" / "ask").exists()
 
 

@@ -72,7 +72,7 @@ def test_an_unknown_run_is_refused_in_one_line(ftc_home):
     for args in (["show", "nosuch"], ["compare", "nosuch", "other"]):
         proc = ftc("runs", *args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-            "error: RUN='nosuch' is not a run ftc knows; allowed: an id from `ftc runs` (none yet)"]
+            "error: id='nosuch' is not a run ftc knows; allowed: an id from `ftc runs` (none yet)"]
     assert not (ftc_home / "runs").exists()
 
 
@@ -200,7 +200,7 @@ def test_corrupt_runs_are_listed_as_corrupt_and_never_crash_the_history(ftc_home
     rows = [line.split() for line in table.stdout.splitlines()]
     assert sorted(row[0] for row in rows if row[-1:] == ["corrupt"]) == sorted(CORRUPT)
     shown = ftc("runs", "show", "cluster5")
-    assert shown.returncode == 1 and "RUN='cluster5' is corrupt (run.json: cluster is 5, not a string)" in one_error(shown)
+    assert shown.returncode == 1 and "id='cluster5' is corrupt (run.json: cluster is 5, not a string)" in one_error(shown)
     assert ftc("runs", "show", "good").returncode == 0
 
 

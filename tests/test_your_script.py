@@ -88,14 +88,14 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
     up_local("nb", nodes=1)  # up, not bootstrapped
     before = state_of(ftc_home, "nb")
     cases = [
-        (["--name", "nb", "--", str(workdir / "missing.py")], "SCRIPT="),
-        (["--name", "nb", "--workdir", str(workdir), "--", str(tmp_path / "outside.py")], "is outside WORKDIR="),
+        (["--name", "nb", "--", str(workdir / "missing.py")], "script="),  # an operand: no flag
+        (["--name", "nb", "--workdir", str(workdir), "--", str(tmp_path / "outside.py")], "is outside --workdir="),
         (["--name", "nb", "--", str(script), "--requirements", "x"], None),  # after the script: its own argument
-        (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "REQUIREMENTS="),
+        (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "--requirements="),
         (["--name", "nb", "--requirements", str(workdir), "--", str(script)], "is a directory"),
-        (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "OUTPUT='../elsewhere' is not a folder"),
+        (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "--output='../elsewhere' is not a folder"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
-        (["--name", "nb", "--env", "not a pair", "--", str(script)], "ENV='not a pair'"),
+        (["--name", "nb", "--env", "not a pair", "--", str(script)], "--env='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
         (["--name", "nb", "--", f" {script}"], "begins or ends with a space"),

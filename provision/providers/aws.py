@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import state as st
 from ..catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
-from ..errors import FtcError, UsageError, option
+from ..errors import FtcError, UsageError, option, switch_on
 from ..templates import render
 from ..ui import console
 from ..values import from_env, number
@@ -159,7 +159,8 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise UsageError("YES is not set and there is no terminal to confirm on; add YES=1 (--yes 1) to spend money")
+        raise UsageError(f"{option('yes')} is not given and there is no terminal to confirm on; add {switch_on('yes')} "
+                         "to spend money")
     if input("create it? [y/N] ").strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing created")
 

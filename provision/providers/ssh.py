@@ -36,7 +36,7 @@ import paramiko
 
 from .. import procs
 from .. import state as st
-from ..errors import FtcError, UsageError, command, option
+from ..errors import FtcError, UsageError, command, option, switch_on
 from ..spec import ClusterSpec, host_label, parse_host
 from ..ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
 from ..templates import render
@@ -228,12 +228,12 @@ def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
     for host, key in zip(hosts, keys):
         console.print(f"host {host.label}: {key.split()[0]} key {fingerprint(key)}", markup=False)
     if yes:
-        console.print("YES=1: trusting these host keys without asking; ftc pins them and refuses any other later "
+        console.print(f"{switch_on('yes')}: trusting these host keys without asking; ftc pins them and refuses any other later "
                       "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on each server)", markup=False)
         return
     if not sys.stdin.isatty():
         raise UsageError("the host keys above are not confirmed and there is no terminal to ask on; check the "
-                         "fingerprints, then add YES=1 (--yes 1) to trust them; nothing changed")
+                         f"fingerprints, then add {switch_on('yes')} to trust them; nothing changed")
     for host, key in zip(hosts, keys):
         if input(f"trust {host.label} ({fingerprint(key)})? [y/N] ").strip().lower() not in ("y", "yes"):
             raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
