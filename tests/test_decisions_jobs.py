@@ -144,3 +144,9 @@ def test_data_files_stay_where_they_are_for_local_nodes_and_are_copied_by_role_e
         assert copies == {"/n/jobs/j/data/train.csv": "/me/data/rows.csv", "/n/jobs/j/data/validation.csv": "/me/dev/rows.csv"}
     glue_job = JobSpec(task="mrpc", data_dir="/g")
     assert data_files_on_nodes(glue_job, "aws", "/n/jobs/j") == (glue_job, {})
+
+
+def test_the_bench_s_mfu_divides_by_the_peak_of_every_rank_s_cores():
+    from runner.bench import mfu
+    one = mfu(1000.0, 1e8, 1.0, 1)  # 0.1 TFLOP/s of a 1 TFLOP/s rank
+    assert one == 0.1 and mfu(4000.0, 1e8, 1.0, 4) == one  # four ranks: four times the work, four times the peak
