@@ -185,7 +185,8 @@ def test_up_without_terminal_or_yes_refuses(aws, ftc_home):
     proc = ftc("up", "--provider", "aws", "--name", "noyes", "--ssh-cidr", "203.0.113.7/32", "--no-bootstrap",
                stdin=subprocess.DEVNULL)
     assert proc.returncode == 2
-    assert "YES" in proc.stderr.strip().splitlines()[-1]
+    assert proc.stderr.strip().splitlines()[-1] == ("error: --yes is not given and there is no terminal to confirm on; "
+                                                    "add --yes to spend money")  # the form the user typed
     assert "cost: about $" in proc.stderr
     assert_nothing_left(aws.ec2(), "noyes")
     assert not (ftc_home / "clusters" / "noyes").exists()
