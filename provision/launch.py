@@ -29,14 +29,11 @@ class RankPlan:
     ccl_affinity: str = ""  # intel stack: the core of each local rank's oneCCL worker
 
 
-# Cores per rank that trained fastest: on the 16-core AMX host, 4 ranks x 4 cores ran 1.6x one rank
-# x 16 and 1.5x 2 x 8; on 8 cores, 2 x 4 ran 1.35x 1 x 8 (docs/bench.json node_shapes).
-CORES_PER_RANK = 4
-
-
-def default_ppn(sockets: int, physical_cores: int) -> int:
-    """Ranks per node when the job names none: a rank per CORES_PER_RANK cores, at least one per socket."""
-    return max(1, sockets, physical_cores // CORES_PER_RANK)
+def default_ppn(sockets: int) -> int:
+    """Ranks per node when the job names none: one per socket. More ranks of fewer cores train faster
+    (on the 16-core AMX host 4 x 4 cores ran 1.6x 1 x 16: docs/bench.json node_shapes), but each rank
+    adds its batch to the global batch, which changes the recipe: so only when asked (--ppn)."""
+    return max(1, sockets)
 
 
 def plan_ranks(facts: list[NodeFacts], stack: str = "stock", ppn: int | None = None) -> RankPlan:
@@ -46,7 +43,7 @@ def plan_ranks(facts: list[NodeFacts], stack: str = "stock", ppn: int | None = N
     the compute threads.
     """
     smallest = min(facts, key=lambda f: f.physical_cores)
-    ranks = ppn or default_ppn(min(f.sockets for f in facts), smallest.physical_cores)
+    ranks = ppn or default_ppn(min(f.sockets for f in facts))
     per_rank = smallest.physical_cores // ranks
     if per_rank < 1:
         raise ValueError(f"{ranks} ranks per node but node {smallest.hostname} has only "

@@ -859,7 +859,7 @@ def measure_node_shapes(bench: Bench, shapes: list[tuple[int, int]]) -> list[dic
                 run = at.peer(f"shape-peer-{nodes}n-{ppn}x{cores // ppn}-{'p' if pinned else 'u'}-r{repeat}",
                               nodes * ppn, pinned)
                 rates.setdefault(label, []).append(whole_pass(run)["rows_per_s"])
-        entries.append(shape_entry(nodes, cores, ppns, rates, default_ppn(1, cores)))
+        entries.append(shape_entry(nodes, cores, ppns, rates, default_ppn(1)))
     return entries
 
 

@@ -152,8 +152,7 @@ def _launch_parser(sub) -> None:
     p = sub.add_parser("launch", help="run your own training script on every rank: ftc launch -- train.py [ARGS...]")
     _name_flag(p)
     p.add_argument("--workdir", default=None, help="the folder copied to every node (default: the script's own)")
-    p.add_argument("--ppn", default=None, help="ranks per node (default: one per 4 physical cores, at least one per socket, "
-                                                 "as for ftc's jobs)")
+    p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
     p.add_argument("--output", default=None,
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
     p.add_argument("--requirements", default=None, help="a requirements file installed into the stack on every node")

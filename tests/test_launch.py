@@ -16,10 +16,10 @@ def facts(sockets=2, cores_per_socket=32, allocators=()):
                      private_ip="10.0.0.1", interface="eth0", allocators=list(allocators))
 
 
-def test_a_rank_per_four_cores_by_default_and_at_least_one_per_socket():
+def test_one_rank_per_socket_by_default():
     plan = plan_ranks([facts(2, 32)] * 4)
-    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (16, 4, "")
-    assert [default_ppn(sockets, cores) for sockets, cores in ((1, 2), (1, 6), (1, 8), (1, 16), (2, 4))] == [1, 1, 2, 4, 2]
+    assert (plan.ppn, plan.threads, plan.ccl_affinity) == (2, 32, "")
+    assert [default_ppn(sockets) for sockets in (1, 2)] == [1, 2]
 
 
 def test_intel_stack_keeps_one_core_per_rank_for_oneccl():

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def main() -> None:
         # A group the script's libraries still hold (accelerate keeps its own reference) outlives
         # destroy_process_group and would be torn down by the interpreter's exit, whose C++ teardown
         # aborts the rank with `terminate called without an active exception` (seen under load, 1
-        # rank of 2). So: the exit's Python part (the script's atexit handlers, its streams), then out.
+        # rank of 2). So: the exit's Python part (the script's threads, atexit handlers, streams), then out.
+        threading._shutdown()  # the interpreter's own exit order: the script's threads and executors first
         atexit._run_exitfuncs()
         _exit_now(0)
 

@@ -586,8 +586,11 @@ def remember_compile(compiled: Compiled, seconds: float, env) -> None:
     notes = compiled_before(compiled.cache_dir)
     notes.setdefault(compiled.signature, {})[f"{compiled.cache}_s"] = round(seconds, 1)
     partial = compiled.cache_dir / f"{COMPILED_FILE}.{os.getpid()}"
-    partial.write_text(json.dumps(notes, indent=1))
-    partial.replace(compiled.cache_dir / COMPILED_FILE)
+    try:
+        partial.write_text(json.dumps(notes, indent=1))
+        partial.replace(compiled.cache_dir / COMPILED_FILE)
+    except OSError as exc:  # a full disk or a read-only cache: the next job compiles cold, this one's results stand
+        print(f"compile: the kernel cache's note was not written ({exc}); the next job counts it cold", file=sys.stderr)
 
 
 # ---- DDP --------------------------------------------------------------------------------------------
