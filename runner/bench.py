@@ -848,7 +848,7 @@ def measure_node_shapes(bench: Bench, shapes: list[tuple[int, int]]) -> list[dic
         rates: dict[str, list[float]] = {}
         for repeat in range(bench.repeats):
             for ppn in ppns:
-                for n in sorted({1, nodes}) if nodes > 1 else (1,):
+                for n in sorted({1, nodes}):
                     at = replace(bench, cores_per_rank=cores // ppn)
                     label = f"ftc {n}x{ppn}x{cores // ppn}"
                     run = at.ftc(f"shape-{n}n-{ppn}x{cores // ppn}-r{repeat}", n * ppn)

@@ -54,11 +54,16 @@ def test_mrpc_train_size_is_the_file_s(glue_dir):
     assert len(rows) - 1 == estimate.GLUE_TRAIN_SIZES["mrpc"]
 
 
+def small_bench(directory: Path) -> Path:
+    """A bench.json of 30 samples/s on 4 bf16 cores, exposure 1.5 and a 5% wait: figures easy to check by hand."""
+    path = directory / "bench.json"
+    path.write_text(json.dumps({"ftc_samples_per_s": 30.0, "cores_per_rank": 4, "cpu": "test cpu", "precision": "bf16",
+                                "planner": {"exposure": 1.5, "wait_share": 0.05}}))
+    return path
+
+
 def test_plan_command_prints_each_cluster_size(ftc_home, tmp_path):
-    report = {"ftc_samples_per_s": 30.0, "cores_per_rank": 4, "cpu": "test cpu", "precision": "bf16",
-              "planner": {"exposure": 1.5, "wait_share": 0.05}}
-    path = Path(tmp_path / "bench.json")
-    path.write_text(json.dumps(report))
+    path = small_bench(tmp_path)
     proc = ftc("plan", "--task", "qqp", "--nodes", "1,2,4", "--instance-type", "c7i.16xlarge", "--bench", str(path))
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("│") and ln.strip("│ ").split(" ")[0] in ("1", "2", "4")]
@@ -252,10 +257,7 @@ def test_plan_models_the_levers_it_is_given(ftc_home):
 
 
 def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_path):
-    report = {"ftc_samples_per_s": 30.0, "cores_per_rank": 4, "cpu": "test cpu", "precision": "bf16",
-              "planner": {"exposure": 1.5, "wait_share": 0.05}}
-    path = Path(tmp_path / "bench.json")
-    path.write_text(json.dumps(report))
+    path = small_bench(tmp_path)
     proc = ftc("plan", "--task", "qqp", "--nodes", "1", "--instance-type", "c6i.16xlarge", "--bench", str(path))
     assert proc.returncode == 0, proc.stderr
     # Ice Lake has no native bf16: 32 cores x 30/4 samples/s x 20/25 (AVX-512 fp32 against bf16, per core)
