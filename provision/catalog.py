@@ -1,54 +1,8 @@
-"""What ftc knows about EC2: Intel Xeon instance types, their size and price, and regions.
-
-Prices are on-demand Linux USD per hour in us-east-1 (2026 list prices); other
-regions differ by a few percent, which is why the plan says "about".
+"""The default catalog: the instance types of the default world (providers.default_world: of the
+built-ins, aws's), which `ftc bench --network` emulates. Each provider's own catalog, with its prices,
+is its World's (provision/providers/records.py): shared code asks `world(provider)`.
 """
 
-from dataclasses import dataclass
+from .providers import default_world
 
-
-@dataclass(frozen=True)
-class InstanceType:
-    vcpus: int
-    memory_gib: int
-    usd_per_hour: float
-    cpu: str  # Intel generation: what the runner's precision choice depends on
-    network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
-
-    @property
-    def physical_cores(self) -> int:
-        return self.vcpus // 2
-
-    @property
-    def native_bf16(self) -> bool:
-        return self.cpu == "Sapphire Rapids"
-
-
-def _family(prefix: str, cpu: str, mem_per_vcpu: int, usd_per_vcpu: float) -> dict[str, InstanceType]:
-    sizes = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32,
-             "12xlarge": 48, "16xlarge": 64, "24xlarge": 96, "32xlarge": 128}
-    # EC2's published network bandwidth of the 6i/7i families, by vCPUs.
-    gbps = {2: 12.5, 4: 12.5, 8: 12.5, 16: 12.5, 32: 12.5, 48: 18.75, 64: 25.0, 96: 37.5, 128: 50.0}
-    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu, gbps[v])
-            for size, v in sizes.items()}
-
-
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    **_family("c6i", "Ice Lake", 2, 0.0425),
-    **_family("m6i", "Ice Lake", 4, 0.048),
-    **_family("r6i", "Ice Lake", 8, 0.063),
-    **_family("c7i", "Sapphire Rapids", 2, 0.044625),
-    **_family("m7i", "Sapphire Rapids", 4, 0.0504),
-    **_family("r7i", "Sapphire Rapids", 8, 0.0665),
-}
-
-REGIONS = (
-    "us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1",
-    "eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1", "eu-north-1",
-    "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1", "ap-southeast-2",
-    "sa-east-1",
-)
-
-# Amazon Linux 2023, resolved at launch time so the image is always current.
-DEFAULT_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
-DEFAULT_SSH_USER = "ec2-user"
+INSTANCE_TYPES = default_world().instance_types

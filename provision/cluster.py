@@ -19,10 +19,9 @@ from rich.markup import escape
 
 from . import providers
 from . import state as st
-from .catalog import REGIONS
 from .errors import UsageError, command
-from .providers import traits
-from .spec import PROVIDERS, ClusterSpec
+from .providers import names, spec_world, traits, world
+from .spec import ClusterSpec
 from .ui import console
 from .values import label
 
@@ -151,9 +150,9 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
         reason = "no local state" if isinstance(exc, UsageError) else str(exc)
     recorded = st.recorded_place(name)
     st.clear_unloadable(name)
-    askable = [p for p in PROVIDERS if provider_name is None and traits(p).found_by_tag and providers.has_credentials(p)]
+    askable = [p for p in names() if provider_name is None and traits(p).found_by_tag and providers.has_credentials(p)]
     places, region = search_places(provider_name, region, recorded, askable)
-    where = ", ".join(places) + (f" ({region})" if "aws" in places else "")
+    where = ", ".join(places) + (f" ({region})" if any(world(p).regions for p in places) else "")
     console.print(f"[yellow]{escape(reason)} for {escape(repr(name))}; looking for its resources in {escape(where)}[/]",
                   soft_wrap=True)
     states = [st.ClusterState(name=name, provider=p, spec=ClusterSpec(name=name, provider=p, region=region).to_dict())
@@ -162,11 +161,12 @@ def _states_to_remove(name: str, provider_name: str | None, region: str | None) 
         other = recorded["name"]
         return states, (f"cluster {name}: nothing under this name is left running; its state records cluster "
                         f"{other!r}, whose nodes may still run: `{command('down', name=other)}` removes them")
-    said_where = provider_name or recorded.get("provider") in PROVIDERS  # told, or the broken state still says
-    unsearched = "" if said_where or "aws" in places else (
-        f"cluster {name}: nothing of it is left running on this machine; AWS was not searched (no credentials): "
-        f"if it ran there, `{command('down', name=name, provider='aws', region=region)}` with credentials removes "
-        "what is tagged with it")
+    said_where = provider_name or recorded.get("provider") in names()  # told, or the broken state still says
+    by_tag = [p for p in names() if traits(p).found_by_tag and p not in places]  # where it may run, not searched
+    unsearched = "" if said_where or not by_tag else (
+        f"cluster {name}: nothing of it is left running on this machine; {world(by_tag[0]).title} was not searched "
+        f"(no credentials): if it ran there, `{command('down', name=name, provider=by_tag[0], region=region)}` "
+        "with credentials removes what is tagged with it")
     return states, unsearched
 
 
@@ -176,11 +176,12 @@ def search_places(provider_flag: str | None, region_flag: str | None, recorded: 
     the provider it is told; else this machine's local nodes, the provider the broken state records,
     and those that find a cluster by its tags and can be asked (`askable`: AWS with credentials). The
     region: told, else the recorded one, else the default. Pure."""
-    recorded_provider = recorded.get("provider") if recorded.get("provider") in PROVIDERS else None
-    region = region_flag or (recorded.get("region") if recorded.get("region") in REGIONS else ClusterSpec.region)
+    recorded_provider = recorded.get("provider") if recorded.get("provider") in names() else None
+    owner = spec_world(provider_flag or recorded_provider or ClusterSpec.provider)  # whose regions these are
+    region = region_flag or (recorded.get("region") if recorded.get("region") in owner.regions else owner.default_region)
     if provider_flag:
         return [provider_flag], region
-    places = [p for p in PROVIDERS if traits(p).shares_this_machine or p == recorded_provider or p in askable]
+    places = [p for p in names() if traits(p).shares_this_machine or p == recorded_provider or p in askable]
     return places, region
 
 

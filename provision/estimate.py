@@ -16,14 +16,18 @@ or how often it is paid (gradient accumulation, which changes the recipe).
 import math
 from dataclasses import dataclass, replace
 
+from .providers.records import default_world
+
 # Training examples per GLUE task (the canonical train splits).
 GLUE_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qqp": 363846,
                     "mnli": 392702, "qnli": 104743, "rte": 2490}
 # distilbert-base-uncased with a 2-label head (transformers' DistilBertConfig); tests recount it.
 DISTILBERT_PARAMS = 66_955_010
 BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: forward 2, backward 4 per parameter and token
-EC2_LATENCY_S = 50e-6  # one hop inside a cluster placement group
-EC2_FLOW_GBPS = 10.0  # AWS's limit on one TCP flow inside a cluster placement group
+# The default world's network (of the built-ins, AWS's cluster placement group): one hop, and the cap
+# on one TCP flow. The plan passes its own provider's (World.hop_latency_s, flow_gbps) where it differs.
+EC2_LATENCY_S = default_world().hop_latency_s
+EC2_FLOW_GBPS = default_world().flow_gbps
 
 
 def gradient_bytes(bf16: bool, params: int = DISTILBERT_PARAMS) -> float:
@@ -93,10 +97,12 @@ class PlanRow:
 
 def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_per_s: float, batch_per_node: int,
          grad_bytes: float, network_gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float,
-         setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S) -> list[PlanRow]:
-    """Predicted rate, time and cost per cluster size, on instances of `network_gbps` each. Wall
-    time adds the cluster's setup (launch and bootstrap), which is billed too."""
-    gbps = flow_limited_gbps(network_gbps, levers.flows)
+         setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S,
+         flow_gbps: float = EC2_FLOW_GBPS) -> list[PlanRow]:
+    """Predicted rate, time and cost per cluster size, on instances of `network_gbps` each, whose
+    TCP flows are capped at `flow_gbps`. Wall time adds the cluster's setup (launch and bootstrap),
+    which is billed too."""
+    gbps = flow_limited_gbps(network_gbps, levers.flows, flow_gbps)
     rows = []
     for nodes in nodes_list:
         allreduce = ring_allreduce_seconds(grad_bytes, nodes, gbps, latency_s)

@@ -10,9 +10,8 @@ from runner.node.facts import ALLOCATORS, NodeFacts
 from runner.node.protocol import EXIT_CODE_FILE, LOGS_DIR
 
 from . import state as st
-from .catalog import INSTANCE_TYPES
 from .estimate import flows_to_fill
-from .providers import traits
+from .providers import traits, world
 from .templates import render
 
 MPI_FLAVOURS = ("impi", "mpich", "openmpi")
@@ -148,7 +147,8 @@ def default_flows(state: st.ClusterState) -> int:
     elsewhere one. Pure."""
     if not traits(state.provider).instance_types:
         return 1
-    return flows_to_fill(INSTANCE_TYPES[state.cluster_spec.instance_type].network_gbps)
+    own = world(state.provider)
+    return flows_to_fill(own.instance_types[state.cluster_spec.instance_type].network_gbps, own.flow_gbps)
 
 
 def gloo_devices(interface: str, flows: int) -> str:

@@ -13,15 +13,15 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .catalog import INSTANCE_TYPES, REGIONS
 from .errors import UsageError
+from .providers.records import NameForm, World, default_world, names, spec_world, traits
 from .stacks import STACKS
 from .values import boolean, label, local_path, number, one_of, whole
 
-PROVIDERS = ("local", "aws", "ssh")
 MAX_NODES = 64
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
 
@@ -31,8 +31,8 @@ class ClusterSpec:
     name: str = "ftc"
     provider: str = "local"
     nodes: int = 2
-    instance_type: str = "c6i.16xlarge"
-    region: str = "us-east-1"
+    instance_type: str = default_world().default_instance_type  # a provider with a catalog: its own default
+    region: str = default_world().default_region
     zones: list[str] = field(default_factory=list)  # empty: every zone of the region, in order
     ami: str = ""  # empty: resolved from the public SSM parameter at launch
     root_volume_gb: int = 100
@@ -65,18 +65,22 @@ def _name(key: str, raw: Any) -> str:
     return value
 
 
-def _zones(key: str, raw: Any) -> list[str]:
+def _provider(key: str, raw: Any) -> str:
+    return one_of(names())(key, raw)
+
+
+def _zones(form: NameForm, key: str, raw: Any) -> list[str]:
     items = raw if isinstance(raw, list) else [z for z in str(raw).replace(" ", "").split(",") if z]
     for zone in items:
-        if not re.match(r"^[a-z]{2}-[a-z]+-\d[a-z]$", str(zone)):
-            raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not an availability zone name (e.g. us-east-1a)")
+        if not form.matches(str(zone)):
+            raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not {form.what} ({form.allowed})")
     return [str(z) for z in items]
 
 
-def _ami(key: str, raw: Any) -> str:
+def _image(form: NameForm, key: str, raw: Any) -> str:
     value = str(raw).strip()
-    if value and not re.match(r"^ami-[0-9a-f]{8,17}$", value):
-        raise UsageError(f"{label(key)}={raw!r} is not an AMI id; allowed: ami- followed by 8-17 hex digits, or empty")
+    if value and not form.matches(value):
+        raise UsageError(f"{label(key)}={raw!r} is not {form.what}; allowed: {form.allowed}, or empty")
     return value
 
 
@@ -143,14 +147,18 @@ def _remote_python(key: str, raw: Any) -> str:
     return value
 
 
+def world_parsers(world: World) -> dict[str, Callable[[str, Any], Any]]:
+    """The parsers of the settings whose values a provider owns: its instance types, regions, zones, images."""
+    return {"instance_type": one_of(sorted(world.instance_types)), "region": one_of(world.regions),
+            "zones": partial(_zones, world.zone_form), "ami": partial(_image, world.image_form)}
+
+
+# Every setting's parser; those a provider owns check against the default world (parsers_for: a provider's own).
 PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
-    "provider": one_of(PROVIDERS),
+    "provider": _provider,
     "nodes": whole(1, MAX_NODES),
-    "instance_type": one_of(sorted(INSTANCE_TYPES)),
-    "region": one_of(REGIONS),
-    "zones": _zones,
-    "ami": _ami,
+    **world_parsers(default_world()),
     "root_volume_gb": whole(8, 16384),
     "spot": boolean,
     "ssh_cidr": _cidr,
@@ -162,6 +170,11 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "ssh_key": local_path,
     "stack_python": _remote_python,
 }
+
+
+def parsers_for(provider: str) -> dict[str, Callable[[str, Any], Any]]:
+    """PARSERS, with the settings provider `provider` owns checked against its world (spec_world)."""
+    return {**PARSERS, **world_parsers(spec_world(provider))}
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
@@ -204,13 +217,18 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     merged: dict[str, Any] = {}
     for source in (config or {}, env_overrides(env), {k: v for k, v in flags.items() if v is not None}):
         merged.update(source)
-    values = {key: PARSERS[key](key, raw) for key, raw in merged.items() if key in PARSERS}
-    if values.get("provider") == "ssh":  # your servers are the nodes: NODES follows HOSTS
+    provider = PARSERS["provider"]("provider", merged.get("provider", ClusterSpec.provider))
+    parsers = parsers_for(provider)
+    values = {key: parsers[key](key, raw) for key, raw in merged.items() if key in parsers}
+    world = spec_world(provider)
+    values.setdefault("instance_type", world.default_instance_type)
+    values.setdefault("region", world.default_region)
+    if traits(provider).own_hosts:  # your servers are the nodes: NODES follows HOSTS
         hosts = values.get("hosts", [])
         if "nodes" in values and values["nodes"] != len(hosts):
             raise UsageError(f"{label('nodes')}={values['nodes']} but {label('hosts')} names {len(hosts)} server(s); "
-                             f"with {label('provider')}=ssh leave {label('nodes')} out: every host in {label('hosts')} "
-                             "is a node")
+                             f"with {label('provider')}={provider} leave {label('nodes')} out: every host in "
+                             f"{label('hosts')} is a node")
         values["nodes"] = max(1, len(hosts))
     spec = ClusterSpec(**values)
     check_spec(spec)
@@ -222,16 +240,17 @@ def check_spec(spec: ClusterSpec) -> None:
     if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
         raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to the whole internet; give your own "
                          f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
-    if spec.provider == "ssh" and not spec.hosts:
-        raise UsageError(f"{label('provider')}='ssh' needs {label('hosts')}: your servers as a comma list of "
-                         "user@host[:port]")
-    if spec.provider == "ssh" and len(spec.hosts) > MAX_NODES:
+    own_hosts = traits(spec.provider).own_hosts
+    if own_hosts and not spec.hosts:
+        raise UsageError(f"{label('provider')}={spec.provider!r} needs {label('hosts')}: your servers as a comma list "
+                         "of user@host[:port]")
+    if own_hosts and len(spec.hosts) > MAX_NODES:
         raise UsageError(f"{label('hosts')} names {len(spec.hosts)} servers; allowed: 1..{MAX_NODES}")
     for key in ("hosts", "ssh_key", "stack_python"):
-        if getattr(spec, key) and spec.provider != "ssh":
-            provider = label("provider")
-            raise UsageError(f"{label(key)} is for your own servers ({provider}=ssh), not {provider}={spec.provider!r}; "
-                             f"add {provider}=ssh or leave {label(key)} out")
+        if getattr(spec, key) and not own_hosts:
+            provider, theirs = label("provider"), next(p for p in names() if traits(p).own_hosts)
+            raise UsageError(f"{label(key)} is for your own servers ({provider}={theirs}), not "
+                             f"{provider}={spec.provider!r}; add {provider}={theirs} or leave {label(key)} out")
     for zone in spec.zones:
         if not zone.startswith(spec.region):
             raise UsageError(f"{label('zones')}={','.join(spec.zones)!r}: {zone!r} is not in "

@@ -17,18 +17,20 @@ from rich.markup import escape
 
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError, command
-from provision.spec import MAX_NODES, PARSERS, load_config, resolve_spec
+from provision.providers import default_world
+from provision.spec import MAX_NODES, PARSERS, load_config, parsers_for, resolve_spec
 from provision.ui import answer, console
 from provision.values import boolean, label, number, whole, whole_list, writable_dir
 from runner import plan
 from runner.jobflags import JOB_FLAGS
 
+DEFAULT_WORLD = default_world()  # where INSTANCE_TYPE and REGION default from (of the built-ins: AWS)
 SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
     "provider": "where the nodes run: local (sshd nodes on this machine, default), aws, ssh",
     "nodes": "number of nodes, 1..64 (default 2)",
-    "instance_type": "AWS instance type (default c6i.16xlarge)",
-    "region": "AWS region (default us-east-1)",
+    "instance_type": f"{DEFAULT_WORLD.title} instance type (default {DEFAULT_WORLD.default_instance_type})",
+    "region": f"{DEFAULT_WORLD.title} region (default {DEFAULT_WORLD.default_region})",
     "zones": "AWS zones to try in order, comma list (default: every zone of the region)",
     "ami": "AWS image id (default: Amazon Linux 2023 from its public SSM parameter)",
     "root_volume_gb": "AWS root volume size in GB (default 100)",
@@ -174,15 +176,15 @@ def _plan_parser(sub) -> None:
                    help="a local model directory: its size, from its safetensors header, scales the rate and the "
                         "all-reduce (default: distilbert-base-uncased's)")
     p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
-    p.add_argument("--instance-type", default=None, help="default: the cluster spec's (c6i.16xlarge)")
+    p.add_argument("--instance-type", default=None, help=f"default: the cluster spec's ({DEFAULT_WORLD.default_instance_type})")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
     p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
     p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
     p.add_argument("--batch-size", default=None, help="rows per node per step (default: the ftc recipe's, 32)")
-    p.add_argument("--flows", default=None, help="TCP flows per ring peer, 10 Gbit/s each in a placement group "
-                                                 "(default 1, as ftc's jobs)")
+    p.add_argument("--flows", default=None, help=f"TCP flows per ring peer, {DEFAULT_WORLD.flow_gbps:g} Gbit/s each "
+                                                 "in a placement group (default 1, as ftc's jobs)")
     p.add_argument("--allreduce", default=None, metavar="after-backward|overlap",
                    help="when the gradients are reduced (default after-backward, as ftc's jobs)")
     p.add_argument("--accumulate", default=None,
@@ -252,7 +254,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from provision import cluster
     provider = PARSERS["provider"]("provider", args.provider) if args.provider else None
-    region = PARSERS["region"]("region", args.region) if args.region else None
+    region = (parsers_for(provider) if provider else PARSERS)["region"]("region", args.region) if args.region else None
     cluster.down(_cluster_name(args), provider, region)
     return 0
 
@@ -298,15 +300,14 @@ def _print_status(state: st.ClusterState, nodes) -> None:
     from rich.table import Table
 
     from provision.cluster import hours_up
-    from provision.providers import traits
+    from provision.providers import traits, world
     spec = state.cluster_spec
     hours = hours_up(state)
     cost = ""
     if traits(state.provider).billed:
-        from provision.catalog import INSTANCE_TYPES
-        kind = INSTANCE_TYPES.get(spec.instance_type)  # state on disk may name any type
+        price = world(state.provider).usd_per_node_hour(spec.instance_type)  # state on disk may name any type
         billing = [live for live in nodes if live.state in ("running", "unknown")]  # unknown: it may run
-        cost = f", {len(billing)} billed, about ${hours * len(billing) * kind.usd_per_hour:.2f} so far" if kind else \
+        cost = f", {len(billing)} billed, about ${hours * len(billing) * price:.2f} so far" if price is not None else \
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
     elif traits(state.provider).own_hosts:
         cost = ", your servers: no cost"
@@ -491,7 +492,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     bench's all-reduce exposure and wait for the slowest rank, the instance's network (flow-limited)
     and price, the task's size, the levers (provision/estimate.py); then its decision in one sentence."""
     from provision import estimate
-    from provision.catalog import INSTANCE_TYPES
+    from provision.providers import spec_world
     from runner.jobspec import PARSERS as JOB_PARSERS
     from runner.node import glue
     from runner.node.recipes import RECIPES
@@ -501,9 +502,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
                          f"{', '.join(glue.TASKS)}") from None
     nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
-    kind_name = PARSERS["instance_type"]("instance_type", args.instance_type) if args.instance_type \
-        else _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None)).instance_type
-    kind = INSTANCE_TYPES[kind_name]
+    spec = _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None))
+    kind_name = parsers_for(spec.provider)["instance_type"]("instance_type", args.instance_type) if args.instance_type \
+        else spec.instance_type
+    world = spec_world(spec.provider)  # the catalog and network planned on: the provider's, or the default one
+    kind = world.instance_types[kind_name]
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     recipe = RECIPES["ftc"]
@@ -517,7 +520,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
         return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
                              estimate.gradient_bytes(bf16=cls == "bf16", params=params), kind.network_gbps,
-                             bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen)
+                             bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen,
+                             latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps)
 
     rows = plan_with(levers)
     alternatives = [(alt, plan_with(alt)) for alt in estimate.alternative_levers(levers, kind.network_gbps)]
@@ -534,7 +538,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan.print_plan(f"{task} x {epochs} epochs, {model}, {kind_name} ({kind.cpu}, {kind.network_gbps:g} Gbit/s, "
                 f"${kind.usd_per_hour}/h)", rows)
     answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce at most "
-                 f"{estimate.EC2_FLOW_GBPS:g} Gbit/s per TCP flow (a placement group's cap) and "
+                 f"{world.flow_gbps:g} Gbit/s per TCP flow (a placement group's cap) and "
                  f"{kind.network_gbps:g} per instance"
                  + (f", overlapped: only what outlasts backward ({estimate.BACKWARD_SHARE:.0%} of compute) is exposed"
                     if levers.overlap else "") +

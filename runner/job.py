@@ -91,7 +91,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
                               "runner.node.train",
                               train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
-                                         metadata_endpoint() if state.cluster_spec.spot else ""),
+                                         metadata_endpoint(state.provider) if state.cluster_spec.spot else ""),
                               ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
     except ValueError as exc:
         raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None

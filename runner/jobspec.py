@@ -10,10 +10,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.catalog import INSTANCE_TYPES
 from provision.errors import UsageError
 from provision.launch import plan_ranks
-from provision.providers import traits
+from provision.providers import store_for, traits, world
 from provision.providers.local import split_cores
 from provision.stacks import STACKS
 from provision.ui import console
@@ -31,7 +30,7 @@ from provision.values import (
 from . import runs
 from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
-from .node import datafiles, glue, spot
+from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
 from .node.recipes import RECIPES, SMALL_DATA, small_data, small_data_line
 
@@ -43,7 +42,6 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16)}
 RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
-S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 
 
 @dataclass
@@ -127,9 +125,7 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
         if not resume:
             runs.refuse_reuse("results", values["results"])
     if values.get("checkpoint_s3"):
-        if not S3_URI.match(values["checkpoint_s3"]):
-            raise UsageError(f"{label('checkpoint_s3')}={values['checkpoint_s3']!r} is not an S3 URI; "
-                             "allowed: s3://bucket/prefix")
+        store_for("checkpoint_s3", values["checkpoint_s3"])  # a provider's checkpoint store (aws: S3), else refused
         job.checkpoint_s3 = values["checkpoint_s3"].rstrip("/")
     return job
 
@@ -172,11 +168,11 @@ def check_ppn_fits(spec, job: JobSpec) -> None:
 
 
 def planned_smallest_node(spec) -> tuple[int, int] | None:
-    """The index and physical cores of the smallest node of a cluster not yet launched: the EC2
+    """The index and physical cores of the smallest node of a cluster not yet launched: the provider's
     catalog's cores (aws), this machine's cores split per node as local nodes get them (local); None
     for your own servers, whose cores only their probe in `up` finds."""
     if traits(spec.provider).instance_types:
-        return 0, INSTANCE_TYPES[spec.instance_type].physical_cores
+        return 0, world(spec.provider).instance_types[spec.instance_type].physical_cores
     if traits(spec.provider).shares_this_machine:
         shares = split_cores(sorted(os.sched_getaffinity(0)), spec.nodes)
         cores = [cpu_topology(share)["physical_cores"] for share in shares]
@@ -362,7 +358,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
     return args
 
 
-def metadata_endpoint() -> str:
-    """Where spot nodes read interruption notices: EC2's metadata service, or FTC_IMDS_ENDPOINT
-    (a local cluster with SPOT=1 watches a simulated one: that is how the tests reclaim a node)."""
-    return os.environ.get("FTC_IMDS_ENDPOINT", spot.IMDS)
+def metadata_endpoint(provider: str) -> str:
+    """Where spot nodes read interruption notices: the provider's metadata service (aws: EC2's), or
+    FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one: that is how the tests
+    reclaim a node); '' where there is neither: nothing to watch."""
+    return os.environ.get("FTC_IMDS_ENDPOINT", world(provider).spot_notice_endpoint)

@@ -271,11 +271,11 @@ def cost(provider: str, instance_type: str, nodes, wall_seconds) -> float | None
     local nodes cost nothing."""
     if provider not in TRAITS or not TRAITS[provider].billed:  # a record on disk may name anything
         return 0.0
-    from provision.catalog import INSTANCE_TYPES
-    kind = INSTANCE_TYPES.get(instance_type)
-    if not kind or not nodes or wall_seconds is None:
+    from provision.providers import world
+    price = world(provider).usd_per_node_hour(instance_type)
+    if price is None or not nodes or wall_seconds is None:
         return None
-    return round(kind.usd_per_hour * nodes * wall_seconds / 3600, 2)
+    return round(price * nodes * wall_seconds / 3600, 2)
 
 
 def all_runs() -> list[dict]:

@@ -277,7 +277,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     env = {**job.env, "FTC_RUN_ID": job_id}
     if state.cluster_spec.spot:
         from .jobspec import metadata_endpoint
-        env["FTC_METADATA_ENDPOINT"] = metadata_endpoint()
+        env["FTC_METADATA_ENDPOINT"] = metadata_endpoint(state.provider)
     try:
         spec = cluster_launch(state, facts, f"{job.command} (your script, from {job.workdir})", remote_dir,
                               "runner.node.script_rank", [job.output, job.script, *job.args], ppn=job.ppn or None,

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from provision import cluster
 from provision import state as st
-from provision.providers import traits
+from provision.providers import default_world, traits
 from provision.ui import answer, console
 
 from . import runs
@@ -22,7 +22,8 @@ from .node.protocol import RESULTS_FILE
 from .node.units import duration
 from .report import pyplot
 
-# The 2021 recipe: distilbert-base-uncased on c6i.16xlarge, fp32, training time in seconds.
+# The 2021 recipe: distilbert-base-uncased on RECIPE_2021_WHERE, fp32, training time in seconds.
+RECIPE_2021_WHERE = default_world().default_instance_type  # ftc's default instance type is the recipe's
 RECIPE_2021 = {"mrpc": {1: 7 * 60 + 46, 2: 4 * 60 + 39, 4: 2 * 60 + 36},
                "qqp": {1: 11 * 3600 + 22 * 60, 2: 6 * 3600 + 38 * 60, 4: 3 * 3600 + 51 * 60}}
 
@@ -80,14 +81,14 @@ def table(task: str, rows: list[dict], provider: str, instance_type: str) -> dic
         row["recipe_2021_seconds"] = recipe.get(n)
         row["recipe_2021_speedup"] = round(recipe[1] / recipe[n], 3) if n in recipe else None
     kind = f" ({instance_type})" if traits(provider).instance_types else " (one machine, simulated)"
-    where = "c6i.16xlarge" if traits(provider).instance_types and instance_type == "c6i.16xlarge" else \
+    where = RECIPE_2021_WHERE if traits(provider).instance_types and instance_type == RECIPE_2021_WHERE else \
         f"{provider} nodes" + kind
     return {"task": task, "provider": provider, "instance_type": instance_type, "where": where, "rows": rows}
 
 
 def markdown(report: dict) -> str:
     lines = [f"GLUE {report['task'].upper()} fine-tuning time per cluster size on {report['where']}; "
-             "the 2021 recipe's on c6i.16xlarge beside it.", "",
+             f"the 2021 recipe's on {RECIPE_2021_WHERE} beside it.", "",
              "| nodes | time | speed-up | efficiency | 2021 recipe time | 2021 speed-up |", "|---|---|---|---|---|---|"]
     for row in report["rows"]:
         recipe = row["recipe_2021_seconds"]
@@ -106,7 +107,7 @@ def plot(report: dict, path: Path) -> None:
     left.plot(nodes, [row["train_seconds"] for row in rows], "o-", label=f"ftc ({report['where']})")
     recipe = [(row["nodes"], row["recipe_2021_seconds"]) for row in rows if row["recipe_2021_seconds"]]
     if recipe:
-        left.plot(*zip(*recipe), "s--", color="grey", label="2021 recipe (c6i.16xlarge)")
+        left.plot(*zip(*recipe), "s--", color="grey", label=f"2021 recipe ({RECIPE_2021_WHERE})")
     left.set_xlabel("nodes")
     left.set_ylabel("training time (s)")
     left.set_xticks(nodes)

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
+from provision import providers
 from provision import state as st
 from provision.errors import FtcError
 from provision.launch import node_path
@@ -174,7 +175,7 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
                       style="yellow", markup=False, soft_wrap=True)
         return None
     if job.checkpoint_s3:
-        _upload(target, job)
+        providers.store_checkpoint(target, job.checkpoint_s3, job.id)  # the store's provider (aws: S3) copies it
     return target
 
 
@@ -219,13 +220,6 @@ def _let_prefetch_end(before: set[threading.Thread]) -> None:
     for thread in set(threading.enumerate()) - before:
         if "_prefetch_thread" in thread.name:
             thread.join(follow_silence_s())
-
-
-def _upload(checkpoint: Path, job: st.JobInfo) -> None:
-    import boto3
-    bucket, _, prefix = job.checkpoint_s3[len("s3://"):].partition("/")
-    key = f"{prefix}/{job.id}/last.pt" if prefix else f"{job.id}/last.pt"
-    boto3.session.Session().client("s3").upload_file(str(checkpoint), bucket, key)
 
 
 def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
@@ -290,7 +284,7 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
                 raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
                                f"incomplete and no file is left half-copied: {again}") from None
     if job.checkpoint_s3 and home_checkpoint(target).exists():
-        _upload(home_checkpoint(target), job)
+        providers.store_checkpoint(home_checkpoint(target), job.checkpoint_s3, job.id)
     return target
 
 

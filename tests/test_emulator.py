@@ -224,9 +224,11 @@ def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monk
 
 
 def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypatch):
+    from provision.providers import world
     from runner.node import spot
+    ec2s = world("aws").spot_notice_endpoint
     monkeypatch.delenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", raising=False)
-    assert spot.node_endpoint(spot.IMDS) == "http://169.254.169.254"
+    assert spot.node_endpoint(ec2s) == "http://169.254.169.254"
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.1.9:80")
-    assert spot.node_endpoint(spot.IMDS) == "http://127.0.1.9:80"
+    assert spot.node_endpoint(ec2s) == "http://127.0.1.9:80"
     assert spot.node_endpoint("http://127.0.0.1:4242") == "http://127.0.0.1:4242"  # FTC_IMDS_ENDPOINT's, as given

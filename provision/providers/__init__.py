@@ -1,7 +1,11 @@
 """The provider interface, declared once: each verb below is the only full description of what a
 provider does, and routes to the provider the state names. `aws` (EC2, boto3), `local` (sshd nodes on
 this machine) and `ssh` (servers you already have) implement them as plain functions with these
-signatures; what they can do and need beside the verbs is their Traits (records.py).
+signatures (Verbs, OptionalVerbs); what they can do and need beside the verbs is their Traits, what they
+own (catalog, regions, prices, spot notices, checkpoint store) their World (records.py).
+
+The registry (records.py) holds every provider by name: the three built-ins, registered here, and any
+FTC_PROVIDERS names (module:attribute of a Provider), so a provider can live outside this package.
 
 Only the orchestrator (provision/cluster.py) calls launch, wait and terminate; it owns rollback and
 every save of the state: a verb that creates something calls `record()`, which saves the state, before
@@ -9,25 +13,85 @@ its next call to the cloud or the hosts, so an interruption never loses an id.
 """
 
 from importlib import import_module
+from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .records import TRAITS, NodeStatus, Record, Traits, traits
+from .aws_world import AWS
+from .records import (
+    TRAITS,
+    LocalResources,
+    NodeStatus,
+    Provider,
+    Record,
+    SshResources,
+    Traits,
+    World,
+    default_world,
+    names,
+    register,
+    spec_world,
+    store_for,
+    traits,
+    world,
+)
+from .records import provider as registered_provider
 
 if TYPE_CHECKING:
     from ..spec import ClusterSpec
     from ..state import ClusterState
 
-__all__ = ["TRAITS", "NodeStatus", "Record", "Traits", "traits", "get", "supports"]
+__all__ = ["TRAITS", "NodeStatus", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
+           "register", "spec_world", "supports", "traits", "world"]
+
+
+@runtime_checkable
+class Verbs(Protocol):
+    """The verbs every provider's module has (their descriptions: the routers below)."""
+
+    def launch(self, state: "ClusterState", record: Record) -> None: ...
+
+    def wait(self, state: "ClusterState", record: Record) -> None: ...
+
+    def terminate(self, state: "ClusterState", record: Record) -> None: ...
+
+    def query(self, state: "ClusterState") -> list[NodeStatus]: ...
+
+
+class OptionalVerbs(Protocol):
+    """The verbs a provider may have, each with this signature where it has it (supports() says which)."""
+
+    def confirm(self, state: "ClusterState", yes: bool) -> None: ...
+
+    def check_settings(self) -> None: ...
+
+    def has_credentials(self) -> bool: ...
+
+    def dry_run(self, spec: "ClusterSpec") -> None: ...
+
+    def extend(self, state: "ClusterState", hours: float) -> None: ...
+
+    def store_checkpoint(self, checkpoint: Path, uri: str, job_id: str) -> None: ...
+
 
 REQUIRED = ("launch", "wait", "terminate", "query")
-OPTIONAL = ("confirm", "check_settings", "has_credentials", "dry_run", "extend")
+OPTIONAL = ("confirm", "check_settings", "has_credentials", "dry_run", "extend", "store_checkpoint")
+
+for _built_in in (
+    Provider("local", f"{__name__}.local",
+             Traits(resources=LocalResources, instance_types=False, billed=False, shares_this_machine=True,
+                    own_hosts=False, user_login=False, user_stack_python=False, found_by_tag=False)),
+    AWS,
+    Provider("ssh", f"{__name__}.ssh",
+             Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
+                    own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False)),
+):
+    register(_built_in)
 
 
 def get(provider: str) -> ModuleType:
-    """The provider's module; an unknown name is refused in one line (exit 2), never a default."""
-    traits(provider)  # refuses an unknown one
-    return import_module(f".{provider}", __name__)
+    """The provider's module of verbs; an unknown name is refused in one line (exit 2), never a default."""
+    return import_module(registered_provider(provider).module)
 
 
 def supports(provider: str, verb: str) -> bool:
@@ -100,3 +164,9 @@ def extend(state: "ClusterState", hours: float) -> None:
     """`ftc extend` (aws): push every node's lifetime watchdog back to `hours` from now. The CLI
     refuses it first where supports() says no."""
     get(state.provider).extend(state, hours)
+
+
+def store_checkpoint(checkpoint: Path, uri: str, job_id: str) -> None:
+    """Copy a job's checkpoint file to the store `uri` names, whatever the cluster's provider (aws:
+    s3://bucket/prefix, to <prefix>/<job_id>/last.pt), with the controller's credentials."""
+    import_module(store_for("checkpoint_s3", uri).module).store_checkpoint(checkpoint, uri, job_id)

@@ -15,6 +15,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -23,11 +24,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import state as st
-from ..catalog import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
 from ..errors import FtcError, UsageError, option, switch_on
 from ..templates import render
 from ..ui import console
 from ..values import from_env, number
+from .aws_world import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
 from .records import AwsPreflight, AwsResources, NodeStatus, Record
 
 TAG_CLUSTER = "ftc:cluster"
@@ -442,3 +443,10 @@ def extend(state: st.ClusterState, hours: float) -> None:
         with connect(state, node, attempts=3) as conn:
             run(conn, node, "extend", f"sudo shutdown -h +{minutes} 'ftc max lifetime (extended)'")
     console.print(f"cluster {state.name}: nodes now power off (and terminate) in {hours:g} h", markup=False)
+
+
+def store_checkpoint(checkpoint: Path, uri: str, job_id: str) -> None:
+    """The checkpoint to s3://bucket/prefix as <prefix>/<job_id>/last.pt, with this machine's credentials."""
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    key = f"{prefix}/{job_id}/last.pt" if prefix else f"{job_id}/last.pt"
+    boto3.session.Session().client("s3").upload_file(str(checkpoint), bucket, key)

@@ -1,12 +1,18 @@
 """What crosses the provider interface, as plain dataclasses: a node's live status, what each provider
-can do and needs (Traits), and what each one records in the state (its resources).
+can do and needs (Traits), what it owns (World: its catalog, regions, name forms, spot notices, checkpoint
+store, network), what each one records in the state (its resources); and the registry of providers.
 
-Callers outside provision/providers/ ask `traits(provider)`, never compare provider names. Imports
-nothing of ftc but its errors, so the state (provision/state.py) can hold these records.
+Callers outside provision/providers/ ask `traits(provider)` and `world(provider)`, never compare provider
+names. Imports nothing of ftc but its errors, so the state (provision/state.py) can hold these records.
+The built-in providers are registered by the package (providers/__init__.py); another is named in
+FTC_PROVIDERS (module:attribute of a Provider, comma-separated) and loaded on the registry's first use.
 """
 
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Callable
+from importlib import import_module
+from typing import Callable, Iterator, Mapping
 
 from ..errors import UsageError, option
 
@@ -75,7 +81,7 @@ Resources = AwsResources | SshResources | LocalResources
 @dataclass(frozen=True)
 class Traits:
     resources: type  # the record of what it creates, in ClusterState.resources
-    instance_types: bool  # INSTANCE_TYPE picks the nodes from ftc's catalog: cores known before launch
+    instance_types: bool  # INSTANCE_TYPE picks the nodes from its World's catalog: cores known before launch
     billed: bool  # the nodes cost money while they run, at the catalog's hourly price
     shares_this_machine: bool  # every node is this machine (its cores split): its Python, pip and files
     own_hosts: bool  # your servers, which exist before up and stay after down: ftc keeps to one directory
@@ -87,18 +93,166 @@ class Traits:
     # there whenever this machine can ask it (has_credentials)
 
 
-TRAITS = {
-    "local": Traits(resources=LocalResources, instance_types=False, billed=False, shares_this_machine=True,
-                    own_hosts=False, user_login=False, user_stack_python=False, found_by_tag=False),
-    "aws": Traits(resources=AwsResources, instance_types=True, billed=True, shares_this_machine=False,
-                  own_hosts=False, user_login=False, user_stack_python=False, found_by_tag=True),
-    "ssh": Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
-                  own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False),
-}
+# ---- what each provider owns ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InstanceType:
+    vcpus: int
+    memory_gib: int
+    usd_per_hour: float  # the price of one node-hour
+    cpu: str  # Intel generation: what the runner's precision choice depends on
+    network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
+
+    @property
+    def physical_cores(self) -> int:
+        return self.vcpus // 2
+
+    @property
+    def native_bf16(self) -> bool:
+        return self.cpu == "Sapphire Rapids"
 
 
-def traits(provider: str) -> Traits:
-    """What `provider` can do and needs; an unknown name is refused in one line."""
-    if provider not in TRAITS:
-        raise UsageError(f"{option('provider')}={provider!r} is not known; allowed: {', '.join(TRAITS)}")
-    return TRAITS[provider]
+@dataclass(frozen=True)
+class NameForm:
+    """How a valid name of one kind looks (a zone, an image, a checkpoint store), and how a refusal says so."""
+    pattern: str  # a valid name matches it whole
+    what: str  # the kind, as a refusal names it: "an AMI id"
+    allowed: str  # what is allowed, in words: "ami- followed by 8-17 hex digits"
+
+    def matches(self, name: str) -> bool:
+        return re.fullmatch(self.pattern, name) is not None
+
+
+@dataclass(frozen=True)
+class World:
+    """What a provider owns beyond its verbs. Empty where it has no such thing: a provider with no catalog
+    (local, ssh) has its spec checked against the default world (spec_world)."""
+    title: str = ""  # how help and messages name it: "AWS"
+    instance_types: Mapping[str, InstanceType] = field(default_factory=dict)  # its catalog, each type's price in it
+    default_instance_type: str = ""
+    regions: tuple[str, ...] = ()
+    default_region: str = ""
+    zone_form: NameForm | None = None  # a zone's name; a zone is named after its region (us-east-1a)
+    image_form: NameForm | None = None  # an image id (AMI)
+    spot_notice_endpoint: str = ""  # the metadata service a spot node polls for its reclaim notice (IMDSv2)
+    checkpoint_store: NameForm | None = None  # the URI of a checkpoint store (S3); its verb: store_checkpoint
+    flow_gbps: float = 0.0  # the network's cap on one TCP flow between nodes
+    hop_latency_s: float = 0.0  # one network hop between nodes
+
+    def usd_per_node_hour(self, instance_type: str) -> float | None:
+        """The catalog's price of one node-hour; None for a type it does not have."""
+        kind = self.instance_types.get(instance_type)
+        return kind.usd_per_hour if kind else None
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A provider as the registry holds it."""
+    name: str  # PROVIDER=<name>; what the state records
+    module: str  # the module whose functions are its verbs (providers/__init__.py), imported on first use
+    traits: Traits
+    world: World = World()
+
+
+# ---- the registry ---------------------------------------------------------------------------------
+
+_REGISTERED: dict[str, Provider] = {}
+_FROM_ENV = "FTC_PROVIDERS"
+_env_loaded = False
+
+
+def register(provider: Provider) -> None:
+    """Add a provider; a name already taken is an error (two providers would answer to it)."""
+    if provider.name in _REGISTERED:
+        raise ValueError(f"a provider named {provider.name!r} is registered already")
+    _REGISTERED[provider.name] = provider
+
+
+def _load_named_in_env() -> None:
+    """Register each Provider FTC_PROVIDERS names (module:attribute, comma-separated), once."""
+    global _env_loaded
+    if _env_loaded:
+        return
+    _env_loaded = True  # first: the module imported may itself ask the registry
+    given = os.environ.get(_FROM_ENV, "")
+    for entry in [e.strip() for e in given.split(",") if e.strip()]:
+        module, _, attribute = entry.partition(":")
+        try:
+            found = getattr(import_module(module), attribute) if attribute else None
+        except (ImportError, AttributeError) as exc:
+            found = exc
+        if not isinstance(found, Provider):
+            why = f" ({found})" if isinstance(found, Exception) else ""
+            raise UsageError(f"{_FROM_ENV}={given!r}: {entry!r} is not a provider{why}; allowed: a comma list of "
+                             "module:attribute, each naming a Provider (provision/providers/records.py)")
+        if found.name not in _REGISTERED:
+            register(found)
+
+
+def registered() -> dict[str, Provider]:
+    """Every provider, by name, in the order registered: the built-ins, then FTC_PROVIDERS'."""
+    _load_named_in_env()
+    return dict(_REGISTERED)
+
+
+def names() -> list[str]:
+    return list(registered())
+
+
+def provider(name: str) -> Provider:
+    """The registered provider `name`; an unknown name is refused in one line."""
+    found = registered().get(name)
+    if found is None:
+        raise UsageError(f"{option('provider')}={name!r} is not known; allowed: {', '.join(_REGISTERED)}")
+    return found
+
+
+def traits(name: str) -> Traits:
+    """What provider `name` can do and needs; an unknown name is refused in one line."""
+    return provider(name).traits
+
+
+def world(name: str) -> World:
+    """What provider `name` owns; an unknown name is refused in one line."""
+    return provider(name).world
+
+
+def default_world() -> World:
+    """The first registered provider's world that has a catalog (of the built-ins, aws's): the defaults of
+    INSTANCE_TYPE and REGION, and what `ftc plan` and `ftc bench` pick from. Asks only the built-ins, which
+    are registered before any module reads it at import."""
+    return next(p.world for p in _REGISTERED.values() if p.world.instance_types)
+
+
+def spec_world(name: str) -> World:
+    """The world a spec of provider `name` is checked against: its own when it has a catalog, else the
+    default world, so that INSTANCE_TYPE, REGION, ZONES and AMI mean one thing whatever the provider."""
+    own = world(name)
+    return own if own.instance_types else default_world()
+
+
+def store_for(key: str, uri: str) -> Provider:
+    """The provider whose checkpoint store `uri` names (an s3:// URI: aws), whatever the cluster's
+    provider; none is refused in one line naming setting `key`."""
+    stores = [p for p in registered().values() if p.world.checkpoint_store]
+    for found in stores:
+        if found.world.checkpoint_store.matches(uri):
+            return found
+    raise UsageError(f"{option(key)}={uri!r} is not {' or '.join(p.world.checkpoint_store.what for p in stores)}; "
+                     f"allowed: {', '.join(p.world.checkpoint_store.allowed for p in stores)}")
+
+
+class _TraitsView(Mapping[str, Traits]):
+    """Every registered provider's traits by name, read from the registry when asked."""
+
+    def __getitem__(self, name: str) -> Traits:
+        return registered()[name].traits
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(registered())
+
+    def __len__(self) -> int:
+        return len(registered())
+
+
+TRAITS: Mapping[str, Traits] = _TraitsView()

@@ -3,17 +3,19 @@
 EC2 announces a spot reclaim two minutes ahead at /latest/meta-data/spot/instance-action
 (404 until then). One thread per node (local rank 0) polls it; the training loop asks every
 step whether any node has seen one, checkpoints where it stands and exits with
-protocol.EXIT_PREEMPTED, and `ftc run` recreates the cluster and resumes. Standard library only:
-this runs on the nodes.
+protocol.EXIT_PREEMPTED, and `ftc run` recreates the cluster and resumes. The endpoint comes from
+the controller (the provider's World.spot_notice_endpoint, in the job's arguments or environment).
+Standard library only: this runs on the nodes.
 """
 
+import ipaddress
 import json
 import os
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 
-IMDS = "http://169.254.169.254"  # EC2's; a node whose AWS_EC2_METADATA_SERVICE_ENDPOINT is set uses that
 POLL_SECONDS = 5.0
 
 
@@ -39,11 +41,14 @@ def interruption_notice(endpoint: str, timeout: float = 2.0) -> dict | None:
 
 
 def node_endpoint(endpoint: str) -> str:
-    """The metadata service this node asks: the standard AWS_EC2_METADATA_SERVICE_ENDPOINT
-    (as the AWS SDKs honour it) in place of EC2's default address; any other endpoint as given."""
-    if endpoint.rstrip("/") == IMDS:
-        return os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS
-    return endpoint
+    """The metadata service this node asks: the standard AWS_EC2_METADATA_SERVICE_ENDPOINT (as the
+    AWS SDKs honour it) in place of a cloud's own, which is at a link-local address (as EC2's is);
+    any other endpoint (a simulated one, FTC_IMDS_ENDPOINT's) as given."""
+    try:
+        cloud_own = ipaddress.ip_address(urllib.parse.urlsplit(endpoint).hostname or "").is_link_local
+    except ValueError:  # a host name: not a link-local address
+        cloud_own = False
+    return (os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or endpoint) if cloud_own else endpoint
 
 
 class Watcher(threading.Thread):
