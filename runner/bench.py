@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", default=None, help="MRPC training rows in every pass (default 2048; quick: 128)")
     p.add_argument("--repeats", default=None, help="runs of each configuration, programs alternating (default 3; quick: 2)")
     p.add_argument("--levers", default=None, metavar="A,B",
-                   help=f"also ftc's defaults against each of these alone at the largest rank count: {', '.join(LEVERS)}")
+                   help=f"also ftc's defaults against each of these alone at the largest rank count: {', '.join(LEVERS)}; "
+                        f"with --network, the network's levers to measure (default all): {', '.join(NETWORK_LEVERS)}")
     p.add_argument("--no-peer", action="store_true", help="leave out Hugging Face Trainer (the peer)")
     p.add_argument("--bootstrap", action="store_true",
                    help="instead: bootstrap time of 1 and 8 local nodes (the steps that wait, verification apart)")
@@ -76,12 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launch", action="store_true",
                    help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
                         "torchrun on the same cores, at the largest --ranks; into OUT/bench.json's `launch`")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="instead: `ftc finetune` on local nodes timed from the command to results at home, split into "
+                        "its phases, against the peer under torchrun; into OUT/end_to_end.json (its own options: "
+                        "`ftc bench --end-to-end --help`)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """`ftc bench ...` and `python -m runner.bench ...`: every input checked first; a bad one is one
     line and exit code 2, with nothing made."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--end-to-end" in argv:  # a mode with options of its own (rows, epochs, nodes, lr)
+        from . import end_to_end
+        return end_to_end.main([arg for arg in argv if arg != "--end-to-end"])
     args = build_parser().parse_args(argv)
     try:
         checked(args)
@@ -104,10 +113,12 @@ def checked(args: argparse.Namespace) -> None:
     if args.repeats is not None:
         args.repeats = whole(1, 100)("repeats", args.repeats)
     if args.levers is not None:
+        allowed = NETWORK_LEVERS if args.network else LEVERS
         args.levers = [name.strip() for name in args.levers.split(",") if name.strip()]
-        unknown = [name for name in args.levers if name not in LEVERS]
+        unknown = [name for name in args.levers if name not in allowed]
         if unknown or not args.levers:
-            raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a lever; allowed: {', '.join(LEVERS)}")
+            raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a lever; allowed: {', '.join(allowed)}"
+                             + (f" (with {option('network')})" if args.network else ""))
     writable_dir("out", args.out)
     if args.bootstrap:
         return
@@ -118,7 +129,7 @@ def checked(args: argparse.Namespace) -> None:
         args.network = network_instance(args.network)
         lacking = netem.missing()
         if lacking:
-            raise UsageError(f"--network needs network namespaces and tc: {lacking}")
+            raise UsageError(f"{option('network')} needs root, pyroute2 and network namespaces: {lacking}")
         physical = len(physical_cores())
         args.ranks = sorted({1, *(args.ranks or [n for n in ((1, 2) if args.quick else (1, 2, 4)) if n <= physical])})
         if args.ranks == [1]:
@@ -690,9 +701,31 @@ def launch_vs_torchrun(out: Path, args: argparse.Namespace, physical: list[int],
     return 0
 
 
-# The levers `--network` measures at each node count: gloo's devices (one per interface named, each
-# a TCP flow per peer) and when the gradient goes; "flows" is as many as fill the node's rate.
-NETWORK_LEVERS = {"one-flow": (False, []), "flows": (True, []), "flows-overlap": (True, ["--allreduce", "overlap"])}
+@dataclass(frozen=True)
+class NetworkLever:
+    """One way the simulated nodes of `--network` exchange gradients, measured at each node count."""
+    setting: str  # what it is, in the report
+    many_flows: bool  # gloo on as many flows per peer as fill the node's rate (one device per interface); else one
+    overlap: bool = False  # DDP's buckets reduced during backward; else ftc's all-reduce after it
+    batch_factor: int = 1  # rows per node a step, times the bench's: above 1 a recipe change (the global batch grows)
+    sync: bool = True  # False: no gradient exchange at all, the ceiling the shared host leaves the nodes
+
+    def args(self, batch_per_node: int) -> list[str]:
+        return [*(["--allreduce", "overlap"] if self.overlap else []),
+                *(["--batch-size", str(batch_per_node * self.batch_factor)] if self.batch_factor != 1 else []),
+                *([] if self.sync else ["--no-grad-sync"])]
+
+
+NETWORK_LEVERS = {
+    "one-flow": NetworkLever("one TCP flow per peer", False),
+    "flows": NetworkLever("as many TCP flows per peer as fill the node's rate (ftc's default)", True),
+    "flows-overlap": NetworkLever("flows, the all-reduce overlapped with backward in DDP's buckets", True, overlap=True),
+    "flows-batch-2x": NetworkLever("flows, twice the rows per node a step: a recipe change (global batch x2, its lr "
+                                   "the user's to scale)", True, batch_factor=2),
+    "ceiling": NetworkLever("no gradient exchange (--no-grad-sync): the simulated nodes share one host's memory and "
+                            "caches, which real nodes do not; efficiency against it is what the network costs", True,
+                            sync=False),
+}
 
 
 def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi: str) -> int:
@@ -727,7 +760,8 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
             checks[str(nodes)] = link_check(layout, rates, flows)
             print(f"  {nodes} nodes: one flow carries {checks[str(nodes)]['one_flow_gbit']:.3f} Gbit/s, {flows} flows "
                   f"{checks[str(nodes)]['flows_gbit']:.3f}", flush=True)
-            entries += network_row(bench, layout, nodes, flows, sim_bytes, sim_rate)
+            entries += network_row(bench, layout, nodes, flows, sim_bytes, sim_rate, ftc1["batch_size_per_rank"],
+                                   args.levers or list(NETWORK_LEVERS))
     report = {"instance": kind_name, "machine": machine, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
               "scale": round(rates.scale, 5), "flow_gbit": round(rates.flow_gbit, 4),
               "node_gbit": round(rates.node_gbit, 4), "flows": flows,
@@ -740,48 +774,86 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
               "network": "each node in its own network namespace: one veth per flow shaped (tbf) at the flow cap, "
                          "into the node's router namespace, whose uplink to a bridge is shaped at the node's rate, "
                          "both ways; gloo given one device per flow (GLOO_SOCKET_IFNAME=f0,f1,...)",
+              "predicted": "ftc plan's model (provision/estimate.plan) at the simulated node's rate and batch, its "
+                           "gradient bytes and the scaled links, with docs/bench.json's planner figures (exposure, "
+                           "wait share)",
               "command": "python -m runner.bench " + " ".join(sys.argv[1:]), "entries": entries}
     report_path = out / "bench.json"
     merged = json.loads(report_path.read_text()) if report_path.exists() else {}
-    merged["network"] = report
+    merged["network"] = network_merged(merged.get("network"), report)
     report_path.write_text(json.dumps(merged, indent=2, allow_nan=False))
     for e in entries:
-        print(f"  {e['nodes']} nodes, {e['lever']}: efficiency {e['efficiency']:.2f}, all-reduce {e['allreduce_ms']:.0f} ms "
-              f"(plan {e['allreduce_predicted_ms']:.0f} ms)")
+        print(f"  {e['nodes']} nodes, {e['lever']}: {e['rows_per_s']:.1f} rows/s, efficiency {e['efficiency']:.2f}"
+              + (f" ({e['efficiency_vs_ceiling']:.2f} of the ceiling)" if e["efficiency_vs_ceiling"] else "")
+              + (f"; plan {e['rows_per_s_predicted']:.1f} rows/s, all-reduce {e['allreduce_ms']:.0f} ms "
+                 f"(plan {e['allreduce_predicted_ms']:.0f} ms)" if "allreduce_ms" in e else ""))
     print(f"wrote {report_path} (network)")
     return 0
 
 
+def network_merged(previous: dict | None, report: dict) -> dict:
+    """`report`, keeping from `previous` (an earlier `--network` run into the same OUT) the entries of
+    node counts and levers this run did not measure, and their link checks, when both emulate the
+    same instance on the same machine: what was measured in separate calls lands in one report, each
+    entry with its own links' scale, and every call's command listed."""
+    if not previous or (previous["instance"], previous["machine"]) != (report["instance"], report["machine"]):
+        return {**report, "commands": [report["command"]]}
+    measured = {(e["nodes"], e["lever"]) for e in report["entries"]}
+    kept = [e for e in previous["entries"] if (e["nodes"], e["lever"]) not in measured]
+    checks = {n: c for n, c in previous["link_check"].items() if n not in report["link_check"]}
+    return {**report, "entries": sorted(kept + report["entries"], key=lambda e: e["nodes"]),
+            "link_check": {**checks, **report["link_check"]},
+            "commands": [*previous.get("commands", [previous["command"]]), report["command"]]}
+
+
 def network_row(bench: Bench, layout: netem.Layout, nodes: int, flows: int, grad_bytes: float,
-                alone_rows_per_s: float) -> list[dict]:
+                alone_rows_per_s: float, batch_per_node: int, levers: list[str]) -> list[dict]:
     """At `nodes` nodes on `layout`: the raw all-reduce on one flow and on `flows` (the gradient in
-    as many pieces in flight), and training passes with each of NETWORK_LEVERS, alternating."""
-    from provision import estimate
+    as many pieces in flight), and training passes with each of `levers` (NETWORK_LEVERS), alternating."""
     raw = {n: allreduce_seconds(bench.out, nodes, bench.cores(nodes), bench.cores_per_rank, bench.mpi, grad_bytes / 1e6,
                                 layout, n, n) for n in sorted({1, flows})}
-    rates: dict[str, list[float]] = {name: [] for name in NETWORK_LEVERS}
-    comm: dict[str, list[float]] = {name: [] for name in NETWORK_LEVERS}  # a step's all-reduce, as training saw it
+    rates: dict[str, list[float]] = {name: [] for name in levers}
+    comm: dict[str, list[float]] = {name: [] for name in levers}  # a step's all-reduce, as training saw it
     for repeat in range(bench.repeats):
-        for name, (many, extra) in NETWORK_LEVERS.items():
-            run = bench.ftc(f"net-{nodes}-{name}-r{repeat}", nodes, extra=extra, network=layout,
-                            flows=flows if many else 1)
+        for name in levers:
+            lever = NETWORK_LEVERS[name]
+            run = bench.ftc(f"net-{nodes}-{name}-r{repeat}", nodes, extra=lever.args(batch_per_node), network=layout,
+                            flows=flows if lever.many_flows else 1)
             rates[name].append(whole_pass(run)["rows_per_s"])
             comm[name].append(statistics.mean(p["comm_s"] for p in run["timeline"]))
-    rows = []
-    for name, (many, _) in NETWORK_LEVERS.items():
-        n = flows if many else 1
-        gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
-        median, spread = summary(rates[name])
-        rows.append({"nodes": nodes, "lever": name, "flows": n, "gloo_socket_ifname": ",".join(layout.interfaces(n)),
-                     "allreduce": "overlap" if "--allreduce" in NETWORK_LEVERS[name][1] else "after-backward",
-                     "rows_per_s": median, "rows_per_s_range": spread, "rows_per_s_runs": rates[name],
-                     "efficiency": round(median / (nodes * alone_rows_per_s), 3),
-                     "allreduce_ms": round(raw[n] * 1000, 1),
-                     "allreduce_in_training_ms": round(statistics.median(comm[name]) * 1000, 1),
-                     "allreduce_predicted_ms": round(estimate.ring_allreduce_seconds(grad_bytes, nodes, gbps) * 1000, 1),
-                     "flow_gbit": round(layout.rates.flow_gbit, 4), "node_gbit": round(layout.rates.node_gbit, 4),
-                     "scale": round(layout.rates.scale, 5)})
-    return rows
+    ceiling = summary(rates["ceiling"])[0] if "ceiling" in rates else None
+    return [network_entry(name, nodes, flows, layout, summary(rates[name]), rates[name], comm[name], raw, grad_bytes,
+                          alone_rows_per_s, ceiling, batch_per_node) for name in levers]
+
+
+def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, measured: tuple[float, list[float]],
+                  runs: list[float], comm: list[float], raw: dict[int, float], grad_bytes: float, alone: float,
+                  ceiling: float | None, batch_per_node: int) -> dict:
+    """One lever's entry: measured against one node alone and against the ceiling, and beside the
+    plan's prediction, made at the node rate the ceiling leaves each node (else the one alone)."""
+    from provision import estimate
+
+    from .plan import DEFAULT_BENCH, bench_figures
+    planner, lever = bench_figures(str(DEFAULT_BENCH)), NETWORK_LEVERS[name]
+    n, (median, spread) = flows if lever.many_flows else 1, measured
+    gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
+    node_rate = ceiling / nodes if ceiling else alone
+    entry = {"nodes": nodes, "lever": name, "setting": lever.setting, "flows": n,
+             "gloo_socket_ifname": ",".join(layout.interfaces(n)), "allreduce": "overlap" if lever.overlap else "after-backward",
+             "batch_per_node": batch_per_node * lever.batch_factor,
+             "rows_per_s": median, "rows_per_s_range": spread, "rows_per_s_runs": runs,
+             "efficiency": round(median / (nodes * alone), 3),
+             "efficiency_vs_ceiling": round(median / ceiling, 3) if ceiling else None}
+    if lever.sync:
+        predicted = estimate.plan([nodes], 1, 1, node_rate, batch_per_node * lever.batch_factor, grad_bytes,
+                                  layout.rates.node_gbit, planner["exposure"], planner["wait_share"], 0.0, 0.0,
+                                  estimate.Levers(n, lever.overlap, 1), flow_gbps=layout.rates.flow_gbit)[0].samples_per_s
+        entry |= {"rows_per_s_predicted": round(predicted, 3), "measured_over_predicted": round(median / predicted, 3),
+                  "allreduce_ms": round(raw[n] * 1000, 1),
+                  "allreduce_in_training_ms": round(statistics.median(comm) * 1000, 1),
+                  "allreduce_predicted_ms": round(estimate.ring_allreduce_seconds(grad_bytes, nodes, gbps) * 1000, 1)}
+    return entry | {"flow_gbit": round(layout.rates.flow_gbit, 4), "node_gbit": round(layout.rates.node_gbit, 4),
+                    "scale": round(layout.rates.scale, 5)}
 
 
 def link_check(layout: netem.Layout, rates: netem.LinkRates, flows: int) -> dict:

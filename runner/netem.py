@@ -16,12 +16,13 @@ node i's interface fj is 10.(200+j).i.2/24, its router's end 10.(200+j).i.1; rou
 10.199.0.0/24 (router i at .i+1). Every namespace is named `ftcnet-<pid>-...` after the process
 that made it, so a later run removes what a killed one left (its pid gone), and never a live one's.
 
-Pure functions decide (rates, names, addresses, every `ip`/`tc` command line); `Network` runs them.
+Pure functions decide (rates, names, addresses, every step); `Network` makes the steps through
+netlink (pyroute2), and a rank enters its node with setns(2), so neither needs iproute2's `ip` or
+`tc` (the AMX host has neither).
 """
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,41 +103,51 @@ class Layout:
         return self.address(0, 0)
 
 
-def shape(ns: str, dev: str, gbit: float) -> list[str]:
-    """A token bucket at `gbit` on `dev`'s egress: a burst of 2 ms at the rate (at least 128 KB, so
-    that a veth's 64 KB GSO packets pass whole), a queue of 50 ms beyond it."""
-    rate = int(gbit * 1e9 / 8)  # bytes/s
+@dataclass(frozen=True)
+class Step:
+    """One change to one namespace's network, made through netlink (pyroute2): `kind` is one of
+    bridge (create `dev`, up), up (`dev`), forward (IPv4 forwarding on), veth (`dev` here, its peer
+    `peer` in namespace `peer_ns`), attach (`dev` to bridge `peer`, up), address (`cidr` on `dev`),
+    shape (a token bucket at `gbit` on `dev`'s egress), route (to `cidr` via `via`, by `dev` if named)."""
+    kind: str
+    ns: str
+    dev: str = ""
+    peer: str = ""
+    peer_ns: str = ""
+    cidr: str = ""
+    via: str = ""
+    gbit: float = 0.0
+
+
+def token_bucket(gbit: float) -> dict:
+    """tbf's settings at `gbit`: a burst of 2 ms at the rate (at least 128 KB, so that a veth's 64 KB
+    GSO packets pass whole), a queue of 50 ms beyond it; bytes, and the rate in bytes/s."""
+    rate = int(gbit * 1e9 / 8)
     burst = max(128 * 1024, rate // 500)
-    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{int(gbit * 1e6)}kbit",
-            "burst", str(burst), "limit", str(burst + rate // 20)]
+    return {"rate": rate, "burst": burst, "limit": burst + rate // 20}
 
 
-def setup_commands(layout: Layout) -> list[list[str]]:
-    """Every command that builds `layout`, in order, after its namespaces exist."""
+def setup_steps(layout: Layout) -> list[Step]:
+    """Every step that builds `layout`, in order, after its namespaces exist."""
     sw, rates = layout.switch_ns, layout.rates
-    cmds = [["ip", "-n", sw, "link", "add", "br0", "type", "bridge"], ["ip", "-n", sw, "link", "set", "br0", "up"]]
-    for ns in layout.namespaces():
-        cmds.append(["ip", "-n", ns, "link", "set", "lo", "up"])
+    steps = [Step("bridge", sw, "br0")] + [Step("up", ns, "lo") for ns in layout.namespaces()]
     for i in range(layout.nodes):
         node, router, port = layout.node_ns(i), layout.router_ns(i), f"p{i}"
-        cmds += [["ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
-                 ["ip", "-n", router, "link", "add", "uplink", "type", "veth", "peer", "name", port, "netns", sw],
-                 ["ip", "-n", sw, "link", "set", port, "master", "br0", "up"],
-                 ["ip", "-n", router, "addr", "add", f"{SWITCH_NET}.{i + 1}/24", "dev", "uplink"],
-                 ["ip", "-n", router, "link", "set", "uplink", "up"],
-                 shape(router, "uplink", rates.node_gbit), shape(sw, port, rates.node_gbit)]
+        steps += [Step("forward", router), Step("veth", router, "uplink", peer=port, peer_ns=sw),
+                  Step("attach", sw, port, peer="br0"), Step("address", router, "uplink", cidr=f"{SWITCH_NET}.{i + 1}/24"),
+                  Step("up", router, "uplink"),
+                  Step("shape", router, "uplink", gbit=rates.node_gbit), Step("shape", sw, port, gbit=rates.node_gbit)]
         for j in range(layout.flows):
             near, far = f"10.{200 + j}.{i}.1", layout.address(i, j)
-            cmds += [["ip", "-n", router, "link", "add", f"d{j}", "type", "veth", "peer", "name", f"f{j}", "netns", node],
-                     ["ip", "-n", router, "addr", "add", f"{near}/24", "dev", f"d{j}"],
-                     ["ip", "-n", node, "addr", "add", f"{far}/24", "dev", f"f{j}"],
-                     ["ip", "-n", router, "link", "set", f"d{j}", "up"], ["ip", "-n", node, "link", "set", f"f{j}", "up"],
-                     # flow j of every node is reached through this node's interface j
-                     ["ip", "-n", node, "route", "add", f"10.{200 + j}.0.0/16", "via", near, "dev", f"f{j}"],
-                     shape(node, f"f{j}", rates.flow_gbit), shape(router, f"d{j}", rates.flow_gbit)]
-            cmds += [["ip", "-n", router, "route", "add", f"10.{200 + j}.{m}.0/24", "via", f"{SWITCH_NET}.{m + 1}"]
-                     for m in range(layout.nodes) if m != i]
-    return cmds
+            steps += [Step("veth", router, f"d{j}", peer=f"f{j}", peer_ns=node),
+                      Step("address", router, f"d{j}", cidr=f"{near}/24"), Step("address", node, f"f{j}", cidr=f"{far}/24"),
+                      Step("up", router, f"d{j}"), Step("up", node, f"f{j}"),
+                      # flow j of every node is reached through this node's interface j
+                      Step("route", node, f"f{j}", cidr=f"10.{200 + j}.0.0/16", via=near),
+                      Step("shape", node, f"f{j}", gbit=rates.flow_gbit), Step("shape", router, f"d{j}", gbit=rates.flow_gbit)]
+            steps += [Step("route", router, cidr=f"10.{200 + j}.{m}.0/24", via=f"{SWITCH_NET}.{m + 1}")
+                      for m in range(layout.nodes) if m != i]
+    return steps
 
 
 def stale_namespaces(names: list[str], alive) -> list[str]:
@@ -145,32 +156,85 @@ def stale_namespaces(names: list[str], alive) -> list[str]:
     return [name for name in names if (m := pattern.match(name)) and not alive(int(m.group(1)))]
 
 
+# Runs argv[2:] inside the network namespace named argv[1] (setns(2) on its file under /var/run/netns, as
+# `ip netns exec` does, without needing iproute2): CLONE_NEWNET is 0x40000000.
+_ENTER = ("import ctypes, os, sys; fd = os.open('/var/run/netns/' + sys.argv[1], os.O_RDONLY); "
+          "libc = ctypes.CDLL(None, use_errno=True); "
+          "libc.setns(fd, 0x40000000) == 0 or sys.exit('setns ' + sys.argv[1] + ': ' + os.strerror(ctypes.get_errno())); "
+          "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def enter(ns: str, command: list[str]) -> list[str]:
+    """`command` run inside namespace `ns`."""
+    return [sys.executable, "-c", _ENTER, ns, *command]
+
+
 def in_node(layout: Layout, command: list[str]) -> list[str]:
     """`command` run by an mpirun rank inside its own node's namespace: rank r on node r (one rank
     a node), the rank read from whichever launcher started it (runner/node/distenv.py's variables)."""
-    enter = 'exec ip netns exec "$0-n${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-$RANK}}" "$@"'
-    return ["bash", "-c", enter, layout.tag, *command]
+    pick = 'exec "$1" -c "$2" "$0-n${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-$RANK}}" "${@:3}"'
+    return ["bash", "-c", pick, layout.tag, sys.executable, _ENTER, *command]
 
 
 def missing() -> str:
-    """What this machine lacks to build the network ('' when nothing): root, `ip`, `tc`, namespaces."""
+    """What this machine lacks to build the network ('' when nothing): root, pyroute2, namespaces."""
     if os.geteuid() != 0:
         return "not root (network namespaces and tc need root)"
-    lacking = [tool for tool in ("ip", "tc") if not shutil.which(tool)]
-    if lacking:
-        return f"no {' or '.join(lacking)} on PATH (Debian: apt-get install iproute2)"
+    try:
+        from pyroute2 import netns
+    except ImportError:
+        return "no pyroute2 (netlink from Python): `make setup` installs it, or pip install pyroute2"
     probe = f"{PREFIX}{os.getpid()}-probe"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"no network namespaces here (`ip netns add` said: {made.stderr.strip() or made.returncode})"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    try:
+        netns.create(probe)
+    except OSError as exc:
+        return f"no network namespaces here (creating one said: {exc})"
+    netns.remove(probe)
     return ""
 
 
-def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+def apply(steps: list[Step]) -> None:
+    """Make `steps` through netlink, one socket per namespace."""
+    from pyroute2 import NetNS
+    sockets: dict[str, NetNS] = {}
+    try:
+        for step in steps:
+            if step.ns not in sockets:
+                sockets[step.ns] = NetNS(step.ns)
+            try:
+                _make(sockets[step.ns], step)
+            except Exception as exc:
+                raise RuntimeError(f"{step}: {exc}") from exc
+    finally:
+        for sock in sockets.values():
+            sock.close()
+
+
+def _make(ns, step: Step) -> None:
+    """One step on `ns`, a pyroute2 socket inside its namespace."""
+    def index(dev: str) -> int:
+        return ns.link_lookup(ifname=dev)[0]
+    if step.kind == "bridge":
+        ns.link("add", ifname=step.dev, kind="bridge")
+        ns.link("set", index=index(step.dev), state="up")
+    elif step.kind == "up":
+        ns.link("set", index=index(step.dev), state="up")
+    elif step.kind == "forward":
+        subprocess.run(enter(step.ns, [sys.executable, "-c", "open('/proc/sys/net/ipv4/ip_forward', 'w').write('1')"]),
+                       check=True, capture_output=True)
+    elif step.kind == "veth":
+        ns.link("add", ifname=step.dev, kind="veth", peer={"ifname": step.peer, "net_ns_fd": step.peer_ns})
+    elif step.kind == "attach":
+        ns.link("set", index=index(step.dev), master=index(step.peer), state="up")
+    elif step.kind == "address":
+        address, prefix = step.cidr.split("/")
+        ns.addr("add", index=index(step.dev), address=address, prefixlen=int(prefix))
+    elif step.kind == "shape":
+        ns.tc("replace", "tbf", index(step.dev), 0x10000, **token_bucket(step.gbit))
+    elif step.kind == "route":
+        ns.route("add", dst=step.cidr, gateway=step.via, **({"oif": index(step.dev)} if step.dev else {}))
+    else:
+        raise ValueError(f"unknown step kind {step.kind!r}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -179,10 +243,10 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale() -> list[str]:
     """Delete the namespaces (and with them their links) a killed earlier run left."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    stale = stale_namespaces([line.split()[0] for line in listed.splitlines() if line.strip()], _pid_alive)
+    from pyroute2 import netns
+    stale = stale_namespaces(netns.listnetns(), _pid_alive)
     for name in stale:
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        netns.remove(name)
     return stale
 
 
@@ -194,12 +258,12 @@ class Network:
         self.layout = layout
 
     def __enter__(self) -> Layout:
+        from pyroute2 import netns
         remove_stale()
         try:
             for ns in self.layout.namespaces():
-                _run(["ip", "netns", "add", ns])
-            for cmd in setup_commands(self.layout):
-                _run(cmd)
+                netns.create(ns)
+            apply(setup_steps(self.layout))
         except BaseException:
             self.remove()
             raise
@@ -209,8 +273,11 @@ class Network:
         self.remove()
 
     def remove(self) -> None:
+        from pyroute2 import netns
+        present = set(netns.listnetns())
         for ns in self.layout.namespaces():
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+            if ns in present:
+                netns.remove(ns)
 
 
 def tcp_gbit(layout: Layout, flows: int, megabytes: float, sender: int = 0, receiver: int = 1) -> float:
@@ -218,13 +285,13 @@ def tcp_gbit(layout: Layout, flows: int, megabytes: float, sender: int = 0, rece
     one connection on each of the first `flows` interfaces, `megabytes` each: measured at the
     receiver from its first byte to its last. The sender starts once the receiver says it listens."""
     addresses = [layout.address(receiver, j) for j in range(flows)]
-    receive = subprocess.Popen(["ip", "netns", "exec", layout.node_ns(receiver), sys.executable, "-c", _RECEIVE,
-                                *addresses], stdout=subprocess.PIPE, text=True)
+    receive = subprocess.Popen(enter(layout.node_ns(receiver), [sys.executable, "-c", _RECEIVE, *addresses]),
+                               stdout=subprocess.PIPE, text=True)
     try:
         if receive.stdout.readline().strip() != "listening":
             raise RuntimeError(f"the receiver in {layout.node_ns(receiver)} did not start")
-        _run(["ip", "netns", "exec", layout.node_ns(sender), sys.executable, "-c", _SEND, str(int(megabytes * 1e6)),
-              *addresses])
+        subprocess.run(enter(layout.node_ns(sender), [sys.executable, "-c", _SEND, str(int(megabytes * 1e6)), *addresses]),
+                       check=True)
         out, _ = receive.communicate(timeout=600)
     finally:
         if receive.poll() is None:

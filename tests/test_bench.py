@@ -136,17 +136,43 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
     (["--network", "c9x"], "--network='c9x' is not an instance type; allowed: c6i, c7i, m6i, m7i, r6i, r7i (their "
                            "16xlarge) or a type such as c7i.8xlarge"),
     (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
-], ids=["not an instance type", "no node count above 1"])
+    (["--network", "c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a lever; allowed: one-flow, flows, "
+                                                        "flows-overlap, flows-batch-2x, ceiling (with --network)"),
+], ids=["not an instance type", "no node count above 1", "not a network lever"])
 def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), *flags)
     assert proc.returncode == 2 and one_error(proc) == f"error: {named}"
     assert not (tmp_path / "bench").exists()
 
 
-def test_network_bench_on_a_machine_without_tc_says_what_is_missing(ftc_home, tmp_path):
-    # iproute2's tc lives in /usr/sbin, which this PATH leaves out
-    proc = ftc("bench", "--quick", "--network", "c7i", "--out", str(tmp_path / "bench"), env={"PATH": "/usr/bin:/bin"})
+def test_network_bench_on_a_machine_without_pyroute2_says_what_is_missing(ftc_home, tmp_path):
+    # a pyroute2 that cannot be imported, ahead of the installed one
+    (tmp_path / "hide" / "pyroute2").mkdir(parents=True)
+    (tmp_path / "hide" / "pyroute2" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    proc = ftc("bench", "--quick", "--network", "c7i", "--out", str(tmp_path / "bench"),
+               env={"PYTHONPATH": str(tmp_path / "hide")})
     assert proc.returncode == 2
-    lacking = "not root" if os.geteuid() else "no tc on PATH"
-    assert one_error(proc).startswith(f"error: --network needs network namespaces and tc: {lacking}")
+    lacking = "not root" if os.geteuid() else "no pyroute2 (netlink from Python): `make setup` installs it"
+    assert one_error(proc).startswith(f"error: --network needs root, pyroute2 and network namespaces: {lacking}")
     assert not (tmp_path / "bench").exists()
+
+
+def test_network_runs_of_other_node_counts_merge_into_one_report_only_for_the_same_instance_and_machine():
+    from runner.bench import network_merged
+
+    def report(nodes: list[int], machine: str = "16-core host", scale: float = 0.1) -> dict:
+        return {"instance": "c7i.16xlarge", "machine": machine, "command": f"--ranks {nodes}",
+                "entries": [{"nodes": n, "lever": "flows", "scale": scale} for n in nodes],
+                "link_check": {str(n): {"one_flow_gbit": scale} for n in nodes}}
+    first = network_merged(None, report([4], scale=0.12))
+    second = network_merged(first, report([2], scale=0.11))
+    assert [(e["nodes"], e["scale"]) for e in second["entries"]] == [(2, 0.11), (4, 0.12)]
+    assert set(second["link_check"]) == {"2", "4"} and second["commands"] == ["--ranks [4]", "--ranks [2]"]
+    again = network_merged(second, report([4], scale=0.13))  # a lever measured again replaces its entry
+    assert [(e["nodes"], e["scale"]) for e in again["entries"]] == [(2, 0.11), (4, 0.13)]
+    other = report([4], scale=0.14)
+    other["entries"][0]["lever"] = "ceiling"  # another lever at the same node count joins them
+    assert [(e["nodes"], e["lever"]) for e in network_merged(again, other)["entries"]] == [
+        (2, "flows"), (4, "flows"), (4, "ceiling")]
+    elsewhere = network_merged(second, report([4], machine="2-core host"))
+    assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["commands"] == ["--ranks [4]"]

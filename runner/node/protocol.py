@@ -15,7 +15,7 @@ metrics or a checkpoint. Each `parse_*` function returns None for a message that
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 # ---- the job's directory: its files, and the exit code of a preempted job ----------------------------
@@ -332,6 +332,9 @@ class TrainResults:
     labels: list[str] | None = None  # the classes in index order (the model's id2label); None: regression
     compile_cache: str = "none"  # warm | cold: the node's kernel cache when the compile began; none: not compiled
     compile_seconds: float | None = None  # what the compile cost rank 0's first steps; None: not compiled
+    # rank 0's wall seconds of the job's stages around its steps (train.timed): to_first_step (from started_at,
+    # tokenize included), tokenize (read and tokenize the rows), evaluate and checkpoint (every epoch's), save_model
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The file's layout: the fields in order, the dev metrics as top-level keys after epoch_metrics."""

@@ -301,6 +301,7 @@ class Run:
     history: list[dict] = field(default_factory=list)  # per finished epoch: train loss, the pass, dev metrics
     start_epoch: int = 0  # this process's first epoch, from 0 (a resumed run's)
     resumed_at: dict = field(default_factory=lambda: dict(EPOCH_START))  # where in start_epoch it resumed
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # results.json's (TrainResults.stage_seconds)
 
     @property
     def checkpoint(self) -> Path:
@@ -328,7 +329,9 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     # ---- data -----------------------------------------------------------------------------------
-    data = load_data(args, env)
+    stage_seconds: dict[str, float] = {}
+    with timed(stage_seconds, "tokenize"):
+        data = load_data(args, env)
     train = data.train
     total_steps = args.max_steps or args.epochs * len(global_batches(
         len(train["labels"]), train["lengths"], args.batch_size, env.world_size, args.group_by_length, args.seed))
@@ -336,7 +339,8 @@ def main(argv=None) -> int:
     # ---- model and optimizer --------------------------------------------------------------------
     model, optimizer, scheduler = build_model(args, data.task, setup.precision, total_steps)
     stats = StepStats(args.warmup_steps_untimed)
-    run = Run(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at)
+    run = Run(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at,
+              stage_seconds=stage_seconds)
     compiled = maybe_compile(run)
     if args.resume:
         resume(run)
@@ -347,6 +351,7 @@ def main(argv=None) -> int:
 
     # ---- the loop -------------------------------------------------------------------------------
     run.board = open_board(out_dir, env)
+    stage_seconds["to_first_step"] = round((datetime.now(timezone.utc) - started_at).total_seconds(), 3)
     for epoch in range(run.start_epoch, args.epochs):
         batches = global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
                                  args.group_by_length, args.seed + epoch)
@@ -368,14 +373,16 @@ def main(argv=None) -> int:
                 break
         epoch_seconds = time.perf_counter() - epoch_start
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
-        metrics = {} if args.no_eval else evaluate(run)
+        with timed(stage_seconds, "evaluate"):
+            metrics = {} if args.no_eval else evaluate(run)
         run.history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
                             "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                             "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
             log.info(dev_line(DevMetrics(epoch + 1, metrics)))
         if not args.no_save:
-            save_all(run, epoch + 1, EPOCH_START)
+            with timed(stage_seconds, "checkpoint"):
+                save_all(run, epoch + 1, EPOCH_START)
         if args.max_steps and run.step >= args.max_steps:
             break
 
@@ -854,7 +861,19 @@ def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResul
         epoch_metrics=history, metrics={k: v for k, v in (history[-1] if history else {}).items() if k.startswith("eval_")},
         timeline=[{"rank": r, **phases} for r, phases in enumerate(timeline)],
         versions={"python": sys.version.split()[0], **versions()}, started_at=run.started_at.isoformat(),
-        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(run.data.task.labels) if run.data.task.labels else None)
+        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(run.data.task.labels) if run.data.task.labels else None,
+        stage_seconds=run.stage_seconds)
+
+
+@contextlib.contextmanager
+def timed(seconds: dict[str, float], stage: str):
+    """Adds the block's wall seconds to seconds[stage]: where a job's time goes besides its steps
+    (`ftc bench --end-to-end` splits a job's wall time by them)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
 
 
 def finite(value: float | None) -> float | None:
@@ -865,8 +884,9 @@ def finite(value: float | None) -> float | None:
 
 def write_results(run: Run, results: TrainResults) -> None:
     if not run.args.no_save:
-        run.model.save_pretrained(run.out_dir / MODEL_DIR)
-        run.data.tokenizer.save_pretrained(run.out_dir / MODEL_DIR)
+        with timed(results.stage_seconds, "save_model"):
+            run.model.save_pretrained(run.out_dir / MODEL_DIR)
+            run.data.tokenizer.save_pretrained(run.out_dir / MODEL_DIR)
     (run.out_dir / RESULTS_FILE).write_text(results.to_json())
     run.log.info("results: " + strict_json(results.metrics, indent=None))
 

