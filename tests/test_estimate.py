@@ -117,9 +117,12 @@ def test_local_training_time_grows_with_rows_and_weights_and_shrinks_with_cores(
     assert estimate.local_train_seconds(7336, minilm, 4, "avx2") == pytest.approx(one / 2)
 
 
-def test_overlap_exposes_only_what_outlasts_backward():
-    # compute 1 s, backward 2/3 s: a 1 s all-reduce leaves 1/3 s exposed, 1.2x that in training
-    overlap = estimate.Levers(flows=1, overlap=True, accumulate=1)
+def test_overlap_hides_what_was_measured_to_hide(monkeypatch):
+    overlap, after = estimate.Levers(flows=1, overlap=True, accumulate=1), estimate.DEFAULT_LEVERS
+    # as measured (docs/bench.json network): overlapped, backward pays for the transfer; nothing is hidden
+    assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, after)
+    # were all of backward free for it: compute 1 s, backward 2/3 s, so a 1 s all-reduce leaves 1/3 s exposed
+    monkeypatch.setattr(estimate, "OVERLAP_HIDES", 1.0)
     assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == pytest.approx(1 + 1.2 / 3)
     assert estimate.step_seconds(32, 32.0, 0.5, 1.2, 0.0, overlap) == pytest.approx(1.0)  # hidden entirely
 
@@ -159,11 +162,13 @@ def test_class_rates_come_from_the_catalog_and_the_measured_ratio():
     assert estimate.class_rate(10.0, "avx512", "avx512") == 10.0
 
 
-def test_alternatives_fill_the_link_overlap_and_offer_accumulation():
+def test_alternatives_fill_the_link_and_offer_accumulation_and_overlap_only_where_it_hides(monkeypatch):
     default = estimate.DEFAULT_LEVERS
-    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
-    assert estimate.alternative_levers(estimate.Levers(3, True, 1), 25.0) == [estimate.Levers(3, True, 4)]
+    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, False, 1), estimate.Levers(1, False, 4)]
+    assert estimate.alternative_levers(estimate.Levers(3, False, 1), 25.0) == [estimate.Levers(3, False, 4)]
     assert estimate.alternative_levers(estimate.Levers(3, True, 2), 25.0) == []
+    monkeypatch.setattr(estimate, "OVERLAP_HIDES", 0.5)
+    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
     assert estimate.lever_flags(estimate.Levers(3, True, 4)) == "--flows 3 --allreduce overlap --accumulate 4"
 
 
@@ -187,12 +192,12 @@ def test_recommendation_names_the_fastest_and_the_cheapest_where_more_nodes_pay(
 
 def test_recommendation_says_why_more_nodes_do_not_pay_and_what_to_try():
     rows = [row(1, 3453), row(2, 4144, 0.107, 0.42), row(4, 2649, 0.161, 0.33)]
-    alternatives = [(estimate.Levers(3, True, 1), [row(1, 3453), row(4, 922, 0.065, 0.94)]),
+    alternatives = [(estimate.Levers(3, False, 1), [row(1, 3453), row(4, 1500, 0.065, 0.58)]),
                     (estimate.Levers(1, False, 4), [row(1, 3453), row(4, 1353, 0.161, 0.64)])]
     text = estimate.recommend(rows, estimate.DEFAULT_LEVERS, C7I, alternatives)
     assert text.startswith("4 nodes finish 1.3x sooner for 3.1x the cost of 1: more nodes do not pay: the all-reduce "
                            "on 4 nodes (161 ms at 10 Gbit/s, one flow) takes longer than a step's compute (101 ms); "
-                           "try --flows 3 --allreduce overlap (4 nodes finish 3.1x sooner for 1.3x the cost of 1), "
+                           "try --flows 3 (4 nodes finish 2.1x sooner for 1.9x the cost of 1), "
                            "or --accumulate 4 (4 nodes finish 2.3x sooner for 1.8x the cost of 1; it changes the "
                            "recipe: a global batch of 512 (4 nodes x 32 rows x 4 micro-batches) and lr scaled 4x to "
                            "8e-05). Assumed:"), text
@@ -247,7 +252,7 @@ def test_plan_models_the_levers_it_is_given(ftc_home):
     one_flow = plan_json("--flows", "1")
     assert one_flow["rows"][2]["allreduce_ms"] > default["rows"][2]["allreduce_ms"]  # one flow's 10 Gbit/s, not 25
     assert levers["rows"][2]["allreduce_ms"] == default["rows"][2]["allreduce_ms"]  # the default fills the link
-    assert levers["rows"][2]["efficiency"] > 0.9 > default["rows"][2]["efficiency"]  # hidden behind backward
+    assert levers["rows"][2]["efficiency"] == default["rows"][2]["efficiency"]  # overlap hides nothing, as measured
     accumulated = plan_json("--accumulate", "4")
     assert accumulated["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]
     assert "a global batch of 512" in accumulated["recommendation"] and "lr scaled 4x" in accumulated["recommendation"]
