@@ -178,9 +178,12 @@ def tokenizer_dir(explicit: str | None) -> Path:
 
 def rank_layout(ranks: list[int] | None, cores_per_rank: int | None, quick: bool, physical: int) -> tuple[list[int], int]:
     """The rank counts and each simulated node's cores: as given, else this host's defaults; refused
-    when they need more physical cores than the host has. Pure."""
-    counts = ranks or ([1, 2] if quick else [1, 2, 4])
-    per_rank = cores_per_rank or max(1, physical // max(counts))
+    when they need more physical cores than the host has. Pure. A simulated node's cores default to the
+    default layout's (the host split by its largest rank count), so `--ranks 1` measures the same
+    node as the headline's rows do, not one rank on every core."""
+    default_counts = [1, 2] if quick else [1, 2, 4]
+    counts = ranks or default_counts
+    per_rank = cores_per_rank or max(1, physical // max(*counts, *default_counts))
     if per_rank * max(counts) > physical:
         raise UsageError(f"{option('ranks')}={','.join(map(str, counts))} with {option('cores_per_rank')}={per_rank}: "
                          f"{max(counts)} ranks x {per_rank} cores > this host's {physical} physical cores; give fewer "

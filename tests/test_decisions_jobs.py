@@ -85,6 +85,9 @@ def test_rank_layout_defaults_to_the_hosts_cores_shared_by_the_most_ranks():
     assert rank_layout(None, None, quick=True, physical=16) == ([1, 2], 8)
     assert rank_layout(None, None, quick=False, physical=16) == ([1, 2, 4], 4)
     assert rank_layout([1, 3], 2, quick=False, physical=6) == ([1, 3], 2)
+    # one rank alone is measured on the default layout's node, comparable with its rows
+    assert rank_layout([1], None, quick=False, physical=16) == ([1], 4)
+    assert rank_layout([8], None, quick=False, physical=16) == ([8], 2)
 
 
 def test_rank_layout_refuses_more_cores_than_the_host_has():
