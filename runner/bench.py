@@ -16,6 +16,7 @@ bert-base-uncased vocabulary) with random weights: speed does not depend on the 
 """
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -836,8 +837,7 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, measu
     plan's prediction, made at the node rate the ceiling leaves each node (else the one alone)."""
     from provision import estimate
 
-    from .plan import DEFAULT_BENCH, bench_figures
-    planner, lever = bench_figures(str(DEFAULT_BENCH)), NETWORK_LEVERS[name]
+    planner, lever = plan_figures(), NETWORK_LEVERS[name]
     n, (median, spread) = flows if lever.many_flows else 1, measured
     gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
     node_rate = ceiling / nodes if ceiling else alone
@@ -857,6 +857,13 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, measu
                   "allreduce_predicted_ms": round(estimate.ring_allreduce_seconds(grad_bytes, nodes, gbps) * 1000, 1)}
     return entry | {"flow_gbit": round(layout.rates.flow_gbit, 4), "node_gbit": round(layout.rates.node_gbit, 4),
                     "scale": round(layout.rates.scale, 5)}
+
+
+@functools.cache
+def plan_figures() -> dict:
+    """The plan's figures from docs/bench.json (runner/plan.py), read once per bench run."""
+    from .plan import DEFAULT_BENCH, bench_figures
+    return bench_figures(str(DEFAULT_BENCH))
 
 
 def link_check(layout: netem.Layout, rates: netem.LinkRates, flows: int) -> dict:

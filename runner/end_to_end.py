@@ -256,11 +256,11 @@ def time_ftc(job: Job, base: Path) -> dict:
     """A private FTC_HOME: up (untimed), `ftc finetune` timed, down. What report() reads of it."""
     env = {**os.environ, "FTC_HOME": str(base / "ftc-home")}
     results = base / "ftc-results"
-    up_start = time.time()
-    checked_run([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
-                env=env, cwd=base)
-    cluster_up_s = time.time() - up_start
-    try:
+    try:  # a failed `up` leaves what it started to `down` as well: FTC_HOME goes with the temporary folder
+        up_start = time.time()
+        checked_run([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
+                    env=env, cwd=base)
+        cluster_up_s = time.time() - up_start
         command, load_before = finetune_command(job, results), os.getloadavg()[0]
         print(f"ftc: cluster up in {cluster_up_s:.1f} s; timing `ftc {' '.join(command)}`", file=sys.stderr, flush=True)
         start = time.time()

@@ -32,7 +32,7 @@ from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
-from .node.recipes import RECIPES, SMALL_DATA, small_data, small_data_line
+from .node.recipes import RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -115,6 +115,10 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
         refuse_data_files(values, job.task)
         job.data_dir = resolve_data_dir(values.get("data_dir"), job.task, notes)
         labels = glue.TASKS[job.task].labels
+    named = {"batch_size": label("batch_size"), "lr": label("lr")}
+    if values.get("batch_size") is not None and (line := batch_line(job.recipe, job.batch_size,
+                                                                    values.get("lr") is not None, named, job.lr)):
+        notes.append(line)
     refuse_other_head(job.model, values.get("model"), labels)
     for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too
         if control_character(getattr(job, key)):

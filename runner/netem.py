@@ -1,8 +1,8 @@
 """A network that behaves like AWS's inside a cluster placement group, for `ftc bench --network`.
 
 AWS caps one TCP flow at 10 Gbit/s and a node at its instance's rate (25 Gbit/s for a
-c7i.16xlarge). This kernel has `tbf` and `htb` but neither `fq` (whose `flow_max_rate` would cap
-each flow) nor `netem`, so the per-flow cap is built from interfaces: each simulated node lives
+c7i.16xlarge). The per-flow cap is built from interfaces and `tbf` alone, which every kernel here
+has (`fq`, whose `flow_max_rate` would cap each flow, and `netem` are not always built): each simulated node lives
 in its own network namespace with `flows` veths, each shaped at the flow cap, into its own
 router namespace, whose one uplink to a bridge (in a switch namespace) is shaped at the node's
 aggregate, both ways. A TCP connection leaves by one interface, so it gets at most the flow

@@ -324,3 +324,21 @@ def test_a_refusal_after_offline_and_data_notes_is_the_only_line(ftc_home, tmp_p
                "--validation-file", str(train), "--text-columns", "review", "--label-column", "stars", env=offline)
     notes = proc.stderr.strip().splitlines()[:-1]  # every check passed: the notes, then no such cluster
     assert notes[0].startswith("offline: using the packaged MiniLM-L6 model at ") and len(notes) == 3, notes
+
+
+def test_a_batch_other_than_the_recipes_says_the_global_batch_changes_and_how_to_scale_lr(ftc_home):
+    from runner.jobspec import checked_job
+    from runner.node.recipes import batch_line
+    named = {"batch_size": "--batch-size", "lr": "--lr"}
+    assert batch_line("ftc", 64, False, named) == (
+        "recipe: --batch-size=64 is 2x the ftc recipe's 32 rows per rank, so the global batch is 2x too, at lr "
+        "2e-05; to scale lr with it, set --lr=4e-05")
+    assert batch_line("ftc", 64, True, named) == batch_line("ftc", 32, False, named) == ""  # lr given; the recipe's
+    assert batch_line("ftc", 16, False, named, lr=2e-4).endswith("at lr 0.0002; to scale lr with it, set --lr=0.0001")
+    notes: list[str] = []
+    checked_job({"task": "mrpc", "batch_size": "16"}, False, notes)
+    assert notes == ["recipe: --batch-size=16 is 0.5x the ftc recipe's 32 rows per rank, so the global batch is 0.5x "
+                     "too, at lr 2e-05; to scale lr with it, set --lr=1e-05"]
+    notes.clear()
+    checked_job({"task": "mrpc", "batch_size": "64", "lr": "1e-4"}, False, notes)
+    assert notes == []

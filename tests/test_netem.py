@@ -90,7 +90,7 @@ def namespaces() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="builds network namespaces and tc qdiscs: needs root")
+@pytest.mark.skipif(bool(netem.missing()), reason=f"builds network namespaces and tc qdiscs: {netem.missing()}")
 def test_one_flow_keeps_its_cap_several_share_the_nodes_rate_and_nothing_is_left():
     layout = Layout(os.getpid(), 2, 3, LinkRates(flow_gbit=0.1, node_gbit=0.25, scale=0.01))
     with netem.Network(layout):

@@ -37,3 +37,17 @@ def small_data_line(chosen: dict, rows: int, options: dict[str, str]) -> str:
     override = " or ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
     return (f"recipe: small-data ({settings}) because the job trains on {rows} rows (under {SMALL_DATA_ROWS}); "
             f"set {override} to override")
+
+
+def batch_line(recipe: str, batch_size: int, lr_given: bool, options: dict[str, str], lr: float = 0.0) -> str:
+    """The line that says a per-rank batch other than the recipe's changes the recipe, when the user
+    left lr to the recipe (`lr`: the one the job will use, 0 for the recipe's own): the global batch
+    grows (or shrinks) by the ratio and lr does not follow it silently; '' otherwise. `options` names
+    batch_size and lr as the user sets them. Pure."""
+    base, lr = RECIPES[recipe]["batch_size"], lr or RECIPES[recipe]["lr"]
+    if lr_given or batch_size == base:
+        return ""
+    ratio = batch_size / base
+    return (f"recipe: {options['batch_size']}={batch_size} is {ratio:g}x the {recipe} recipe's {base} rows per rank, "
+            f"so the global batch is {ratio:g}x too, at lr {lr:g}; to scale lr with it, "
+            f"set {options['lr']}={lr * ratio:g}")
