@@ -128,7 +128,8 @@ def _record_what_is_left(state: st.ClusterState) -> None:
 def down(name: str, provider_name: str | None = None, region: str | None = None) -> None:
     """Works from good state, corrupt state, or none: then by tags (AWS) and by the sshd configs under
     the cluster's dir (local). The directory goes once every provider is done: when one could not be
-    asked (AWS unreachable), its error says so and the directory stays, so `ftc down` again retries."""
+    asked (AWS unreachable), its error says so and the directory stays, so `ftc down` again retries.
+    A state whose provider is not registered here is refused, and nothing changes (st.UnregisteredProvider)."""
     with st.locked(name, "down", create=True):
         states, unsearched = _states_to_remove(name, provider_name, region)
         for state in states:  # a bad tuning variable is refused before anything is removed
@@ -143,9 +144,12 @@ def down(name: str, provider_name: str | None = None, region: str | None = None)
 def _states_to_remove(name: str, provider_name: str | None, region: str | None) -> tuple[list[st.ClusterState], str]:
     """The state, or, when it is missing or does not load, one per place to search; and, when nothing
     says where the cluster ran and AWS is not searched for want of credentials, the closing line that
-    says so ('' otherwise)."""
+    says so ('' otherwise). A state whose provider is not registered here is refused: only that
+    provider can find the nodes, and removing the state would leave them running with nothing naming them."""
     try:
         return [st.load(name)], ""
+    except st.UnregisteredProvider:
+        raise
     except (UsageError, st.CorruptState) as exc:
         reason = "no local state" if isinstance(exc, UsageError) else str(exc)
     recorded = st.recorded_place(name)

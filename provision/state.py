@@ -54,6 +54,12 @@ class JobInfo:
     output: str = ""  # script: rank 0's output folder, relative to the workdir (fetched into output/)
 
 
+class UnregisteredProvider(UsageError):
+    """A state whose provider is not registered here. Only that provider can find its nodes, so no
+    command acts on the cluster, `down` included (its nodes would be left running, unnamed), until
+    FTC_PROVIDERS registers it again."""
+
+
 @dataclass
 class ClusterState:
     name: str
@@ -86,11 +92,13 @@ class ClusterState:
     @classmethod
     def from_json(cls, text: str) -> "ClusterState":
         """Raises ValueError for anything but the shape `to_json` writes (any JSON may be on disk):
-        every field of the state, its nodes, its jobs and its spec of the type declared here."""
+        every field of the state, its nodes, its jobs and its spec of the type declared here; and
+        UnregisteredProvider for a provider this process has not registered."""
         data = json.loads(text)
         provider = data.get("provider") if isinstance(data, dict) else None
         if isinstance(provider, str) and provider not in TRAITS:
-            raise ValueError(f"provider should be one of {', '.join(TRAITS)}, not {provider!r}")
+            raise UnregisteredProvider(f"its provider {provider!r} is not registered here: set FTC_PROVIDERS as it "
+                                       f"was at `{command('up')}` (module:attribute)")
         resources = data.pop("resources", {}) if isinstance(data, dict) else {}
         state = _from_dict(cls, data)
         state.resources = _from_dict(traits(state.provider).resources, resources, "resources.")  # the provider's record
@@ -225,6 +233,8 @@ def load(name: str) -> ClusterState:
                          f"start one with `{command('up', name=name)}` or list them with `{command('status')}`")
     try:
         state = ClusterState.from_json(path.read_text())
+    except UnregisteredProvider as exc:
+        raise UnregisteredProvider(f"cluster {name!r}: {exc}") from None
     except OSError as exc:
         raise CorruptState(f"{path} cannot be read ({exc.strerror})") from exc
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:

@@ -12,13 +12,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 from rich.markup import escape
 
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError, command
-from provision.providers import default_world
-from provision.spec import MAX_NODES, PARSERS, load_config, parsers_for, resolve_spec
+from provision.providers import World, default_world, names
+from provision.spec import MAX_NODES, PARSERS, ClusterSpec, env_overrides, load_config, parsers_for, resolve_spec
 from provision.ui import answer, console
 from provision.values import boolean, label, number, whole, whole_list, writable_dir
 from runner import plan
@@ -27,7 +28,7 @@ from runner.jobflags import JOB_FLAGS
 DEFAULT_WORLD = default_world()  # where INSTANCE_TYPE and REGION default from (of the built-ins: AWS)
 SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
-    "provider": "where the nodes run: local (sshd nodes on this machine, default), aws, ssh",
+    "provider": "where the nodes run: {providers} (default {default})",  # the registry's, when the parser is built
     "nodes": "number of nodes, 1..64 (default 2)",
     "instance_type": f"{DEFAULT_WORLD.title} instance type (default {DEFAULT_WORLD.default_instance_type})",
     "region": f"{DEFAULT_WORLD.title} region (default {DEFAULT_WORLD.default_region})",
@@ -51,10 +52,11 @@ SWITCH = {"nargs": "?", "const": "1", "metavar": "1|0"}
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
+    registry = {"providers": ", ".join(names()), "default": ClusterSpec.provider}
     for key in PARSERS:
         kind = SWITCH if PARSERS[key] is boolean else {"metavar": key.upper()}
         p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, **kind,
-                       help=SPEC_HELP.get(key, f"the cluster's {key} setting (README: Variables)"))
+                       help=SPEC_HELP.get(key, f"the cluster's {key} setting (README: Variables)").format(**registry))
     p.add_argument("--config", default=None, help="TOML file with cluster settings ([cluster] table)")
 
 
@@ -82,12 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
     p.add_argument("--bootstrap", default=None, **SWITCH, help="1 (default) or 0: stop once nodes are running")
     p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0", help="same as --bootstrap 0")
-    p.add_argument("--dry-run", action="store_true", help="AWS: check credentials, permissions, quota; create nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="where the provider has a dry run: check credentials, permissions, quota; create nothing")
 
     p = sub.add_parser("down", help="delete a cluster and everything it created")
     _name_flag(p)
-    p.add_argument("--provider", default=None, help="with no local state: where to look (local, aws)")
-    p.add_argument("--region", default=None, help="with no local state: the AWS region to search")
+    p.add_argument("--provider", default=None, help=f"with no local state: where to look ({', '.join(names())})")
+    p.add_argument("--region", default=None, help=f"with no local state: the {DEFAULT_WORLD.title} region to search")
 
     p = sub.add_parser("status", help="what exists, reconciled with the provider")
     _name_flag(p)
@@ -222,9 +225,24 @@ def _switch(args: argparse.Namespace, key: str, from_env: bool = False) -> bool:
     return boolean(key, raw)
 
 
-def _spec_from(args: argparse.Namespace):
+def _spec_from(args: argparse.Namespace) -> ClusterSpec:
+    """The cluster spec of up, run and sweep; SPOT=1 where nothing watches spot notices gets a note."""
     flags = {key: getattr(args, key) for key in PARSERS}
-    return resolve_spec(flags, os.environ, load_config(args.config, os.environ))
+    spec = resolve_spec(flags, os.environ, load_config(args.config, os.environ))
+    note = unwatched_spot(spec, os.environ)
+    if note:
+        console.print(note, style="yellow", markup=False, soft_wrap=True)
+    return spec
+
+
+def unwatched_spot(spec: ClusterSpec, env: Mapping[str, str]) -> str:
+    """The note for SPOT=1 on a provider whose World has no spot-notice endpoint (and no
+    FTC_IMDS_ENDPOINT names a simulated one): its jobs watch no notices; '' otherwise. Pure, given `env`."""
+    from provision.providers import world
+    if not spec.spot or env.get("FTC_IMDS_ENDPOINT") or world(spec.provider).spot_notice_endpoint:
+        return ""
+    return (f"note: {label('spot')}=1 on {label('provider')}={spec.provider}: no spot notices are watched there "
+            "(its provider has no spot-notice endpoint); jobs run as on any other node")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -235,7 +253,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.dry_run:
         from provision import providers
         if not providers.supports(spec.provider, "dry_run"):
-            raise UsageError(f"--dry-run checks AWS credentials and quota; it needs {label('provider')}=aws")
+            raise UsageError(f"--dry-run is not available for {label('provider')}={spec.provider!r}; allowed: "
+                             f"{label('provider')}={' or '.join(providers.providers_with('dry_run'))}")
         providers.dry_run(spec)
         return 0
     state = cluster.up(spec, bootstrap=bootstrap, yes=yes)
@@ -276,7 +295,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 failed += 1
                 why = exc if isinstance(exc, (FtcError, st.CorruptState)) else \
                     f"cluster {name}: {type(exc).__name__}: {exc}"
-                print(f"error: {why}; `ftc down --name {name}` still cleans up", file=sys.stderr)
+                cleans = "" if isinstance(exc, st.UnregisteredProvider) else \
+                    f"; `ftc down --name {name}` still cleans up"  # `down` refuses it too
+                print(f"error: {why}{cleans}", file=sys.stderr)
         if args.json:
             print(json.dumps([_status_json(*pair) for pair in found], indent=2, allow_nan=False))
         return 1 if failed else 0
@@ -481,8 +502,9 @@ def cmd_extend(args: argparse.Namespace) -> int:
     hours = PARSERS["max_hours"]("hours", args.hours)
     state = st.load(_cluster_name(args))
     if not providers.supports(state.provider, "extend"):
-        raise UsageError(f"{label('name')}={state.name!r} is a {state.provider} cluster; only aws nodes have a "
-                         "lifetime watchdog")
+        having = ", ".join(providers.providers_with("extend"))
+        raise UsageError(f"{label('name')}={state.name!r} is a {state.provider} cluster, whose nodes have no lifetime "
+                         f"watchdog; allowed: a cluster of {having}")
     providers.extend(state, hours)
     return 0
 
@@ -492,7 +514,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     bench's all-reduce exposure and wait for the slowest rank, the instance's network (flow-limited)
     and price, the task's size, the levers (provision/estimate.py); then its decision in one sentence."""
     from provision import estimate
-    from provision.providers import spec_world
     from runner.jobspec import PARSERS as JOB_PARSERS
     from runner.node import glue
     from runner.node.recipes import RECIPES
@@ -502,10 +523,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
                          f"{', '.join(glue.TASKS)}") from None
     nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
-    spec = _spec_from(argparse.Namespace(**{key: None for key in PARSERS}, config=None))
-    kind_name = parsers_for(spec.provider)["instance_type"]("instance_type", args.instance_type) if args.instance_type \
-        else spec.instance_type
-    world = spec_world(spec.provider)  # the catalog and network planned on: the provider's, or the default one
+    kind_name, world = _planned_instance_type(args.instance_type)
     kind = world.instance_types[kind_name]
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
@@ -549,6 +567,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned_instance_type(given: str | None) -> tuple[str, World]:
+    """The instance type `ftc plan` models, and the world (catalog, network) it is planned in: the
+    provider's, or the default one. Only PROVIDER and INSTANCE_TYPE are resolved (flag > env > config),
+    so a setting that plan does not use (HOSTS of the ssh provider) is not asked for."""
+    from provision.providers import spec_world
+    settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
+    provider = PARSERS["provider"]("provider", settings.get("provider", ClusterSpec.provider))
+    world = spec_world(provider)
+    raw = given or settings.get("instance_type") or world.default_instance_type
+    return parsers_for(provider)["instance_type"]("instance_type", raw), world
+
+
 def cmd_inventory(args: argparse.Namespace) -> int:
     from provision.inventory import write_inventory
     path = write_inventory(st.load(_cluster_name(args)), args.out)
@@ -585,10 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
         from runner import bench
         return bench.main(argv[1:])
-    args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
     try:
+        args = build_parser().parse_args(argv)  # its help lists the registry: a bad FTC_PROVIDERS is refused here
         refuse_undecodable_home()
         st.refuse_home_in_node_root()
         if args.command in WRITE_FTC_HOME:

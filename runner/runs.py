@@ -268,8 +268,12 @@ def _finished_at(done: dict) -> float | None:
 
 def cost(provider: str, instance_type: str, nodes, wall_seconds) -> float | None:
     """The nodes' price over the job's wall time (the cluster's own setup and idle time not counted);
-    local nodes cost nothing."""
-    if provider not in TRAITS or not TRAITS[provider].billed:  # a record on disk may name anything
+    a registered provider that bills nothing (local, ssh) costs 0; None (unknown) where it cannot be
+    priced: a provider not registered here (a record on disk may name anything), a type not in its
+    catalog, no node count or wall time."""
+    if provider not in TRAITS:
+        return None
+    if not TRAITS[provider].billed:
         return 0.0
     from provision.providers import world
     price = world(provider).usd_per_node_hour(instance_type)

@@ -12,12 +12,18 @@ from conftest import ftc, sshd_pids
 from fourth_provider import TINYCLOUD
 from helpers import last_job, one_error, state_of, state_path, tiny_job
 
-from provision.providers import OPTIONAL, REQUIRED, OptionalVerbs, Provider, Verbs
+from provision.errors import UsageError
+from provision.providers import OPTIONAL, REQUIRED, OptionalVerbs, Provider, Verbs, providers_with, records
 from provision.providers.records import registered
+from provision.spec import ClusterSpec
+from provision.state import ClusterState
+from runner.cli import unwatched_spot
+from runner.runs import cost
 
 TESTS = Path(__file__).resolve().parent
 WITH_TINYCLOUD = {"FTC_PROVIDERS": "fourth_provider:TINYCLOUD", "PYTHONPATH": str(TESTS)}
 PROVIDERS = [*registered().values(), TINYCLOUD]
+LOCAL_IMPOSTOR = Provider("local", "fourth_provider", TINYCLOUD.traits, TINYCLOUD.world)  # tinycloud, under local's name
 
 
 def parameters(function) -> list[str]:
@@ -62,7 +68,7 @@ def test_a_provider_named_in_ftc_providers_is_checked_against_its_own_catalog(ft
     assert one_error(zones) == ("error: --zones='us-east-1a': 'us-east-1a' is not a tinycloud zone name "
                                 "(e.g. tiny-north-1a)")
     unknown = ftc("up", "--name", "tc", "--provider", "tinycloud")  # not named: not known
-    assert one_error(unknown) == "error: --provider='tinycloud' is not known; allowed: local, aws, ssh"
+    assert one_error(unknown) == f"error: --provider='tinycloud' is not known; allowed: {', '.join(registered())}"
 
 
 def test_a_bad_ftc_providers_entry_is_refused_in_one_line(ftc_home):
@@ -70,6 +76,104 @@ def test_a_bad_ftc_providers_entry_is_refused_in_one_line(ftc_home):
     assert proc.returncode == 2
     assert one_error(proc).startswith("error: FTC_PROVIDERS='fourth_provider:NOPE': 'fourth_provider:NOPE' is "
                                       "not a provider")
+
+
+def test_a_provider_in_ftc_providers_whose_name_another_has_is_refused_and_the_same_one_twice_is_not(monkeypatch):
+    monkeypatch.setattr(records, "_REGISTERED", dict(records._REGISTERED))  # this process's registry stays as it is
+    monkeypatch.setattr(records, "_env_loaded", False)
+    monkeypatch.setenv("FTC_PROVIDERS", "fourth_provider:TINYCLOUD, fourth_provider:TINYCLOUD")
+    assert records.registered()["tinycloud"] is TINYCLOUD
+    monkeypatch.setattr(records, "_env_loaded", False)
+    monkeypatch.setenv("FTC_PROVIDERS", f"{__name__}:LOCAL_IMPOSTOR")
+    with pytest.raises(UsageError, match=r"^FTC_PROVIDERS='.*:LOCAL_IMPOSTOR': .* is a provider named 'local', a name "
+                                         r"another provider has; allowed: a provider of a name of its own") as refused:
+        records.registered()
+    assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+
+
+def tinycloud_state(name: str) -> str:
+    """The state `up` of a tinycloud cluster with no nodes left would save (its resources are local's)."""
+    spec = {**ClusterSpec(name=name).to_dict(), "provider": "tinycloud", "instance_type": "tiny.one",
+            "region": "tiny-north-1"}
+    return json.dumps({**json.loads(ClusterState(name=name, provider="local", spec=spec).to_json()),
+                       "provider": "tinycloud"})
+
+
+def test_status_and_down_refuse_a_cluster_whose_provider_is_not_registered_and_change_nothing(ftc_home):
+    path = state_path(ftc_home, "tc")
+    path.parent.mkdir(parents=True)
+    saved = tinycloud_state("tc")
+    path.write_text(saved)
+    refusal = ("error: cluster 'tc': its provider 'tinycloud' is not registered here: set FTC_PROVIDERS as it was "
+               "at `ftc up` (module:attribute)")
+    for verb in ("status", "down"):
+        proc = ftc(verb, "--name", "tc")
+        assert (proc.returncode, one_error(proc)) == (2, refusal), verb
+    every = ftc("status")
+    assert (every.returncode, one_error(every)) == (1, refusal)  # `down` cleans up nothing here: not offered
+    assert path.read_text() == saved
+    assert ftc("status", "--name", "tc", env=WITH_TINYCLOUD).returncode == 0  # registered again: it loads
+
+
+def test_plan_resolves_only_the_provider_and_its_instance_type(ftc_home):
+    ssh = ftc("plan", "--instance-type", "c7i.16xlarge", "--json", env={"FTC_PROVIDER": "ssh"})  # no FTC_HOSTS
+    assert ssh.returncode == 0, ssh.stderr
+    assert json.loads(ssh.stdout)["rows"]
+    tiny = ftc("plan", "--nodes", "2", "--json", env={**WITH_TINYCLOUD, "FTC_PROVIDER": "tinycloud",
+                                                      "FTC_INSTANCE_TYPE": "tiny.two"})
+    assert tiny.returncode == 0, tiny.stderr  # tiny.two: 2 nodes x $0.5/h for the 5 minutes of setup at least
+    assert json.loads(tiny.stdout)["rows"][0]["cost_usd"] >= round(2 * 0.5 * 5 / 60, 2)
+    wrong = ftc("plan", "--instance-type", "c7i.16xlarge", env={**WITH_TINYCLOUD, "FTC_PROVIDER": "tinycloud"})
+    assert one_error(wrong) == "error: --instance-type='c7i.16xlarge' is not known; allowed: tiny.one, tiny.two"
+
+
+def test_a_run_is_priced_only_where_its_provider_is_registered():
+    assert cost("tinycloud", "tiny.one", 2, 3600) is None  # not registered in this process: unknown, not free
+    assert cost("local", "", 2, 3600) == 0.0 and cost("ssh", "", 2, 3600) == 0.0
+    assert cost("aws", "c6i.large", 2, 3600) == round(2 * registered()["aws"].world.usd_per_node_hour("c6i.large"), 2)
+
+
+def test_help_and_refusals_name_the_providers_the_registry_holds(ftc_home):
+    helped = ftc("up", "--help", env=WITH_TINYCLOUD).stdout
+    assert f"{', '.join([*registered(), 'tinycloud'])} (default local)" in " ".join(helped.split())
+    down_help = " ".join(ftc("down", "--help", env=WITH_TINYCLOUD).stdout.split())
+    assert f"where to look ({', '.join([*registered(), 'tinycloud'])})" in down_help
+    dry = ftc("up", "--name", "d", "--dry-run")
+    assert (dry.returncode, one_error(dry)) == (
+        2, f"error: --dry-run is not available for --provider='local'; allowed: "
+           f"--provider={' or '.join(providers_with('dry_run'))}")
+
+
+def test_extend_names_the_providers_whose_nodes_have_a_lifetime_watchdog(ftc_home):
+    path = state_path(ftc_home, "x")
+    path.parent.mkdir(parents=True)
+    path.write_text(ClusterState(name="x", provider="local", spec=ClusterSpec(name="x").to_dict()).to_json())
+    proc = ftc("extend", "--name", "x")
+    assert (proc.returncode, one_error(proc)) == (
+        2, f"error: --name='x' is a local cluster, whose nodes have no lifetime watchdog; allowed: a cluster of "
+           f"{', '.join(providers_with('extend'))}")
+
+
+def test_spot_is_noted_where_its_provider_watches_no_spot_notices():
+    noted = unwatched_spot(ClusterSpec(name="s", spot=True), {})
+    assert noted == ("note: --spot=1 on --provider=local: no spot notices are watched there (its provider has no "
+                     "spot-notice endpoint); jobs run as on any other node")
+    assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="ssh", hosts=["h"]), {}).startswith("note: ")
+    assert unwatched_spot(ClusterSpec(name="s", spot=True), {"FTC_IMDS_ENDPOINT": "http://127.0.0.1:1"}) == ""
+    assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="aws"), {}) == ""
+    assert unwatched_spot(ClusterSpec(name="s"), {}) == ""
+
+
+def test_up_with_spot_on_local_says_so_on_stderr(ftc_home):
+    proc = ftc("up", "--name", "d", "--spot", "1", "--dry-run")  # refused after the spec: creates nothing
+    assert "note: --spot=1 on --provider=local: no spot notices are watched there" in proc.stderr, proc.stderr
+
+
+def test_the_verb_lists_are_the_protocols_functions():
+    def declared(protocol) -> set[str]:
+        return {name for name, _ in inspect.getmembers(protocol, inspect.isfunction) if not name.startswith("_")}
+    assert set(REQUIRED) == declared(Verbs) and set(OPTIONAL) == declared(OptionalVerbs)
+    assert REQUIRED[0] == "launch" and OPTIONAL[0] == "confirm"  # in the order declared
 
 
 @pytest.mark.slow
@@ -85,6 +189,9 @@ def test_a_provider_defined_only_in_tests_runs_up_finetune_and_down(ftc_home, mi
     assert job.returncode == 0, job.stderr[-3000:]
     results = json.loads((Path(last_job(ftc_home, "tiny")["results_dir"]) / "results.json").read_text())
     assert results["nodes"] == 2
+    unregistered = ftc("down", "--name", "tiny")  # only tinycloud can find its nodes: refused, nothing removed
+    assert unregistered.returncode == 2 and "its provider 'tinycloud' is not registered here" in unregistered.stderr
+    assert len(sshd_pids(ftc_home)) == 2 and state_path(ftc_home, "tiny").exists()
     down = ftc("down", "--name", "tiny", env=WITH_TINYCLOUD)
     assert down.returncode == 0, down.stderr[-3000:]
     assert not state_path(ftc_home, "tiny").exists() and sshd_pids(ftc_home) == []

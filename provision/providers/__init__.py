@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..state import ClusterState
 
 __all__ = ["TRAITS", "NodeStatus", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
-           "register", "spec_world", "supports", "traits", "world"]
+           "providers_with", "register", "spec_world", "supports", "traits", "world"]
 
 
 @runtime_checkable
@@ -74,8 +74,13 @@ class OptionalVerbs(Protocol):
     def store_checkpoint(self, checkpoint: Path, uri: str, job_id: str) -> None: ...
 
 
-REQUIRED = ("launch", "wait", "terminate", "query")
-OPTIONAL = ("confirm", "check_settings", "has_credentials", "dry_run", "extend", "store_checkpoint")
+def _verbs_of(protocol: type) -> tuple[str, ...]:
+    """The verbs a Protocol above declares, in their order: the Protocol is the one list of them."""
+    return tuple(name for name, member in vars(protocol).items() if callable(member) and not name.startswith("_"))
+
+
+REQUIRED = _verbs_of(Verbs)
+OPTIONAL = _verbs_of(OptionalVerbs)
 
 for _built_in in (
     Provider("local", f"{__name__}.local",
@@ -99,6 +104,12 @@ def supports(provider: str, verb: str) -> bool:
     if verb not in REQUIRED + OPTIONAL:
         raise ValueError(f"{verb!r} is not a verb of the provider interface")
     return hasattr(get(provider), verb)
+
+
+def providers_with(verb: str) -> list[str]:
+    """Every registered provider that implements the optional `verb`, in the registry's order: what a
+    refusal of the verb names as allowed."""
+    return [name for name in names() if supports(name, verb)]
 
 
 # ---- the verbs every provider has ------------------------------------------------------------

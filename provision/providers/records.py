@@ -185,8 +185,12 @@ def _load_named_in_env() -> None:
             why = f" ({found})" if isinstance(found, Exception) else ""
             raise UsageError(f"{_FROM_ENV}={given!r}: {entry!r} is not a provider{why}; allowed: a comma list of "
                              "module:attribute, each naming a Provider (provision/providers/records.py)")
-        if found.name not in _REGISTERED:
+        taken = _REGISTERED.get(found.name)
+        if taken is None:
             register(found)
+        elif taken != found:  # an equal one (the same entry twice) is the same provider: nothing to choose
+            raise UsageError(f"{_FROM_ENV}={given!r}: {entry!r} is a provider named {found.name!r}, a name another "
+                             f"provider has; allowed: a provider of a name of its own (taken: {', '.join(_REGISTERED)})")
 
 
 def registered() -> dict[str, Provider]:
