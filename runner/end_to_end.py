@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import median_low
 
 from provision.errors import FtcError, OneLineParser, UsageError, option
 from provision.values import local_path, number, whole, writable_dir
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", default=str(DEFAULT_LR), help=f"learning rate (default {DEFAULT_LR:g})")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv (default: the offline copy)")
     p.add_argument("--model", default=None, help="model directory (default: the packaged MiniLM)")
+    p.add_argument("--repeats", default="3", help="rounds of both, the order alternating (default 3)")
     return p
 
 
@@ -86,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
+        repeats = whole(1, 20)("repeats", args.repeats)  # checked first: nothing is made for a bad one
         job = checked(args)
-        return measure(job, Path(args.out).resolve(), args.work, "ftc bench --end-to-end " + shlex.join(argv))
+        return measure(job, repeats, Path(args.out).resolve(), args.work, "ftc bench --end-to-end " + shlex.join(argv))
     except FtcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -185,26 +189,33 @@ def phase_split(command_start: float, command_end: float, launched_at: float, re
             "unaccounted": round(wall - sum(phases.values()), 3)}
 
 
-def report(job: Job, ftc: dict, peer: dict, machine: str, command: str, date: str) -> dict:
-    """end_to_end.json: both wall times, their ratio, the split of ftc's, and what ran. `ftc` and
-    `peer`: what time_ftc and time_peer measured. Pure."""
+def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command: str, date: str) -> dict:
+    """end_to_end.json: both sides' wall times over the rounds (medians, [min, max], every run), the
+    ratio of the medians, and the split of ftc's median run; what ran. `ftcs` and `peers`: what
+    time_ftc and time_peer measured, a round each. Pure."""
+    walls = [f["command_end"] - f["command_start"] for f in ftcs]
+    ftc, peer = ftcs[walls.index(median_low(walls))], peers[[p["wall_s"] for p in peers].index(
+        median_low([p["wall_s"] for p in peers]))]
     results, peer_results = ftc["results"], peer["results"]
-    ftc_wall = ftc["command_end"] - ftc["command_start"]
+    ftc_wall, peer_wall = statistics.median(walls), statistics.median(p["wall_s"] for p in peers)
     split = phase_split(ftc["command_start"], ftc["command_end"], ftc["run"]["started_at"], results)
     return {"date": date, "machine": machine, "command": command,
             "job": {"task": "mrpc", **asdict(job), "rows": job.rows or results["train_samples"],
                     "world_size": results["world_size"], "threads_per_rank": results["threads_per_rank"],
                     "precision": results["precision"]},
             "epochs": job.epochs,
-            "ftc_wall_s": round(ftc_wall, 3), "peer_wall_s": round(peer["wall_s"], 3),
-            "speedup": round(peer["wall_s"] / ftc_wall, 3),
+            "ftc_wall_s": round(ftc_wall, 3), "peer_wall_s": round(peer_wall, 3),
+            "speedup": round(peer_wall / ftc_wall, 3), "repeats": len(ftcs),
+            "ftc_wall_s_runs": [round(w, 3) for w in walls], "peer_wall_s_runs": [round(p["wall_s"], 3) for p in peers],
+            "split_of": "ftc's run of the median wall time (the lower middle of an even count); accuracies from it "
+                        "and the peer's likewise",
             "phases": split["phases"], "startup_detail": split["startup_detail"], "unaccounted_s": split["unaccounted"],
             "ftc_accuracy": results.get("eval_accuracy"), "peer_accuracy": peer_results.get("eval_accuracy"),
             "ftc_f1": results.get("eval_f1"), "peer_f1": peer_results.get("eval_f1"),
             "peer_training_s": round(sum(e["pass_seconds"] for e in peer_results["epoch_metrics"]), 3),
             "cluster_up_s": round(ftc["cluster_up_s"], 3),
             # this machine's 1-minute load average before and after each side: others' work shares its cores
-            "load_average": {"ftc": ftc["load"], "peer": peer["load"]},
+            "load_average": {"ftc": [f["load"] for f in ftcs], "peer": [p["load"] for p in peers]},
             "ftc_command": "ftc " + " ".join(ftc["command"]), "peer_command": " ".join(peer["command"]),
             "not_timed": "the local cluster's up and bootstrap (cluster_up_s), before ftc's command",
             "differences": "ftc scores dev after every epoch and saves a checkpoint each epoch and the model; "
@@ -222,18 +233,25 @@ def table(r: dict) -> str:
 
 # ---- the measurement (processes) ---------------------------------------------------------------------
 
-def measure(job: Job, out: Path, work: str | None, command: str) -> int:
+def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -> int:
     with tempfile.TemporaryDirectory(prefix="ftc-e2e-") as scratch:
         base = Path(work).resolve() if work else Path(scratch)
         base.mkdir(parents=True, exist_ok=True)
         cores = sorted(os.sched_getaffinity(0))
         print(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
               f"{job.epochs} epochs, {job.nodes} local nodes", file=sys.stderr, flush=True)
-        ftc = time_ftc(job, base)
-        results = ftc["results"]
-        peer = time_peer(job, cores, results["world_size"], results["threads_per_rank"], base)
+        ftcs, peers = [], []
+        for round_ in range(repeats):  # the order alternates, so neither side always runs on a machine the other warmed
+            where = base / f"round-{round_ + 1}" if repeats > 1 else base
+            where.mkdir(parents=True, exist_ok=True)
+            for side in (("ftc", "peer") if round_ % 2 == 0 else ("peer", "ftc")):
+                if side == "ftc":
+                    ftcs.append(time_ftc(job, where))
+                else:
+                    first = ftcs[0]["results"]  # round 1 runs ftc first: the peer takes its ranks and threads
+                    peers.append(time_peer(job, cores, first["world_size"], first["threads_per_rank"], where))
     machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
-    r = report(job, ftc, peer, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+    r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
     print(table(r))

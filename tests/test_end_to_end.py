@@ -80,9 +80,16 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
                 "run": {"started_at": LAUNCHED}}
     peer = {"command": ["torchrun"], "wall_s": 11.0, "load": [0.4, 0.5],
             "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}]}}
-    r = report(JOB, ftc_side, peer, "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
-    assert r["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
-    assert r["speedup"] == round(11.0 / (COMMAND_END - COMMAND_START), 3)
+    slower = {**ftc_side, "command_end": COMMAND_END + 5.0, "results": {**RESULTS, "eval_accuracy": 0.5}}
+    r = report(JOB, [slower, ftc_side, slower], [peer, {**peer, "wall_s": 12.0}, {**peer, "wall_s": 10.0}],
+               "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+    # medians over the rounds; the split and the accuracy from ftc's median run
+    assert r["ftc_wall_s"] == round(COMMAND_END + 5.0 - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
+    assert r["speedup"] == round(11.0 / (COMMAND_END + 5.0 - COMMAND_START), 3) and r["repeats"] == 3
+    assert r["peer_wall_s_runs"] == [11.0, 12.0, 10.0] and len(r["ftc_wall_s_runs"]) == 3
+    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+    assert one["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and one["repeats"] == 1
+    r = one
     assert (r["ftc_accuracy"], r["peer_accuracy"]) == (0.681373, 0.7) and r["epochs"] == 1
     assert r["phases"] == phase_split(COMMAND_START, COMMAND_END, LAUNCHED, RESULTS)["phases"]
     assert r["job"]["world_size"] == 2 and r["job"]["rows"] == 64 and r["cluster_up_s"] == 4.8
@@ -95,6 +102,7 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
     ("--rows", "5", "--rows='5' is out of range; allowed: 0 (all) or 32..1000000"),
     ("--nodes", "999", "--nodes='999' is out of range; allowed: 1.."),
     ("--lr", "fast", "--lr='fast' is not a number"),
+    ("--repeats", "0", "--repeats='0' is out of range; allowed: 1..20"),
 ])
 def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, tmp_path, flag, value, message):
     out = tmp_path / "out"
@@ -107,7 +115,7 @@ def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, 
 @pytest.mark.slow
 def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(ftc_home, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = ftc("bench", "--end-to-end", "--rows", "64", "--epochs", "1", "--out", str(out), "--work", str(work),
+    proc = ftc("bench", "--end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
                timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / end_to_end.RESULT_NAME).read_text())
