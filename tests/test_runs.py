@@ -15,25 +15,25 @@ from runner.node.protocol import line_mark
 
 
 @pytest.mark.slow
-def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ftc_home, tmp_path, minilm, glue_dir):
+def test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot(ftc_home, tmp_path, tiny_bert, glue_dir):
     first_cwd, other_cwd, elsewhere = tmp_path / "a", tmp_path / "b", tmp_path / "kept" / "mine"
     first_cwd.mkdir()
     other_cwd.mkdir()
     up = ftc("up", "--name", "hist", "--nodes", "2", cwd=first_cwd)
     assert up.returncode == 0 and "│ verification │ ok " in up.stderr  # the verification's own row on the board
     try:
-        default = ftc("finetune", "--name", "hist", *tiny_job(minilm, glue_dir, samples=64), cwd=first_cwd)
+        default = ftc("finetune", "--name", "hist", *tiny_job(tiny_bert, glue_dir, samples=64), cwd=first_cwd)
         assert default.returncode == 0, default.stderr[-2000:]
         assert "dev accuracy" in default.stdout and "results: " in default.stdout  # the answer, on stdout
         # a finished run is never written into: a resume of it (here as another task) is refused, files untouched
         finished = next((ftc_home / "runs" / "hist").glob("mrpc-*"))
         before = {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()}
-        again = ftc("finetune", "--name", "hist", "--resume", *tiny_job(minilm, glue_dir, samples=64)[2:], "--task", "qqp",
+        again = ftc("finetune", "--name", "hist", "--resume", *tiny_job(tiny_bert, glue_dir, samples=64)[2:], "--task", "qqp",
                     cwd=first_cwd)
         assert again.returncode == 2, again.stderr[-2000:]
         assert f"holds run {finished.name}, which finished; a finished run is never written into" in again.stderr
         assert {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()} == before
-        given = ftc("finetune", "--name", "hist", "--results", str(elsewhere), *tiny_job(minilm, glue_dir, samples=64),
+        given = ftc("finetune", "--name", "hist", "--results", str(elsewhere), *tiny_job(tiny_bert, glue_dir, samples=64),
                     cwd=other_cwd)
         assert given.returncode == 0, given.stderr[-2000:]
     finally:
