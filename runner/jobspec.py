@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.errors import UsageError
+from provision.errors import UsageError, option
 from provision.launch import plan_ranks
 from provision.providers import store_for, traits, world
 from provision.providers.local import split_cores
@@ -237,6 +237,15 @@ def refuse_unreachable_inputs(job: JobSpec, provider: str) -> None:
     model = label("model")
     raise UsageError(f"{model}={job.model!r} is not in this machine's Hugging Face cache and the hub is out of reach; "
                      f"give {model}=/path/to/a/model/directory, or {model}=auto for the packaged MiniLM")
+
+
+def glue_dir(raw: str | None) -> Path:
+    """The GLUE directory the benches read MRPC from: given, or ../shared's."""
+    path = (Path(local_path("data_dir", raw)) if raw else SHARED_GLUE).resolve()
+    if not any((path / task / "train.tsv").is_file() for task in ("mrpc", "MRPC")):
+        raise UsageError(f"{option('data_dir')}={raw or str(path)!r} has no mrpc/train.tsv; give a GLUE directory with "
+                         f"{option('data_dir')}")
+    return path
 
 
 def resolve_data_dir(raw: str | None, task: str, notes: list[str]) -> str:
