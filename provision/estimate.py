@@ -23,6 +23,9 @@ GLUE_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qq
                     "mnli": 392702, "qnli": 104743, "rte": 2490}
 # distilbert-base-uncased with a 2-label head (transformers' DistilBertConfig); tests recount it.
 DISTILBERT_PARAMS = 66_955_010
+# distilbert-base-uncased's weight matrices (rows, columns), the ones PowerSGD factors: word and position
+# embeddings, each of 6 layers' attention (4) and feed-forward (2), the pre-classifier; tests recount them.
+DISTILBERT_MATRICES = ((30522, 768), (512, 768), *(((768, 768),) * 4 + ((3072, 768), (768, 3072))) * 6, (768, 768))
 BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: forward 2, backward 4 per parameter and token
 # The default world's network (of the built-ins, AWS's cluster placement group): one hop, and the cap
 # on one TCP flow. The plan passes its own provider's (World.hop_latency_s, flow_gbps) where it differs.
@@ -42,6 +45,30 @@ def ring_allreduce_seconds(nbytes: float, nodes: int, gbps: float, latency_s: fl
     return 2 * (nodes - 1) / nodes * nbytes / (gbps * 1e9 / 8) + 2 * (nodes - 1) * latency_s
 
 
+def low_rank_bytes(rank: int, params: int = DISTILBERT_PARAMS) -> tuple[float, float, float]:
+    """What PowerSGD at `rank` moves a step (runner/node/ddp.LowRankSync): the P factors and the Q factors
+    (fp32, one all-reduce each) of every matrix they make smaller, and what crosses whole (bf16). From
+    distilbert's matrices, scaled by `params` for another model."""
+    chosen = [(n, m) for n, m in DISTILBERT_MATRICES if (n + m) * rank < n * m]
+    scale = params / DISTILBERT_PARAMS
+    whole = DISTILBERT_PARAMS - sum(n * m for n, m in chosen)
+    return (scale * 4 * rank * sum(n for n, _ in chosen), scale * 4 * rank * sum(m for _, m in chosen),
+            scale * 2 * whole)
+
+
+def exchange_seconds(grad_bytes: float, nodes: int, gbps: float, latency_s: float, low_rank: int,
+                     params: int = DISTILBERT_PARAMS) -> float:
+    """The gradient exchange of a step on the network: one ring all-reduce of `grad_bytes`; with PowerSGD
+    (`low_rank` above 0) three smaller ones (low_rank_bytes), each paying its latency, and the factors'
+    arithmetic on each node (LOW_RANK_S_PER_PARAM)."""
+    if not low_rank:
+        return ring_allreduce_seconds(grad_bytes, nodes, gbps, latency_s)
+    if nodes <= 1:
+        return 0.0
+    network = sum(ring_allreduce_seconds(part, nodes, gbps, latency_s) for part in low_rank_bytes(low_rank, params))
+    return network + LOW_RANK_S_PER_PARAM * params
+
+
 def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = EC2_FLOW_GBPS) -> float:
     """The bandwidth a ring all-reduce gets: the instance's, but at most `flows` TCP flows' worth."""
     return min(instance_gbps, flows * flow_gbps)
@@ -53,6 +80,8 @@ class Levers:
     flows: int  # TCP flows per ring peer: each is capped at EC2_FLOW_GBPS, the ring gets min(instance, flows x cap)
     overlap: bool  # DDP's buckets reduced during backward: only what outlasts backward is exposed; else after it
     accumulate: int  # micro-batches per all-reduce; above 1 the recipe changes (global batch, lr), so only on request
+    low_rank: int = 0  # PowerSGD's rank (--grad-compress powersgd); 0: the whole gradient crosses. An approximate
+    # average changes the numerics, so only on request
 
 
 # The model's levers when given none: one connection to each ring neighbour, the all-reduce after
@@ -73,6 +102,12 @@ def default_levers(network_gbps: float) -> Levers:
     nothing accumulated."""
     return replace(DEFAULT_LEVERS, flows=flows_to_fill(network_gbps))
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
+
+# PowerSGD's rank in ftc's jobs (runner/node/train.py --powersgd-rank), and the arithmetic its factors
+# cost a node per parameter a step (error feedback, two thin products, the approximation, the copies):
+# measured on 4 cores of the AMX host as the all-reduce seconds of training beyond its network's.
+POWERSGD_RANK = 4
+LOW_RANK_S_PER_PARAM = 0.0
 
 # The share of backward's time in which DDP's overlapped all-reduce moves the gradient without
 # slowing backward down. Measured 0 on 4 emulated c7i nodes of the AMX host: overlapped, 78.2 rows/s;
@@ -110,14 +145,14 @@ class PlanRow:
 def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_per_s: float, batch_per_node: int,
          grad_bytes: float, network_gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float,
          setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S,
-         flow_gbps: float = EC2_FLOW_GBPS) -> list[PlanRow]:
+         flow_gbps: float = EC2_FLOW_GBPS, params: int = DISTILBERT_PARAMS) -> list[PlanRow]:
     """Predicted rate, time and cost per cluster size, on instances of `network_gbps` each, whose
     TCP flows are capped at `flow_gbps`. Wall time adds the cluster's setup (launch and bootstrap),
     which is billed too."""
     gbps = flow_limited_gbps(network_gbps, levers.flows, flow_gbps)
     rows = []
     for nodes in nodes_list:
-        allreduce = ring_allreduce_seconds(grad_bytes, nodes, gbps, latency_s)
+        allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, params)
         waits = wait_share if nodes > 1 else 0.0
         step = step_seconds(batch_per_node, node_samples_per_s, allreduce, exposure, waits, levers)
         rate = nodes * batch_per_node * levers.accumulate / step
@@ -188,6 +223,8 @@ def lever_flags(levers: Levers) -> str:
         flags.append(f"--allreduce {'overlap' if levers.overlap else 'after-backward'}")
     if levers.accumulate != DEFAULT_LEVERS.accumulate:
         flags.append(f"--accumulate {levers.accumulate}")
+    if levers.low_rank:
+        flags.append("--grad-compress powersgd")
     return " ".join(flags)
 
 
@@ -195,7 +232,9 @@ def describe_levers(levers: Levers, network_gbps: float) -> str:
     flows = "one TCP flow" if levers.flows == 1 else f"{levers.flows} TCP flows"
     when = "overlapped with backward" if levers.overlap else "after backward"
     every = "no accumulation" if levers.accumulate == 1 else f"one all-reduce per {levers.accumulate} micro-batches"
-    return f"{flows} per peer ({flow_limited_gbps(network_gbps, levers.flows):g} Gbit/s), the all-reduce {when}, {every}"
+    what = (f"PowerSGD's rank-{levers.low_rank} factors (an approximate average) all-reduced" if levers.low_rank
+            else "the all-reduce")
+    return f"{flows} per peer ({flow_limited_gbps(network_gbps, levers.flows):g} Gbit/s), {what} {when}, {every}"
 
 
 def alternative_levers(levers: Levers, network_gbps: float) -> list[Levers]:
@@ -208,6 +247,8 @@ def alternative_levers(levers: Levers, network_gbps: float) -> list[Levers]:
         options.append(replace(levers, flows=flows, overlap=overlap))
     if levers.accumulate == 1:
         options.append(replace(levers, accumulate=SUGGESTED_ACCUMULATE))
+    if not levers.low_rank:
+        options.append(replace(levers, flows=flows, overlap=overlap, low_rank=POWERSGD_RANK))
     return options
 
 

@@ -192,6 +192,9 @@ def _plan_parser(sub) -> None:
                    help="when the gradients are reduced (default after-backward, as ftc's jobs)")
     p.add_argument("--accumulate", default=None,
                    help="micro-batches per all-reduce: changes the recipe (global batch, lr scaled); default 1")
+    p.add_argument("--grad-compress", default=None, metavar="bf16|powersgd",
+                   help="what crosses the network (default: the gradient, bf16 where training is; powersgd: rank-4 "
+                        "factors, an approximate average)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 
@@ -539,7 +542,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
                              estimate.gradient_bytes(bf16=cls == "bf16", params=params), kind.network_gbps,
                              bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen,
-                             latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps)
+                             latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps, params=params)
 
     rows = plan_with(levers)
     alternatives = [(alt, plan_with(alt)) for alt in estimate.alternative_levers(levers, kind.network_gbps)]

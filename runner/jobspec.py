@@ -40,7 +40,11 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "max_eval_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
-           "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16)}
+           "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16),
+           "grad_compress": one_of(("auto", "none", "bf16", "powersgd"))}
+# PowerSGD changes the numerics, so a job that asks for it is told so, once.
+POWERSGD_NOTE = ("gradient: PowerSGD, rank 4 with error feedback: each step applies an approximate average "
+                 "(about 1% of the gradient's bytes cross the network); accuracy: docs/performance.md")
 RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
 
 
@@ -62,6 +66,7 @@ class JobSpec:
     precision: str = "auto"
     dropout: float | None = None  # None: the model's own
     allreduce: str = ""  # "": the recipe's (ftc: after-backward, seed: overlap)
+    grad_compress: str = ""  # "": the recipe's (ftc: bf16 when training in bf16, seed: none); powersgd on request
     ppn: int = 0  # 0: provision/launch.default_ppn
     flows: int = 0  # gloo connections per peer; 0: provision/launch.default_flows
     results: str = ""
@@ -119,6 +124,11 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
     if values.get("batch_size") is not None and (line := batch_line(job.recipe, job.batch_size,
                                                                     values.get("lr") is not None, named, job.lr)):
         notes.append(line)
+    if job.grad_compress == "powersgd":
+        if (job.allreduce or RECIPES[job.recipe]["allreduce"]) == "overlap":
+            raise UsageError(f"{label('grad_compress')}=powersgd runs after backward, but {label('allreduce')} is "
+                             "overlap (the seed recipe's default); set it to after-backward")
+        notes.append(POWERSGD_NOTE)
     refuse_other_head(job.model, values.get("model"), labels)
     for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too
         if control_character(getattr(job, key)):
@@ -353,6 +363,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args += ["--dropout", str(job.dropout)]
     if job.allreduce:
         args += ["--allreduce", job.allreduce]
+    if job.grad_compress:
+        args += ["--grad-compress", job.grad_compress]
     for flag, value in (("--data-dir", job.data_dir), ("--train-file", job.train_file),
                         ("--validation-file", job.validation_file), ("--text-columns", job.text_columns),
                         ("--label-column", job.label_column), ("--epochs", job.epochs), ("--batch-size", job.batch_size),

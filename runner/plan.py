@@ -39,14 +39,15 @@ def bench_figures(path: str) -> dict:
 def plan_levers(args: argparse.Namespace, network_gbps: float):
     """The levers `ftc plan` models: its flags where given, else what ftc's jobs do on such an
     instance (estimate.default_levers)."""
-    from provision.estimate import Levers, default_levers
+    from provision.estimate import POWERSGD_RANK, Levers, default_levers
     from runner.jobspec import PARSERS as JOB_PARSERS
     default = default_levers(network_gbps)
     flows = default.flows if args.flows is None else whole(1, 64)("flows", args.flows)
     overlap = default.overlap if args.allreduce is None \
         else JOB_PARSERS["allreduce"]("allreduce", args.allreduce) == "overlap"
     accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
-    return Levers(flows, overlap, accumulate)
+    compress = "auto" if args.grad_compress is None else JOB_PARSERS["grad_compress"]("grad_compress", args.grad_compress)
+    return Levers(flows, overlap, accumulate, POWERSGD_RANK if compress == "powersgd" else 0)
 
 
 def plan_rate(given: str | None, bench: dict, kind, cls: str, params: int) -> tuple[float, str]:

@@ -164,12 +164,41 @@ def test_class_rates_come_from_the_catalog_and_the_measured_ratio():
 
 def test_alternatives_fill_the_link_and_offer_accumulation_and_overlap_only_where_it_hides(monkeypatch):
     default = estimate.DEFAULT_LEVERS
-    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, False, 1), estimate.Levers(1, False, 4)]
-    assert estimate.alternative_levers(estimate.Levers(3, False, 1), 25.0) == [estimate.Levers(3, False, 4)]
-    assert estimate.alternative_levers(estimate.Levers(3, True, 2), 25.0) == []
+    rank = estimate.POWERSGD_RANK
+    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, False, 1), estimate.Levers(1, False, 4),
+                                                          estimate.Levers(3, False, 1, rank)]
+    assert estimate.alternative_levers(estimate.Levers(3, False, 1), 25.0) == [estimate.Levers(3, False, 4),
+                                                                               estimate.Levers(3, False, 1, rank)]
+    assert estimate.alternative_levers(estimate.Levers(3, True, 2, rank), 25.0) == []
     monkeypatch.setattr(estimate, "OVERLAP_HIDES", 0.5)
-    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
+    assert estimate.alternative_levers(default, 25.0)[:2] == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
     assert estimate.lever_flags(estimate.Levers(3, True, 4)) == "--flows 3 --allreduce overlap --accumulate 4"
+    assert estimate.lever_flags(estimate.Levers(3, False, 1, rank)) == "--flows 3 --grad-compress powersgd"
+
+
+def test_powersgd_bytes_are_distilberts_factors_and_what_crosses_whole(tmp_path):
+    """The matrices PowerSGD factors are distilbert's (counted from the model itself), and at rank 4
+    the three all-reduces move about 1% of the bf16 gradient's bytes."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(
+        bench.make_distilbert(tmp_path / "distilbert", tmp_path)))
+    rank = estimate.POWERSGD_RANK
+    shapes = sorted(tuple(p.shape) for p in model.parameters() if p.ndim == 2 and sum(p.shape) * rank < p.numel())
+    assert shapes == sorted(estimate.DISTILBERT_MATRICES)
+    p, q, whole = estimate.low_rank_bytes(rank)
+    assert p == 4 * rank * sum(n for n, _ in shapes) and q == 4 * rank * sum(m for _, m in shapes)
+    assert whole == 2 * sum(t.numel() for t in model.parameters() if tuple(t.shape) not in shapes)
+    assert 0.005 < (p + q + whole) / estimate.gradient_bytes(bf16=True) < 0.02
+    assert estimate.low_rank_bytes(rank, estimate.DISTILBERT_PARAMS // 2)[0] == pytest.approx(p / 2)
+
+
+def test_powersgd_exchange_is_three_rings_and_its_arithmetic(monkeypatch):
+    monkeypatch.setattr(estimate, "LOW_RANK_S_PER_PARAM", 1e-9)
+    parts = estimate.low_rank_bytes(4)
+    rings = sum(estimate.ring_allreduce_seconds(b, 4, 10.0, 1e-4) for b in parts)
+    assert estimate.exchange_seconds(1e8, 4, 10.0, 1e-4, 4) == pytest.approx(rings + estimate.DISTILBERT_PARAMS * 1e-9)
+    assert estimate.exchange_seconds(1e8, 4, 10.0, 1e-4, 0) == estimate.ring_allreduce_seconds(1e8, 4, 10.0, 1e-4)
+    assert estimate.exchange_seconds(1e8, 1, 10.0, 1e-4, 4) == 0.0
 
 
 C7I = estimate.Assumed(node_samples_per_s=316.0, cpu_class="bf16", batch_per_node=32, network_gbps=25.0, lr=2e-5)

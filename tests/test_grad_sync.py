@@ -60,3 +60,61 @@ def test_balanced_split_averages_to_the_whole_batch_gradient(compress, tmp_path)
         # rank 0 did 5 rows in 0.5 s, rank 1 3 rows in 1 s: the next split follows (10 : 3 rows/s)
         assert next_counts == [6, 2] and waited >= 0
     assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))  # every rank holds the same
+
+
+# ---- PowerSGD: low-rank factors with error feedback ------------------------------------------------
+
+def _grads(rank: int, step: int, low: bool) -> list[torch.Tensor]:
+    """This rank's gradients at a step: a 12 x 10 matrix (of rank 2 when `low`, else full) and a
+    vector, different on each rank and step."""
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    matrix = (torch.randn(12, 2, generator=generator) @ torch.randn(2, 10, generator=generator) if low
+              else torch.randn(12, 10, generator=generator))
+    return [matrix, torch.randn(7, generator=generator)]
+
+
+def _low_rank_rank(rank: int, rendezvous: str, low: bool, steps: int, out: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    params = [torch.nn.Parameter(torch.zeros(12, 10)), torch.nn.Parameter(torch.zeros(7))]
+    sync = ddp.LowRankSync(params, rank=4, seed=0, bucket_mb=25.0)
+    assert [p is params[0] for p in sync.matrices] == [True]  # the vector crosses whole
+    applied = [torch.zeros(12, 10), torch.zeros(7)]
+    for step in range(steps):
+        for p, g in zip(params, _grads(rank, step, low)):
+            p.grad = g.clone()
+        sync.average()
+        for total, p in zip(applied, params):
+            total += p.grad
+    out[rank] = (applied, sync.errors[0].clone())
+    dist.destroy_process_group()
+
+
+def _mean_sum(steps: int, low: bool) -> list[torch.Tensor]:
+    """The sum over steps of the two ranks' averaged gradients: what exact averaging applies."""
+    per_step = [[(a + b) / 2 for a, b in zip(_grads(0, s, low), _grads(1, s, low))] for s in range(steps)]
+    return [sum(step[i] for step in per_step) for i in (0, 1)]
+
+
+def test_powersgd_is_exact_on_a_low_rank_average(tmp_path):
+    """Each rank's matrix is of rank 2, so their average is of rank at most 4: one power iteration
+    at rank 4 recovers it exactly, and nothing is left for error feedback."""
+    results = on_two_gloo_ranks(_low_rank_rank, tmp_path / "rendezvous", True, 1)
+    want = _mean_sum(1, True)
+    for rank in (0, 1):
+        applied = results[rank][0]
+        assert torch.allclose(applied[0], want[0], atol=1e-4), (applied[0] - want[0]).abs().max()
+        assert torch.allclose(applied[1], want[1], atol=2e-2)  # bf16 on the wire
+    # each rank's error is its own gradient less the average; together they hold nothing back
+    assert ((results[0][1] + results[1][1]) / 2).abs().max() < 1e-4
+
+
+def test_powersgd_loses_nothing_with_error_feedback(tmp_path):
+    """Full-rank gradients are approximated, not averaged, at each step; but what every step applied
+    plus what the ranks still hold back (their errors, averaged) is exactly the sum of the averages."""
+    results = on_two_gloo_ranks(_low_rank_rank, tmp_path / "rendezvous", False, 3)
+    want = _mean_sum(3, False)
+    applied = results[0][0][0]
+    assert torch.equal(applied, results[1][0][0])  # every rank applies the same update
+    assert not torch.allclose(applied, want[0], atol=1e-2)  # an approximation, step by step
+    held_back = (results[0][1] + results[1][1]) / 2
+    assert torch.allclose(applied + held_back, want[0], atol=1e-4), (applied + held_back - want[0]).abs().max()

@@ -342,3 +342,18 @@ def test_a_batch_other_than_the_recipes_says_the_global_batch_changes_and_how_to
     notes.clear()
     checked_job({"task": "mrpc", "batch_size": "64", "lr": "1e-4"}, False, notes)
     assert notes == []
+
+
+def test_powersgd_reaches_the_training_program_with_a_note_and_is_refused_beside_overlap(ftc_home):
+    from runner.jobspec import POWERSGD_NOTE, checked_job, train_args
+    notes: list[str] = []
+    job = checked_job({"task": "mrpc", "grad_compress": "powersgd"}, False, notes)
+    args = train_args(job, "/w/jobs/j", "stock", resume=False)
+    assert args[args.index("--grad-compress") + 1] == "powersgd" and notes == [POWERSGD_NOTE]
+    assert "--grad-compress" not in train_args(checked_job({"task": "mrpc"}, False, []), "/w/jobs/j", "stock", False)
+    proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "powersgd", "--allreduce", "overlap")
+    assert_refused(proc, "--grad-compress=powersgd runs after backward, but --allreduce is overlap", ftc_home)
+    proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "powersgd", "--recipe", "seed")
+    assert_refused(proc, "--allreduce is overlap (the seed recipe's default)", ftc_home)
+    proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "zip")
+    assert_refused(proc, "--grad-compress='zip' is not known; allowed: auto, none, bf16, powersgd", ftc_home)

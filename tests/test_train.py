@@ -57,9 +57,9 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, tiny_ber
     two_flows = ftc("finetune", "--name", cluster, "--render-only", "--flows", "2", *job_flags(tiny_bert, glue_dir))
     assert re.search(r"^export GLOO_SOCKET_IFNAME=(\w+),\1$", two_flows.stdout, re.M), two_flows.stdout
 
-    # gloo with two connections per peer: the job trains (a rate at which the tiny model's loss clearly
-    # falls) and its run records them
-    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, "--flows", "2",
+    # gloo with two connections per peer, the gradient as PowerSGD's factors: the job trains (a rate at
+    # which the tiny model's loss clearly falls) and its run records both
+    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, "--flows", "2", "--grad-compress", "powersgd",
                                  *job_flags(tiny_bert, glue_dir, epochs=3, lr="1e-3")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
@@ -88,7 +88,8 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, tiny_ber
     assert (results_dir / "model" / "config.json").exists() and (results_dir / "model" / "model.safetensors").exists()
     assert {p.name for p in (results_dir / "logs").iterdir()} == {"rank0.log", "rank1.log"}
     assert "finished" in ftc("status", "--name", cluster).stdout
-    assert json.loads((results_dir / "run.json").read_text())["flows"] == 2
+    run = json.loads((results_dir / "run.json").read_text())
+    assert run["flows"] == 2 and run["grad_compress"] == results["grad_compress"] == "powersgd"
     assert_no_secrets(ftc_home, [results_dir, Path(job["remote_dir"])], again.stdout + again.stderr)
 
 

@@ -293,7 +293,7 @@ class TrainResults:
     backend: str  # gloo | ccl | none (one rank)
     precision: str  # bf16 | fp32
     native_bf16: bool
-    grad_compress: str  # what the gradient all-reduce sent: bf16 | none
+    grad_compress: str  # what the gradient all-reduce sent: bf16 | none | powersgd
     grad_sync: bool  # off: --no-grad-sync (profiling)
     embedding_sync: str  # rows | dense | none (one rank)
     compile: str  # whether torch.compile ran, and why, in words

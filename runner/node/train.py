@@ -81,6 +81,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from .ddp import (  # noqa: E402
     GradSync,
+    LowRankSync,
     RankBalance,
     UsedRowsSync,
     bf16_allreduce_hook,
@@ -137,7 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--max-train-samples", type=int, default=0)
     p.add_argument("--max-eval-samples", type=int, default=0)
-    p.add_argument("--grad-compress", choices=("auto", "none", "bf16"), default=None)
+    p.add_argument("--grad-compress", choices=("auto", "none", "bf16", "powersgd"), default=None,
+                   help="what the gradient all-reduce sends: auto (bf16 when training in bf16), none (fp32), bf16, "
+                        "or powersgd (low-rank factors with error feedback: an approximate average, after backward)")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="with --grad-compress powersgd: the factors' rank")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient all-reduce bucket size")
     p.add_argument("--allreduce", choices=("after-backward", "overlap"), default=None,
                    help="average the gradient after backward, cores idle (ftc), or overlapped with it in DDP's buckets")
@@ -173,6 +177,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in RECIPES[args.recipe].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.grad_compress == "powersgd" and args.allreduce == "overlap":
+        p.error("--grad-compress powersgd runs after backward: leave out --allreduce overlap")
     if args.task == datafiles.CUSTOM:
         if not (args.train_file and args.validation_file):
             p.error("--task custom needs --train-file and --validation-file")
@@ -188,7 +194,7 @@ class Setup:
     backend: str  # gloo | ccl | none (one rank)
     native_bf16: bool
     precision: str  # bf16 (autocast, fp32 master weights) | fp32
-    grad_compress: str  # what the gradient all-reduce sends: bf16 | none (fp32)
+    grad_compress: str  # what the gradient all-reduce sends: bf16 | none (fp32) | powersgd (low-rank factors)
 
 
 # Where a rank's step goes: collate, forward and backward (with DDP's overlapped all-reduce in
@@ -202,7 +208,7 @@ class Sync:
     """How this rank's gradient becomes the average of every rank's: what forward runs on (the
     model, or DDP around it), and which of ftc's parts take part (None: not used)."""
     module: torch.nn.Module  # what forward and backward run on
-    grads: GradSync | None  # after-backward all-reduce of everything but the word embeddings
+    grads: GradSync | LowRankSync | None  # after backward: everything but the used-rows embeddings (all with PowerSGD)
     rows: UsedRowsSync | None  # the word embeddings' used rows
     balance: RankBalance | None  # the split of each global batch among ranks, and the wait for the slowest
     overlapped: bool  # DDP all-reduces during backward
@@ -609,8 +615,12 @@ def make_sync(model, args, env, grad_compress: str) -> Sync:
     if env.world_size == 1:
         return Sync(model, None, None, None, False)
     embedding = model.get_input_embeddings().weight
-    rows = UsedRowsSync(embedding, grad_compress == "bf16") if args.embedding_sync == "rows" else None
     balance = None if args.no_grad_sync else RankBalance(env.world_size, adapt=args.balance == "speed")
+    if grad_compress == "powersgd":  # the word embeddings too: their factors are smaller than their used rows
+        broadcast_weights(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        return Sync(model, LowRankSync(params, args.powersgd_rank, args.seed, args.bucket_mb), None, balance, False)
+    rows = UsedRowsSync(embedding, grad_compress == "bf16") if args.embedding_sync == "rows" else None
     if args.allreduce == "after-backward":
         broadcast_weights(model)  # every rank starts from rank 0's weights
         params = [p for p in model.parameters() if p.requires_grad and not (rows and p is embedding)]
