@@ -23,9 +23,14 @@ GLUE_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "stsb": 5749, "qq
                     "mnli": 392702, "qnli": 104743, "rte": 2490}
 # distilbert-base-uncased with a 2-label head (transformers' DistilBertConfig); tests recount it.
 DISTILBERT_PARAMS = 66_955_010
-# distilbert-base-uncased's weight matrices (rows, columns), the ones PowerSGD factors: word and position
-# embeddings, each of 6 layers' attention (4) and feed-forward (2), the pre-classifier; tests recount them.
-DISTILBERT_MATRICES = ((30522, 768), (512, 768), *(((768, 768),) * 4 + ((3072, 768), (768, 3072))) * 6, (768, 768))
+# distilbert-base-uncased's weight matrices (rows, columns) that PowerSGD factors: position embeddings, each
+# of 6 layers' attention (4) and feed-forward (2), the pre-classifier; tests recount them. The word embeddings
+# cross as the rows some rank used (UsedRowsSync), at most EMBEDDING_ROWS_USED of them.
+DISTILBERT_WORD_EMBEDDINGS = (30522, 768)
+DISTILBERT_MATRICES = ((512, 768), *(((768, 768),) * 4 + ((3072, 768), (768, 3072))) * 6, (768, 768))
+# The share of the vocabulary a global batch uses: MRPC's global batches of 64, 128 and 256 rows used 3.3%,
+# 5.7% and 9.1% of bert-base-uncased's rows (20 random batches each).
+EMBEDDING_ROWS_USED = 0.1
 BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: forward 2, backward 4 per parameter and token
 # The default world's network (of the built-ins, AWS's cluster placement group): one hop, and the cap
 # on one TCP flow. The plan passes its own provider's (World.hop_latency_s, flow_gbps) where it differs.
@@ -47,26 +52,26 @@ def ring_allreduce_seconds(nbytes: float, nodes: int, gbps: float, latency_s: fl
 
 def low_rank_bytes(rank: int, params: int = DISTILBERT_PARAMS) -> tuple[float, float, float]:
     """What PowerSGD at `rank` moves a step (runner/node/ddp.LowRankSync): the P factors and the Q factors
-    (fp32, one all-reduce each) of every matrix they make smaller, and what crosses whole (bf16). From
-    distilbert's matrices, scaled by `params` for another model."""
+    (fp32, one all-reduce each) of every matrix they make smaller, and what crosses whole in bf16 (the
+    other weights, and the word embeddings' used rows). From distilbert's shapes, scaled by `params`."""
     chosen = [(n, m) for n, m in DISTILBERT_MATRICES if (n + m) * rank < n * m]
-    scale = params / DISTILBERT_PARAMS
-    whole = DISTILBERT_PARAMS - sum(n * m for n, m in chosen)
+    scale, words = params / DISTILBERT_PARAMS, math.prod(DISTILBERT_WORD_EMBEDDINGS)
+    whole = DISTILBERT_PARAMS - sum(n * m for n, m in chosen) - words + EMBEDDING_ROWS_USED * words
     return (scale * 4 * rank * sum(n for n, _ in chosen), scale * 4 * rank * sum(m for _, m in chosen),
             scale * 2 * whole)
 
 
 def exchange_seconds(grad_bytes: float, nodes: int, gbps: float, latency_s: float, low_rank: int,
-                     params: int = DISTILBERT_PARAMS) -> float:
-    """The gradient exchange of a step on the network: one ring all-reduce of `grad_bytes`; with PowerSGD
-    (`low_rank` above 0) three smaller ones (low_rank_bytes), each paying its latency, and the factors'
-    arithmetic on each node (LOW_RANK_S_PER_PARAM)."""
+                     node_samples_per_s: float, params: int = DISTILBERT_PARAMS) -> float:
+    """The gradient exchange of a step: one ring all-reduce of `grad_bytes`; with PowerSGD (`low_rank`
+    above 0) three smaller ones (low_rank_bytes), each paying its latency, and the factors' arithmetic on
+    each node, which takes as long as training LOW_RANK_ROWS rows there (scaled by `params`)."""
     if not low_rank:
         return ring_allreduce_seconds(grad_bytes, nodes, gbps, latency_s)
     if nodes <= 1:
         return 0.0
     network = sum(ring_allreduce_seconds(part, nodes, gbps, latency_s) for part in low_rank_bytes(low_rank, params))
-    return network + LOW_RANK_S_PER_PARAM * params
+    return network + LOW_RANK_ROWS * params / DISTILBERT_PARAMS / node_samples_per_s
 
 
 def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = EC2_FLOW_GBPS) -> float:
@@ -104,10 +109,11 @@ def default_levers(network_gbps: float) -> Levers:
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
 
 # PowerSGD's rank in ftc's jobs (runner/node/train.py --powersgd-rank), and the arithmetic its factors
-# cost a node per parameter a step (error feedback, two thin products, the approximation, the copies):
-# measured on 4 cores of the AMX host as the all-reduce seconds of training beyond its network's.
+# cost a node a step (error feedback, two thin products, the approximation written in place), in rows of
+# training on the same node: 46.8 ms on 4 AMX cores that train 36.4 rows/s, 39.8 ms beside 41.2 (two
+# device calls, docs/bench.json network). It scales with the node, as the plan's compute does.
 POWERSGD_RANK = 4
-LOW_RANK_S_PER_PARAM = 0.0
+LOW_RANK_ROWS = 1.7
 
 # The share of backward's time in which DDP's overlapped all-reduce moves the gradient without
 # slowing backward down. Measured 0 on 4 emulated c7i nodes of the AMX host: overlapped, 78.2 rows/s;
@@ -152,7 +158,7 @@ def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_pe
     gbps = flow_limited_gbps(network_gbps, levers.flows, flow_gbps)
     rows = []
     for nodes in nodes_list:
-        allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, params)
+        allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, node_samples_per_s, params)
         waits = wait_share if nodes > 1 else 0.0
         step = step_seconds(batch_per_node, node_samples_per_s, allreduce, exposure, waits, levers)
         rate = nodes * batch_per_node * levers.accumulate / step

@@ -719,8 +719,8 @@ NETWORK_LEVERS = {
     "flows-overlap": NetworkLever("flows, the all-reduce overlapped with backward in DDP's buckets", True, overlap=True),
     "flows-batch-2x": NetworkLever("flows, twice the rows per node a step: a recipe change (global batch x2, its lr "
                                    "the user's to scale)", True, batch_factor=2),
-    "flows-powersgd": NetworkLever("flows, the gradient as PowerSGD's rank-4 factors with error feedback: about 1% of "
-                                   "the bytes, an approximate average (a numerics change)", True, grad_compress="powersgd"),
+    "flows-powersgd": NetworkLever("flows, the weight matrices as PowerSGD's rank-4 factors with error feedback "
+                                   "(an approximate average: a numerics change)", True, grad_compress="powersgd"),
     "ceiling": NetworkLever("no gradient exchange (--no-grad-sync): the simulated nodes share one host's memory and "
                             "caches, which real nodes do not; efficiency against it is what the network costs", True,
                             sync=False),
@@ -849,7 +849,7 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs:
                                   layout.rates.node_gbit, planner["exposure"], planner["wait_share"], 0.0, 0.0,
                                   estimate.Levers(n, lever.overlap, 1, low_rank),
                                   flow_gbps=layout.rates.flow_gbit)[0].samples_per_s
-        exchange = estimate.exchange_seconds(grad_bytes, nodes, gbps, estimate.EC2_LATENCY_S, low_rank)
+        exchange = estimate.exchange_seconds(grad_bytes, nodes, gbps, estimate.EC2_LATENCY_S, low_rank, node_rate)
         entry |= {"rows_per_s_predicted": round(predicted, 3), "measured_over_predicted": round(median / predicted, 3),
                   "allreduce_in_training_ms": round(statistics.median(comm) * 1000, 1),
                   "allreduce_predicted_ms": round(exchange * 1000, 1)}

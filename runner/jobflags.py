@@ -27,7 +27,7 @@ JOB_FLAGS = {
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
                "PyTorch's fused kernel (faster: docs/performance.md)",
     "grad_compress": "what the gradient all-reduce sends: auto (bf16 when training in bf16), none (fp32), bf16, or "
-                     "powersgd (rank-4 factors with error feedback: ~1% of the bytes, an approximate average; "
+                     "powersgd (the weight matrices as rank-4 factors with error feedback: an approximate average; "
                      "after backward only)",
     "flows": "gloo TCP connections per peer (default: on EC2 as many as fill the instance's link, 3 at 25 Gbit/s, "
              "since each flow is capped at 10; elsewhere 1)",

@@ -44,7 +44,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "grad_compress": one_of(("auto", "none", "bf16", "powersgd"))}
 # PowerSGD changes the numerics, so a job that asks for it is told so, once.
 POWERSGD_NOTE = ("gradient: PowerSGD, rank 4 with error feedback: each step applies an approximate average "
-                 "(about 1% of the gradient's bytes cross the network); accuracy: docs/performance.md")
+                 "(the weight matrices cross as factors of under 1% of their bytes); accuracy: docs/performance.md")
 RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
 
 

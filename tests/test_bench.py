@@ -137,7 +137,8 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
                            "16xlarge) or a type such as c7i.8xlarge"),
     (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
     (["--network", "c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a lever; allowed: one-flow, flows, "
-                                                        "flows-overlap, flows-batch-2x, flows-powersgd, ceiling (with --network)"),
+                                                        "flows-overlap, flows-batch-2x, flows-powersgd, ceiling "
+                                                        "(with --network)"),
 ], ids=["not an instance type", "no node count above 1", "not a network lever"])
 def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), *flags)

@@ -616,14 +616,12 @@ def make_sync(model, args, env, grad_compress: str) -> Sync:
         return Sync(model, None, None, None, False)
     embedding = model.get_input_embeddings().weight
     balance = None if args.no_grad_sync else RankBalance(env.world_size, adapt=args.balance == "speed")
-    if grad_compress == "powersgd":  # the word embeddings too: their factors are smaller than their used rows
-        broadcast_weights(model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        return Sync(model, LowRankSync(params, args.powersgd_rank, args.seed, args.bucket_mb), None, balance, False)
-    rows = UsedRowsSync(embedding, grad_compress == "bf16") if args.embedding_sync == "rows" else None
+    rows = UsedRowsSync(embedding, grad_compress != "none") if args.embedding_sync == "rows" else None
     if args.allreduce == "after-backward":
         broadcast_weights(model)  # every rank starts from rank 0's weights
         params = [p for p in model.parameters() if p.requires_grad and not (rows and p is embedding)]
+        if grad_compress == "powersgd":  # the used rows stay exact: factoring the whole table costs more arithmetic
+            return Sync(model, LowRankSync(params, args.powersgd_rank, args.seed, args.bucket_mb), rows, balance, False)
         return Sync(model, GradSync(params, grad_compress == "bf16", args.bucket_mb), rows, balance, False)
     if rows:
         # The word embeddings hold a third of distilbert's weights, but a global batch uses
