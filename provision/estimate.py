@@ -284,12 +284,14 @@ def recommend(rows: list[PlanRow], levers: Levers, assumed: Assumed,
 
 def _recipe_note(levers: Levers, rows: list[PlanRow], assumed: Assumed) -> str:
     """What accumulation does to the recipe at the fastest node count: the global batch grows, and lr
-    is scaled with it (linearly). '' without accumulation: the recipe is never changed silently."""
+    is scaled with it (linearly); and that PowerSGD averages approximately. '' without either: the
+    recipe is never changed silently."""
     k, batch, nodes = levers.accumulate, assumed.batch_per_node, _fastest(rows).nodes
+    numerics = "; it changes the numerics: each step applies an approximate average" if levers.low_rank else ""
     if k == 1:
-        return ""
+        return numerics
     return (f"; it changes the recipe: a global batch of {nodes * batch * k} ({_count(nodes)} x {batch} rows x "
-            f"{k} micro-batches) and lr scaled {k}x to {assumed.lr * k:g}")
+            f"{k} micro-batches) and lr scaled {k}x to {assumed.lr * k:g}{numerics}")
 
 
 def _why_not(larger: list[PlanRow], levers: Levers, assumed: Assumed,

@@ -264,6 +264,9 @@ def test_recommendation_never_changes_the_recipe_silently():
     text = estimate.recommend(rows, estimate.Levers(1, False, 2), C7I, [])
     assert text.endswith("one all-reduce per 2 micro-batches; it changes the recipe: a global batch of 256 (4 nodes "
                          "x 32 rows x 2 micro-batches) and lr scaled 2x to 4e-05."), text
+    text = estimate.recommend(rows, estimate.Levers(3, False, 1, estimate.POWERSGD_RANK), C7I, [])
+    assert text.endswith("PowerSGD's rank-4 factors (an approximate average) all-reduced after backward, no "
+                         "accumulation; it changes the numerics: each step applies an approximate average."), text
 
 
 def plan_json(*flags: str, bench: Path | None = None) -> dict:
@@ -293,6 +296,11 @@ def test_plan_models_the_levers_it_is_given(ftc_home):
     bigger = plan_json("--batch-size", "128")
     assert bigger["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]  # 4x the compute per all-reduce
     assert "128 rows per node per micro-batch" in bigger["recommendation"]
+    compressed = plan_json("--grad-compress", "powersgd")
+    assert compressed["rows"][2]["allreduce_ms"] < default["rows"][2]["allreduce_ms"] / 4  # factors, not the gradient
+    assert compressed["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]
+    assert "approximate average" in compressed["recommendation"]
+    assert "--grad-compress powersgd" in default["recommendation"]  # offered where more nodes do not pay
 
 
 def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_path):
@@ -309,6 +317,7 @@ def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_pa
     ("--batch-size", "x", "--batch-size='x' is not a whole number; allowed: 1..4096"),
     ("--accumulate", "0", "--accumulate='0' is out of range; allowed: 1..1024"),
     ("--allreduce", "during", "--allreduce='during' is not known; allowed: after-backward, overlap"),
+    ("--grad-compress", "zip", "--grad-compress='zip' is not known; allowed: auto, none, bf16, powersgd"),
 ])
 def test_plan_refuses_a_bad_lever_in_one_line(ftc_home, flag, value, named):
     proc = ftc("plan", flag, value)
