@@ -304,14 +304,30 @@ def facts_paths(state: st.ClusterState) -> list[Path]:
 
 
 def load_facts(state: st.ClusterState) -> list[NodeFacts]:
-    """Every node's facts as its bootstrap recorded them; refused unless `state` is of a bootstrapped cluster."""
+    """Every node's facts as its bootstrap recorded them; refused unless `state` is of a bootstrapped
+    cluster whose nodes hold the node programs this ftc would ship (else a job would run older code)."""
     paths = facts_paths(state)
     if st.half_made(state):
         raise UsageError(st.half_made(state))
     if state.phase != "bootstrapped" or not all(p.exists() for p in paths):
         raise UsageError(f"{label('name')}={state.name!r} is not bootstrapped (phase {state.phase}); "
                          f"run `{command('bootstrap', name=state.name)}` first")
+    shipped = node_programs_path(state.name)
+    if not shipped.exists() or shipped.read_text() != node_programs_digest():
+        raise UsageError(f"{label('name')}={state.name!r}: its nodes hold ftc's node programs as they were at its "
+                         f"bootstrap, and this ftc's differ (it was updated since); "
+                         f"`{command('bootstrap', name=state.name)}` ships them in seconds, skipping finished steps")
     return [NodeFacts.from_dict(json.loads(p.read_text())) for p in paths]
+
+
+def node_programs_path(name: str) -> Path:
+    """Where the controller records which node programs a cluster's bootstrap shipped."""
+    return st.cluster_dir(name) / "node_programs"
+
+
+def node_programs_digest() -> str:
+    """Which node programs (runner/node/, node_package) this ftc ships: any edit changes it."""
+    return digest(*(f"{path}\n{text}" for path, text in sorted(node_package().items())))
 
 
 # ---- bookkeeping shared by the Fabric and the Ansible bootstrap -----------------------------
@@ -341,6 +357,7 @@ def mark_bootstrapped(state: st.ClusterState, facts: list[NodeFacts]) -> None:
     state.phase = "bootstrapped"
     state.bootstrapped_at = time.time()
     state.stack_python = facts[0].python_executable
+    node_programs_path(state.name).write_text(node_programs_digest())
     st.save(state)
 
 

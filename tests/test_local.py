@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc, sshd_pids
-from helpers import assert_bootstrapped, state_of, wait_for
+from helpers import assert_bootstrapped, only_line, state_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -144,3 +144,29 @@ def test_an_sshd_that_will_not_start_is_reported_with_what_it_said(ftc_home):
     assert "sshd.log" not in line and "rolled back: nothing left running" in proc.stderr
     assert sshd_pids(ftc_home) == [] and not (ftc_home / "clusters" / "nostart").exists()
 
+
+
+def test_nodes_holding_other_node_programs_are_refused_until_a_bootstrap_ships_this_ftcs(ftc_home, minilm, glue_dir):
+    """An ftc updated after its cluster's bootstrap would run its jobs on the nodes' older copies of
+    runner/node/: the job is refused, naming the command that ships them, and that command does."""
+    assert ftc("up", "--name", "old", "--nodes", "1").returncode == 0
+    workdir = Path(state_of(ftc_home, "old")["nodes"][0]["workdir"])
+    program = workdir / "ftc" / "runner" / "node" / "train.py"
+    current = program.read_text()
+    # what the nodes hold after `git pull` on the controller: another bundle's files and marker, an
+    # older record of what was shipped
+    program.write_text("raise SystemExit('an older train.py')\n")
+    for marker in (workdir / ".ftc" / "done").glob("files-*"):
+        marker.rename(marker.with_name("files-older"))
+    (ftc_home / "clusters" / "old" / "node_programs").write_text("older")
+    render = ["finetune", "--name", "old", "--render-only", "--task", "mrpc", "--model", str(minilm),
+              "--data-dir", str(glue_dir)]
+    refused = ftc(*render)
+    assert refused.returncode == 2 and refused.stdout == ""
+    line = only_line(refused)  # checked before any note about the job
+    assert line.startswith("error: --name='old': its nodes hold ftc's node programs as they were") and \
+        "`ftc bootstrap --name old` ships them" in line, refused.stderr
+    assert ftc("bootstrap", "--name", "old").returncode == 0
+    assert program.read_text() == current
+    assert ftc(*render).returncode == 0
+    assert ftc("down", "--name", "old").returncode == 0
