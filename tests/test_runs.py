@@ -124,6 +124,10 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
             assert f"another job than this one ({named})" in str(exc)
         else:
             raise AssertionError(f"{change} was not refused")
+    runs.refuse_other_job(tmp_path, "c", {**same, "grad_compress": "powersgd"})  # a run.json from before it was recorded
+    (tmp_path / "run.json").write_text(json.dumps({**record, "grad_compress": None}))
+    with pytest.raises(UsageError, match=r"another job than this one \(grad_compress None -> 'powersgd'\)"):
+        runs.refuse_other_job(tmp_path, "c", {**same, "grad_compress": "powersgd"})
 
 
 def test_resume_refuses_changed_data_or_columns_and_run_json_records_them(ftc_home, tmp_path):
