@@ -21,49 +21,55 @@ REPO = Path(__file__).resolve().parent.parent
 GLUE = REPO.parent / "shared" / "data" / "glue"
 FTC = [sys.executable, "-m", "runner.cli"]
 
-# Seconds each long test took in one `pytest -n 2 --durations=0` on the 2 loaded cores (setup and
-# teardown included; a parametrized one: its longest case; ~: not measured there, guessed from a like
-# test; *: made shorter since, scaled by the change measured in a `pytest -n 2` of test_train.py's slow
-# tests, or alone for the emulator's). They run first, longest first, and `make test` hands the workers
-# one test at a time (--maxschedchunk 1): the long ones spread over both workers and the short ones
-# fill in, so the workers end together instead of one running a long test alone at the end. Only the
-# order depends on these numbers.
+# Seconds each long test took (setup, call and teardown; a parametrized one: its cases together) in
+# one `make test --durations=70` on the 2-core machine. They run first, longest first, and `make test`
+# hands the workers one test at a time (--maxschedchunk 1): the long ones spread over both workers and
+# the short ones fill in, so the workers end together instead of one running a long test alone at the
+# end. Only the order depends on these numbers.
 LONGEST = {
-    "test_stock_stack_installs_into_a_fresh_venv": 70,
-    "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 281,  # *
-    "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 265,  # *
-    "test_finetune_follow_detach_reattach_and_results": 196,  # *
-    "test_resume_after_a_killed_run_continues_from_the_checkpoint": 205,  # *
-    "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 300,
-    "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 167,  # *
-    "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 146,  # ~ *
-    "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 160,
-    "test_checkpoints_are_also_copied_to_s3": 102,  # *
-    "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 122,
-    "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 125,
-    "test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing": 100,  # ~
-    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 105,  # ~ *
-    "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 90,  # ~
-    "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 83,
-    "test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default": 90,
-    "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 60,
-    "test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home": 40,
-    "test_requirements_are_installed_once_and_a_bad_one_names_node_and_package": 45,
-    "test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names": 40,
-    "test_one_shot_run_tears_down_after_itself": 73,
-    "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 70,  # ~
-    "test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_nothing_else": 70,  # ~
-    "test_down_stops_a_detached_job": 65,  # ~
-    "test_cancel_stops_a_detached_job": 65,  # ~
-    "test_bf16_checkpoint_trains_and_saves_fp32_weights": 62,
-    "test_a_crashed_rank_fails_the_job_fast_with_its_log": 51,  # *
-    "test_ssh_runs_a_command_on_the_chosen_node": 43,
-    "test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_running": 41,
-    "test_clusters_side_by_side_do_not_interfere": 40,
-    "test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running": 40,
-    "test_failing_install_names_node_and_step_and_stays_resumable": 34,
-    "test_local_cluster_up_bootstrap_verify_down": 23,
-    "test_every_command_refuses_bad_input_with_one_line_and_changes_nothing": 21,
+    "test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline": 151,
+    "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 90,
+    "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 88,
+    "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 60,
+    "test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resumes": 54,
+    "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 50,
+    "test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own": 46,
+    "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 45,
+    "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 42,
+    "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 35,
+    "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 34,
+    "test_two_node_job_on_a_toy_csv_learns_and_records_its_classes": 34,
+    "test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing": 32,
+    "test_cancel_of_a_detached_script_leaves_no_process": 31,
+    "test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time": 30,
+    "test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own_copies": 28,
+    "test_resume_after_a_killed_run_continues_from_the_checkpoint": 27,
+    "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 24,
+    "test_stock_stack_installs_into_a_fresh_venv": 24,
+    "test_finetune_follow_detach_reattach_and_results": 24,
+    "test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default": 23,
+    "test_checkpoints_are_also_copied_to_s3": 22,
+    "test_local_cluster_up_bootstrap_verify_down": 21,
+    "test_job_in_an_ftc_home_with_a_space_and_shell_characters_runs_and_runs_nothing_else": 21,
+    "test_one_shot_run_tears_down_after_itself": 20,
+    "test_ctrl_c_during_the_checkpoint_copy_detaches_and_the_job_goes_on": 20,
+    "test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running": 20,
+    "test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names": 18,
+    "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 18,
+    "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 18,
+    "test_finetune_and_launch_read_the_cluster_state_at_most_three_times": 18,
+    "test_a_provider_defined_only_in_tests_runs_up_finetune_and_down": 17,
+    "test_requirements_are_installed_once_and_a_bad_one_names_node_and_package": 16,
+    "test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it": 14,
+    "test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home": 12,
+    "test_reattaching_to_a_node_whose_sshd_is_frozen_gives_up_within_the_silence_limit": 12,
+    "test_a_scripts_prints_are_never_read_as_metrics_and_reach_the_terminal_without_codes": 12,
+    "test_resume_of_a_job_stopped_before_its_first_checkpoint_is_refused_before_launch": 11,
+    "test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down": 11,
+    "test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note": 11,
+    "test_cancel_stops_a_detached_job": 10,
+    "test_a_server_whose_shell_prints_a_banner_is_bootstrapped_and_verified": 9,
+    "test_a_crashed_rank_fails_the_job_fast_with_its_log": 8,
 }
 
 
