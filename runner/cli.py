@@ -192,9 +192,9 @@ def _plan_parser(sub) -> None:
                    help="when the gradients are reduced (default after-backward, as ftc's jobs)")
     p.add_argument("--accumulate", default=None,
                    help="micro-batches per all-reduce: changes the recipe (global batch, lr scaled); default 1")
-    p.add_argument("--grad-compress", default=None, metavar="bf16|powersgd",
-                   help="what crosses the network (default: the gradient, bf16 where training is; powersgd: rank-4 "
-                        "factors, an approximate average)")
+    p.add_argument("--grad-compress", default=None, metavar="auto|none|bf16|powersgd",
+                   help="what crosses the network, as a job's GRAD_COMPRESS (default auto: the gradient, in bf16 where "
+                        "training is; none: fp32; powersgd: rank-4 factors, an approximate average)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 
@@ -540,7 +540,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
         return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
-                             estimate.gradient_bytes(bf16=cls == "bf16", params=params), kind.network_gbps,
+                             estimate.gradient_bytes(bf16=plan.wire_bf16(plan.plan_compress(args), cls), params=params),
+                             kind.network_gbps,
                              bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen,
                              latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps, params=params)
 

@@ -46,8 +46,19 @@ def plan_levers(args: argparse.Namespace, network_gbps: float):
     overlap = default.overlap if args.allreduce is None \
         else JOB_PARSERS["allreduce"]("allreduce", args.allreduce) == "overlap"
     accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
-    compress = "auto" if args.grad_compress is None else JOB_PARSERS["grad_compress"]("grad_compress", args.grad_compress)
-    return Levers(flows, overlap, accumulate, POWERSGD_RANK if compress == "powersgd" else 0)
+    return Levers(flows, overlap, accumulate, POWERSGD_RANK if plan_compress(args) == "powersgd" else 0)
+
+
+def plan_compress(args: argparse.Namespace) -> str:
+    """What `ftc plan --grad-compress` says crosses the network, as a job's GRAD_COMPRESS does (default auto)."""
+    from runner.jobspec import PARSERS as JOB_PARSERS
+    return "auto" if args.grad_compress is None else JOB_PARSERS["grad_compress"]("grad_compress", args.grad_compress)
+
+
+def wire_bf16(compress: str, cls: str) -> bool:
+    """Whether the gradient crosses in bf16: asked for, or (auto) where the CPU class trains in bf16, as
+    runner/node/train.py decides; PowerSGD's factors are counted apart (estimate.low_rank_bytes)."""
+    return compress == "bf16" or (compress != "none" and cls == "bf16")
 
 
 def plan_rate(given: str | None, bench: dict, kind, cls: str, params: int) -> tuple[float, str]:

@@ -301,6 +301,9 @@ def test_plan_models_the_levers_it_is_given(ftc_home):
     assert compressed["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]
     assert "approximate average" in compressed["recommendation"]
     assert "--grad-compress powersgd" in default["recommendation"]  # offered where more nodes do not pay
+    fp32 = plan_json("--grad-compress", "none")
+    assert fp32["rows"][2]["allreduce_ms"] > 1.9 * default["rows"][2]["allreduce_ms"]  # twice the bytes, c7i trains bf16
+    assert plan_json("--grad-compress", "bf16") == plan_json("--grad-compress", "auto") == default
 
 
 def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_path):
