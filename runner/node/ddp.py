@@ -183,11 +183,11 @@ class LowRankSync:
     random (the same seed on every rank) and is reused from step to step (warm start), so one power
     iteration a step suffices. distilbert's matrices at rank 4 send under 1% of their elements.
 
-    It changes the numerics (an approximate average), so it is an option, never a default. The
-    errors and Q are not in checkpoints: a resumed job starts them afresh and drops what was held back. Vectors
+    It changes the numerics (an approximate average), so it is an option, never a default. Vectors
     and matrices too small to gain cross whole in bf16 (GradSync), beside the factors' arithmetic.
-    PyTorch's powerSGD_hook is DDP's and aborts under gloo when DDP has several buckets; this one
-    runs after backward, as GradSync does."""
+    The errors and Q are not in checkpoints: a resumed job starts them afresh and drops what was held
+    back. PyTorch's powerSGD_hook is DDP's and aborts under gloo when DDP has several buckets; this
+    one runs after backward, as GradSync does."""
 
     def __init__(self, params: list[torch.Tensor], rank: int, seed: int, bucket_mb: float):
         self.world = dist.get_world_size()
@@ -207,9 +207,13 @@ class LowRankSync:
 
     def average(self) -> None:
         pending = self.whole.start()
+        if not self.matrices:  # a model too small for any factor to gain
+            self.whole.finish(pending)
+            return
         grads = []
         for p, error in zip(self.matrices, self.errors):
-            error.add_(p.grad if p.grad is not None else torch.zeros_like(error))
+            if p.grad is not None:
+                error.add_(p.grad)
             grads.append(error)  # the gradient plus what earlier steps missed
         ps = [torch.linalg.qr(p, mode="reduced").Q
               for p in self._all_average([m @ q for m, q in zip(grads, self.qs)])]
