@@ -16,6 +16,8 @@ or how often it is paid (gradient accumulation, which changes the recipe).
 import math
 from dataclasses import dataclass, replace
 
+from runner.node.recipes import POWERSGD_RANK
+
 from .providers.records import default_world
 
 # Training examples per GLUE task (the canonical train splits).
@@ -108,11 +110,10 @@ def default_levers(network_gbps: float) -> Levers:
     return replace(DEFAULT_LEVERS, flows=flows_to_fill(network_gbps))
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
 
-# PowerSGD's rank in ftc's jobs (runner/node/train.py --powersgd-rank), and the arithmetic its factors
-# cost a node a step (error feedback, two thin products, the approximation written in place), in rows of
-# training on the same node: 46.8 ms on 4 AMX cores that train 36.4 rows/s, 39.8 ms beside 41.2 (two
-# device calls, docs/bench.json network). It scales with the node, as the plan's compute does.
-POWERSGD_RANK = 4
+# The arithmetic PowerSGD's factors (runner/node/recipes.POWERSGD_RANK) cost a node a step (error
+# feedback, two thin products, the approximation written in place), in rows of training on the same
+# node: 46.8 ms on 4 AMX cores that train 36.4 rows/s, 39.8 ms beside 41.2 (two device calls,
+# docs/bench.json network). It scales with the node, as the plan's compute does.
 LOW_RANK_ROWS = 1.7
 
 # The share of backward's time in which DDP's overlapped all-reduce moves the gradient without

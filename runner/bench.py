@@ -36,6 +36,7 @@ from .jobspec import glue_dir
 from .model_files import packaged_model
 from .node import facts as node_facts
 from .node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
+from .node.recipes import POWERSGD_RANK, wire_compress
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -742,7 +743,7 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
                   ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
     alone = [whole_pass(bench.ftc(f"net-1-r{i}", 1))["rows_per_s"] for i in range(bench.repeats)]
     sim_rate, ftc1 = summary(alone)[0], bench.runs["net-1-r0"]
-    wire_bf16 = (args.grad_compress or ("bf16" if ftc1["precision"] == "bf16" else "none")) == "bf16"
+    wire_bf16 = wire_compress(args.grad_compress or "auto", ftc1["precision"] == "bf16") == "bf16"
     sim_bytes = parameter_count(bench.model) * (2 if wire_bf16 else 4)
     real_rate = plan_node_rate(kind_name)
     real_bytes = estimate.gradient_bytes(bf16=kind.native_bf16)
@@ -844,7 +845,7 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs:
              "efficiency": round(median / (nodes * alone), 3),
              "efficiency_vs_ceiling": round(median / ceiling, 3) if ceiling else None}
     if lever.sync:
-        low_rank = estimate.POWERSGD_RANK if lever.grad_compress == "powersgd" else 0
+        low_rank = POWERSGD_RANK if lever.grad_compress == "powersgd" else 0
         predicted = estimate.plan([nodes], 1, 1, node_rate, batch_per_node * lever.batch_factor, grad_bytes,
                                   layout.rates.node_gbit, planner["exposure"], planner["wait_share"], 0.0, 0.0,
                                   estimate.Levers(n, lever.overlap, 1, low_rank),

@@ -24,6 +24,7 @@ from provision.ui import answer, console
 from provision.values import boolean, label, number, whole, whole_list, writable_dir
 from runner import plan
 from runner.jobflags import JOB_FLAGS
+from runner.node.recipes import GRAD_COMPRESS, POWERSGD_RANK
 
 DEFAULT_WORLD = default_world()  # where INSTANCE_TYPE and REGION default from (of the built-ins: AWS)
 SPEC_HELP = {
@@ -192,9 +193,9 @@ def _plan_parser(sub) -> None:
                    help="when the gradients are reduced (default after-backward, as ftc's jobs)")
     p.add_argument("--accumulate", default=None,
                    help="micro-batches per all-reduce: changes the recipe (global batch, lr scaled); default 1")
-    p.add_argument("--grad-compress", default=None, metavar="auto|none|bf16|powersgd",
+    p.add_argument("--grad-compress", default=None, metavar="|".join(GRAD_COMPRESS),
                    help="what crosses the network, as a job's GRAD_COMPRESS (default auto: the gradient, in bf16 where "
-                        "training is; none: fp32; powersgd: rank-4 factors, an approximate average)")
+                        f"training is; none: fp32; powersgd: rank-{POWERSGD_RANK} factors, an approximate average)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 
@@ -535,13 +536,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     bench = plan.bench_figures(args.bench)
     model, params = plan.plan_model(args.model)
     cls = estimate.xeon_class(kind.native_bf16)
-    levers = plan.plan_levers(args, kind.network_gbps)
+    compress = plan.plan_compress(args)
+    levers = plan.plan_levers(args, kind.network_gbps, compress)
+    grad_bytes = estimate.gradient_bytes(bf16=plan.wire_bf16(compress, cls), params=params)
     rate, source = plan.plan_rate(args.samples_per_s, bench, kind, cls, params)
 
     def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
         return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
-                             estimate.gradient_bytes(bf16=plan.wire_bf16(plan.plan_compress(args), cls), params=params),
-                             kind.network_gbps,
+                             grad_bytes, kind.network_gbps,
                              bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen,
                              latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps, params=params)
 

@@ -32,7 +32,7 @@ from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
-from .node.recipes import RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
+from .node.recipes import GRAD_COMPRESS, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -41,7 +41,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16),
-           "grad_compress": one_of(("auto", "none", "bf16", "powersgd"))}
+           "grad_compress": one_of(GRAD_COMPRESS)}
 # PowerSGD changes the numerics, so a job that asks for it is told so, once.
 POWERSGD_NOTE = ("gradient: PowerSGD, rank 4 with error feedback: each step applies an approximate average "
                  "(the weight matrices cross as factors of under 1% of their bytes); accuracy: docs/performance.md")

@@ -10,6 +10,7 @@ from rich.markup import escape
 from provision.errors import UsageError
 from provision.ui import answer
 from provision.values import label, number, one_of, whole
+from runner.node.recipes import POWERSGD_RANK, wire_compress
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
@@ -36,17 +37,17 @@ def bench_figures(path: str) -> dict:
         raise UsageError(f"{label('bench')}={path!r}: {exc}; run `ftc bench --out DIR` for a sound one") from None
 
 
-def plan_levers(args: argparse.Namespace, network_gbps: float):
+def plan_levers(args: argparse.Namespace, network_gbps: float, compress: str):
     """The levers `ftc plan` models: its flags where given, else what ftc's jobs do on such an
-    instance (estimate.default_levers)."""
-    from provision.estimate import POWERSGD_RANK, Levers, default_levers
+    instance (estimate.default_levers); `compress` is plan_compress's."""
+    from provision.estimate import Levers, default_levers
     from runner.jobspec import PARSERS as JOB_PARSERS
     default = default_levers(network_gbps)
     flows = default.flows if args.flows is None else whole(1, 64)("flows", args.flows)
     overlap = default.overlap if args.allreduce is None \
         else JOB_PARSERS["allreduce"]("allreduce", args.allreduce) == "overlap"
     accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
-    return Levers(flows, overlap, accumulate, POWERSGD_RANK if plan_compress(args) == "powersgd" else 0)
+    return Levers(flows, overlap, accumulate, POWERSGD_RANK if compress == "powersgd" else 0)
 
 
 def plan_compress(args: argparse.Namespace) -> str:
@@ -56,9 +57,9 @@ def plan_compress(args: argparse.Namespace) -> str:
 
 
 def wire_bf16(compress: str, cls: str) -> bool:
-    """Whether the gradient crosses in bf16: asked for, or (auto) where the CPU class trains in bf16, as
-    runner/node/train.py decides; PowerSGD's factors are counted apart (estimate.low_rank_bytes)."""
-    return compress == "bf16" or (compress != "none" and cls == "bf16")
+    """Whether the gradient crosses in bf16, as a job on that CPU class decides (recipes.wire_compress);
+    PowerSGD's factors are counted apart (estimate.low_rank_bytes)."""
+    return wire_compress(compress, cls == "bf16") == "bf16"
 
 
 def plan_rate(given: str | None, bench: dict, kind, cls: str, params: int) -> tuple[float, str]:

@@ -8,7 +8,8 @@ from conftest import REPO, ftc
 from helpers import one_error
 
 from provision import estimate
-from runner import bench
+from runner import bench, plan
+from runner.node.recipes import wire_compress
 
 
 def test_ring_allreduce_by_hand():
@@ -326,3 +327,11 @@ def test_plan_refuses_a_bad_lever_in_one_line(ftc_home, flag, value, named):
     proc = ftc("plan", flag, value)
     assert proc.returncode == 2 and proc.stdout == ""
     assert named in one_error(proc)
+
+
+def test_auto_sends_bf16_only_where_training_is_bf16_and_a_peer_receives_it():
+    assert wire_compress("auto", True, 2) == "bf16"
+    assert wire_compress("auto", True, 1) == wire_compress("auto", False, 4) == "none"
+    assert [wire_compress(asked, False, 4) for asked in ("none", "bf16", "powersgd")] == ["none", "bf16", "powersgd"]
+    assert plan.wire_bf16("auto", "bf16") and plan.wire_bf16("bf16", "fp32")
+    assert not plan.wire_bf16("auto", "fp32") and not plan.wire_bf16("powersgd", "bf16")

@@ -12,6 +12,21 @@ RECIPES = {
                  gloo_threads="inherit"),
 }
 
+# What a job's gradient all-reduce may send (GRAD_COMPRESS): auto (wire_compress decides), none (fp32),
+# bf16, or powersgd (low-rank factors with error feedback: an approximate average, never a default).
+GRAD_COMPRESS = ("auto", "none", "bf16", "powersgd")
+POWERSGD_RANK = 4  # the factors' rank: at 4 nodes 1.40x the default's rate, MRPC within a point (docs/performance.md)
+
+
+def wire_compress(grad_compress: str, bf16_training: bool, world_size: int = 2) -> str:
+    """What crosses the network: `auto` is the gradient in bf16 where training is in bf16 and some peer
+    receives it, fp32 (none) otherwise; any other choice as asked. Pure: the training program and
+    `ftc plan` both decide by it."""
+    if grad_compress != "auto":
+        return grad_compress
+    return "bf16" if bf16_training and world_size > 1 else "none"
+
+
 # Your own data of a few hundred rows: the ftc recipe's lr 2e-5 over its few global batches of 64
 # barely moves the weights (160 clearly separable rows: 0.60 dev accuracy, lr 2e-4 without dropout: 1.00).
 # Such a file gets more, smaller steps at 10x the rate, without dropout, wherever the user left them unset.

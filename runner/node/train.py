@@ -64,7 +64,7 @@ from .protocol import (
     rank_log_path,
     strict_json,
 )
-from .recipes import RECIPES
+from .recipes import GRAD_COMPRESS, POWERSGD_RANK, RECIPES, wire_compress
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -138,10 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--max-train-samples", type=int, default=0)
     p.add_argument("--max-eval-samples", type=int, default=0)
-    p.add_argument("--grad-compress", choices=("auto", "none", "bf16", "powersgd"), default=None,
+    p.add_argument("--grad-compress", choices=GRAD_COMPRESS, default=None,
                    help="what the gradient all-reduce sends: auto (bf16 when training in bf16), none (fp32), bf16, "
                         "or powersgd (low-rank factors with error feedback: an approximate average, after backward)")
-    p.add_argument("--powersgd-rank", type=int, default=4, help="with --grad-compress powersgd: the factors' rank")
+    p.add_argument("--powersgd-rank", type=int, default=POWERSGD_RANK, help="with --grad-compress powersgd: the factors' rank")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient all-reduce bucket size")
     p.add_argument("--allreduce", choices=("after-backward", "overlap"), default=None,
                    help="average the gradient after backward, cores idle (ftc), or overlapped with it in DDP's buckets")
@@ -208,7 +208,7 @@ class Sync:
     """How this rank's gradient becomes the average of every rank's: what forward runs on (the
     model, or DDP around it), and which of ftc's parts take part (None: not used)."""
     module: torch.nn.Module  # what forward and backward run on
-    grads: GradSync | LowRankSync | None  # after backward: everything but the used-rows embeddings (all with PowerSGD)
+    grads: GradSync | LowRankSync | None  # after backward: everything but the used-rows embeddings (factored by PowerSGD)
     rows: UsedRowsSync | None  # the word embeddings' used rows
     balance: RankBalance | None  # the split of each global batch among ranks, and the wait for the slowest
     overlapped: bool  # DDP all-reduces during backward
@@ -432,9 +432,7 @@ def start(args, env, log) -> Setup:
     precision = args.precision if args.precision != "auto" else ("bf16" if native else "fp32")
     if precision == "bf16" and not native:
         log.warning("bf16 asked for on a CPU without native bf16 (no amx_bf16/avx512_bf16): it is emulated and slower")
-    grad_compress = args.grad_compress
-    if grad_compress == "auto":
-        grad_compress = "bf16" if precision == "bf16" and env.world_size > 1 else "none"
+    grad_compress = wire_compress(args.grad_compress, precision == "bf16", env.world_size)
     setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress)
     log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {CORES} "
              f"threads {threads} backend {setup.backend} precision {precision} "
