@@ -22,7 +22,7 @@ endef
 INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER CHECKPOINT_S3 CONFIG DATA_DIR DETACH \
   DROPOUT EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
   MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PROVIDER QUICK RECIPE REGION \
-  REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
+  REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
   TRAIN_FILE VALIDATION_FILE WORKDIR YES ZONES
 $(foreach v,$(sort $(INPUTS) $(.VARIABLES)),$(if $(or $(filter command line,$(origin $(v))),\
   $(and $(filter $(v),$(INPUTS)),$(filter environment,$(origin $(v))))),$(if $(findstring $(newline),$(value $(v))),\
@@ -48,7 +48,7 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,MAX_EVAL_SAMPLES,max-eval-samples) \
   $(call flag,DATA_DIR,data-dir) $(call flag,TRAIN_FILE,train-file) $(call flag,VALIDATION_FILE,validation-file) \
   $(call flag,TEXT_COLUMNS,text-columns) $(call flag,LABEL_COLUMN,label-column) $(call flag,RESULTS,results) $(call flag,RECIPE,recipe) \
-  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,FLOWS,flows) $(call flag,CHECKPOINT_S3,checkpoint-s3)
+  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,FLOWS,flows) $(call flag,SEED,seed) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \

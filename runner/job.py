@@ -143,7 +143,7 @@ def job_settings(job: JobSpec) -> dict:
             "validation_file": job.validation_file or None, "precision": job.precision,
             "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
             "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
-            "grad_compress": job.grad_compress or None, "max_eval_samples": job.max_eval_samples or None,
+            "grad_compress": job.grad_compress or None, "seed": job.seed, "max_eval_samples": job.max_eval_samples or None,
             "text_columns": job.text_columns or None,
             "label_column": job.label_column or None, **data_digests(job)}
 

@@ -4,6 +4,7 @@ builds the parser, so it would pay their import).
 """
 
 from .node import glue
+from .node.recipes import POWERSGD_RANK
 
 JOB_FLAGS = {
     "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own --train-file and --validation-file)",
@@ -27,11 +28,13 @@ JOB_FLAGS = {
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "
                "PyTorch's fused kernel (faster: docs/performance.md)",
     "grad_compress": "what the gradient all-reduce sends: auto (bf16 when training in bf16), none (fp32), bf16, or "
-                     "powersgd (the weight matrices as rank-4 factors with error feedback: an approximate average; "
-                     "after backward only)",
+                     f"powersgd (the weight matrices as rank-{POWERSGD_RANK} factors with error feedback: an approximate "
+                     "average; after backward only)",
     "flows": "gloo TCP connections per peer (default: on EC2 as many as fill the instance's link, 3 at 25 Gbit/s, "
              "since each flow is capped at 10; elsewhere 1)",
     "ppn": "ranks per node (default: one per socket; 4 on a 16-core node trains faster, with a larger global batch)",
+    "seed": "the random seed of the new head's weights, the data's order, dropout and PowerSGD (default 42): "
+            "a run with another seed measures the spread of a recipe's accuracy",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }

@@ -32,7 +32,7 @@ from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
-from .node.recipes import GRAD_COMPRESS, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
+from .node.recipes import GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -41,9 +41,9 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16),
-           "grad_compress": one_of(GRAD_COMPRESS)}
+           "grad_compress": one_of(GRAD_COMPRESS), "seed": whole(0, 2**31 - 1)}
 # PowerSGD changes the numerics, so a job that asks for it is told so, once.
-POWERSGD_NOTE = ("gradient: PowerSGD, rank 4 with error feedback: each step applies an approximate average "
+POWERSGD_NOTE = (f"gradient: PowerSGD, rank {POWERSGD_RANK} with error feedback: each step applies an approximate average "
                  "(the weight matrices cross as factors of under 1% of their bytes); accuracy: docs/performance.md")
 RECIPE_EPOCHS = RECIPES["ftc"]["epochs"]  # what a job trains when EPOCHS is not given (the seed recipe's too)
 
@@ -67,6 +67,7 @@ class JobSpec:
     dropout: float | None = None  # None: the model's own
     allreduce: str = ""  # "": the recipe's (ftc: after-backward, seed: overlap)
     grad_compress: str = ""  # "": the recipe's (ftc: bf16 when training in bf16, seed: none); powersgd on request
+    seed: int | None = None  # None: the recipe's
     ppn: int = 0  # 0: provision/launch.default_ppn
     flows: int = 0  # gloo connections per peer; 0: provision/launch.default_flows
     results: str = ""
@@ -365,6 +366,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args += ["--allreduce", job.allreduce]
     if job.grad_compress:
         args += ["--grad-compress", job.grad_compress]
+    if job.seed is not None:
+        args += ["--seed", str(job.seed)]
     for flag, value in (("--data-dir", job.data_dir), ("--train-file", job.train_file),
                         ("--validation-file", job.validation_file), ("--text-columns", job.text_columns),
                         ("--label-column", job.label_column), ("--epochs", job.epochs), ("--batch-size", job.batch_size),

@@ -63,11 +63,11 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
 # model, and everything that shapes its steps and its schedule.
 SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "epochs", "lr",
             "max_train_samples", "precision", "dropout", "world_size", "text_columns", "label_column", "train_sha256",
-            "validation_sha256", "grad_compress")
-# Recorded only since the data's content and columns (and the gradient's compression) were: a run.json
-# without them is not told apart by them.
-RECORDED_LATER = ("text_columns", "label_column", "train_sha256", "validation_sha256", "grad_compress")
-LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision")  # unset (None, or precision auto): the recipe's
+            "validation_sha256", "grad_compress", "seed")
+# Recorded only since the data's content and columns (and the gradient's compression, the seed) were: a
+# run.json without them is not told apart by them.
+RECORDED_LATER = ("text_columns", "label_column", "train_sha256", "validation_sha256", "grad_compress", "seed")
+LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision", "seed")  # unset (None, or precision auto): the recipe's
 
 
 def as_run(settings: dict) -> dict:

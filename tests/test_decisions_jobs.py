@@ -121,8 +121,8 @@ def test_job_settings_record_an_unset_number_as_null():
     assert job_settings(JobSpec(model="/m", epochs=3)) == {
         "task": "mrpc", "model": "/m", "data_dir": "", "train_file": None, "validation_file": None,
         "precision": "auto", "recipe": "ftc", "epochs": 3, "batch_size": None, "lr": None, "max_train_samples": None,
-        "max_eval_samples": None, "dropout": None, "grad_compress": None, "text_columns": None, "label_column": None,
-        "train_sha256": None, "validation_sha256": None}
+        "max_eval_samples": None, "dropout": None, "grad_compress": None, "seed": None, "text_columns": None,
+        "label_column": None, "train_sha256": None, "validation_sha256": None}
 
 
 def test_refuse_if_busy_names_the_running_job_and_how_to_follow_or_stop_it():

@@ -122,15 +122,18 @@ def test_a_config_that_does_not_fit_the_weights_is_refused_before_launch(ftc_hom
 
 def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_home):
     from runner.jobspec import train_args, validate_job
-    job = validate_job({"task": "mrpc", "dropout": "0", "allreduce": "overlap"})
+    job = validate_job({"task": "mrpc", "dropout": "0", "allreduce": "overlap", "seed": "0"})
     args = train_args(job, "/w/jobs/j", "stock", resume=False)
     assert args[args.index("--dropout") + 1] == "0.0" and args[args.index("--allreduce") + 1] == "overlap"
+    assert args[args.index("--seed") + 1] == "0"  # seed 0 is a seed, not "unset"
     default = train_args(validate_job({"task": "mrpc"}), "/w/jobs/j", "stock", resume=False)
-    assert "--dropout" not in default and "--allreduce" not in default  # the recipe's own
+    assert "--dropout" not in default and "--allreduce" not in default and "--seed" not in default  # the recipe's
     proc = ftc("finetune", "--name", "nowhere", "--allreduce", "sideways")
     assert_refused(proc, "--allreduce='sideways' is not known; allowed: after-backward, overlap", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--dropout", "1")
     assert_refused(proc, "--dropout='1' is out of range", ftc_home)
+    proc = ftc("finetune", "--name", "nowhere", "--seed", "-1")
+    assert_refused(proc, "--seed='-1' is out of range", ftc_home)
 
 
 def test_results_with_a_control_character_is_refused(ftc_home, tmp_path):

@@ -128,6 +128,10 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({**record, "grad_compress": None}))
     with pytest.raises(UsageError, match=r"another job than this one \(grad_compress None -> 'powersgd'\)"):
         runs.refuse_other_job(tmp_path, "c", {**same, "grad_compress": "powersgd"})
+    (tmp_path / "run.json").write_text(json.dumps({**record, "seed": None}))
+    runs.refuse_other_job(tmp_path, "c", {**same, "seed": 42})  # the recipe's seed, given
+    with pytest.raises(UsageError, match=r"another job than this one \(seed 42 -> 7\)"):
+        runs.refuse_other_job(tmp_path, "c", {**same, "seed": 7})
 
 
 def test_resume_refuses_changed_data_or_columns_and_run_json_records_them(ftc_home, tmp_path):

@@ -6,10 +6,10 @@ its recipe (a resumed job must be the same job). No torch here: the controller i
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
                 grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="after-backward",
-                balance="even", gloo_threads="rank-cores"),
+                balance="even", gloo_threads="rank-cores", seed=42),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
                  grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
-                 gloo_threads="inherit"),
+                 gloo_threads="inherit", seed=42),
 }
 
 # What a job's gradient all-reduce may send (GRAD_COMPRESS): auto (wire_compress decides), none (fp32),
