@@ -36,7 +36,7 @@ from .jobspec import glue_dir
 from .model_files import packaged_model
 from .node import facts as node_facts
 from .node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
-from .node.recipes import POWERSGD_RANK, wire_compress
+from .node.recipes import POWERSGD_RANK, RECIPES, wire_compress
 from .report import pyplot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-shapes", default=None, metavar="NxC,...",
                    help="instead: node shapes users rent (e.g. 1x16,2x8: nodes x cores per node), ftc at 1, 2 and 4 "
                         "ranks per node against the peer's torchrun launches; into OUT/bench.json's `node_shapes`")
+    p.add_argument("--batch-split", default=None, metavar="CORES,...",
+                   help="instead: one node of each of these core counts, the recipe's batch split among 1, 2 and 4 "
+                        "ranks (the same global batch), and 4 ranks of the whole batch each (4x the global batch); "
+                        "into OUT/bench.json's `batch_split`: what ftc's default ranks per node rests on")
     p.add_argument("--launch", action="store_true",
                    help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
                         "torchrun on the same cores, at the largest --ranks; into OUT/bench.json's `launch`")
@@ -121,6 +125,8 @@ def checked(args: argparse.Namespace) -> None:
         if unknown or not args.levers:
             raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a lever; allowed: {', '.join(allowed)}"
                              + (f" (with {option('network')})" if args.network else ""))
+    if args.batch_split is not None:  # nodes of this host's cores
+        args.batch_split = whole_list(1, len(physical_cores()))("batch_split", args.batch_split)
     writable_dir("out", args.out)
     if args.bootstrap:
         return
@@ -397,6 +403,8 @@ def measure(args: argparse.Namespace) -> int:
                   ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
     if args.node_shapes:
         return node_shapes_report(bench, args.node_shapes)
+    if args.batch_split:
+        return batch_split_report(bench, args.batch_split)
     print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {bench.cores_per_rank} per simulated "
           f"node, ranks {rank_counts}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
           f"allocator {bench.allocator or 'glibc'}", flush=True)
@@ -984,6 +992,64 @@ def node_shapes_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
               f"peer {e['peer_launch']} {e['peer_rows_per_s']:.1f}: {e['speedup_vs_peer']:.2f}x"
               + (f", efficiency {e['efficiency']:.2f}" if "efficiency" in e else ""))
     print(f"wrote {report_path} (node_shapes)")
+    return 0
+
+
+def split_launches(cores: int, batch: int) -> list[tuple[int, int]]:
+    """--batch-split on a node of `cores`: (ranks, rows per rank) with `batch` split among 1, 2 and 4
+    ranks where they divide the cores and the batch, then the most ranks with the whole batch each. Pure."""
+    ppns = [p for p in RANKS_PER_NODE if cores % p == 0 and batch % p == 0]
+    return [(ppn, batch // ppn) for ppn in ppns] + ([(ppns[-1], batch)] if ppns[-1] > 1 else [])
+
+
+def split_entry(cores: int, batch: int, rates: dict[tuple[int, int], list[float]], default: int) -> dict:
+    """One node size's row of bench.json's batch_split: each launch's median and [min, max], the fastest
+    at the recipe's global batch, and ftc's default launch (`default` ranks) against it. Pure."""
+    def named(ppn: int, per_rank: int) -> str:
+        return f"{ppn}x{cores // ppn} batch {per_rank}"
+    medians = {launch: summary(runs) for launch, runs in rates.items()}
+    same = [launch for launch in medians if launch[0] * launch[1] == batch]
+    fastest = max(same, key=lambda launch: medians[launch][0])
+    default_launch = (default, batch // default)
+    return {"cores_per_node": cores, "global_batch": batch, "fastest_same_batch": named(*fastest),
+            "default_launch": named(*default_launch),
+            "default_vs_fastest": round(medians[default_launch][0] / medians[fastest][0], 3),
+            "launches": {named(*launch): {"ranks": launch[0], "batch_per_rank": launch[1],
+                                          "global_batch": launch[0] * launch[1], "rows_per_s": m[0],
+                                          "rows_per_s_range": m[1], "runs": rates[launch]}
+                         for launch, m in medians.items()}}
+
+
+def batch_split_report(bench: Bench, node_cores: list[int]) -> int:
+    """--batch-split: each node size's launches alternating, `repeats` rounds on the same cores and rows,
+    then merged into OUT/bench.json as `batch_split`."""
+    batch = RECIPES["ftc"]["batch_size"]
+    print(f"batch split on {node_facts.cpu_info()[0]}: nodes of {', '.join(map(str, node_cores))} cores, the "
+          f"recipe's batch of {batch}; {bench.rows} rows per pass, {bench.repeats} rounds alternating", flush=True)
+    entries = []
+    for cores in node_cores:
+        rates: dict[tuple[int, int], list[float]] = {}
+        for repeat in range(bench.repeats):
+            for ppn, per_rank in split_launches(cores, batch):
+                run = replace(bench, cores_per_rank=cores // ppn).ftc(
+                    f"split-{cores}c-{ppn}x{cores // ppn}-b{per_rank}-r{repeat}", ppn, extra=["--batch-size", str(per_rank)])
+                rates.setdefault((ppn, per_rank), []).append(whole_pass(run)["rows_per_s"])
+        entries.append(split_entry(cores, batch, rates, default_ppn(1)))
+    report_path = bench.out / "bench.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report["batch_split"] = {"cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                             "command": f"ftc bench --batch-split {','.join(map(str, node_cores))} --rows {bench.rows} "
+                                        f"--repeats {bench.repeats}",
+                             "method": f"whole passes of MRPC's first rows, {bench.model.name} (distilbert's "
+                                       "architecture), ftc's recipe, the launches alternating in each round; one "
+                                       "node: its ranks pinned to disjoint cores, gloo over loopback TCP",
+                             "rows_per_pass": bench.rows, "repeats": bench.repeats,
+                             "allocator": bench.allocator or "glibc", "nodes": entries}
+    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    for e in entries:
+        print(f"{e['cores_per_node']} cores, global batch {e['global_batch']}: fastest {e['fastest_same_batch']}; "
+              f"the default {e['default_launch']} at {e['default_vs_fastest']:.2f}x it")
+    print(f"wrote {report_path} (batch_split)")
     return 0
 
 

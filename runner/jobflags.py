@@ -32,7 +32,8 @@ JOB_FLAGS = {
                      "average; after backward only)",
     "flows": "gloo TCP connections per peer (default: on EC2 as many as fill the instance's link, 3 at 25 Gbit/s, "
              "since each flow is capped at 10; elsewhere 1)",
-    "ppn": "ranks per node (default: one per socket; 4 on a 16-core node trains faster, with a larger global batch)",
+    "ppn": "ranks per node (default: one per socket, the fastest at the recipe's global batch; more ranks are "
+           "faster only as each adds its batch to the global batch: docs/performance.md)",
     "seed": "the random seed of the new head's weights, the data's order, dropout and PowerSGD (default 42): "
             "a run with another seed measures the spread of a recipe's accuracy",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",

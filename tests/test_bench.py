@@ -94,7 +94,9 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
     (["--ranks", "1,256", "--cores-per-rank", "1024"], "--ranks=1,256 with --cores-per-rank=1024"),
     (["--tokenizer", "{tmp}/no-vocab"], "--tokenizer='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
     (["--quick=maybe"], "--quick='maybe' is not a boolean"),
-], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean"])
+    (["--batch-split", "0"], "--batch-split='0' is out of range; allowed: 1.."),
+    (["--batch-split", "100000"], "--batch-split='100000' is out of range; allowed: 1.."),
+], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean", "no cores", "more cores"])
 def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     (tmp_path / "afile").write_text("a file")
     (tmp_path / "no-vocab").mkdir()
@@ -177,3 +179,24 @@ def test_network_runs_of_other_node_counts_merge_into_one_report_only_for_the_sa
         (2, "flows"), (4, "flows"), (4, "ceiling")]
     elsewhere = network_merged(second, report([4], machine="2-core host"))
     assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["commands"] == ["--ranks [4]"]
+
+
+def test_batch_split_keeps_the_global_batch_then_adds_the_larger_one_for_reference():
+    from runner.bench import split_launches
+    assert split_launches(16, 32) == [(1, 32), (2, 16), (4, 8), (4, 32)]
+    assert split_launches(6, 32) == [(1, 32), (2, 16), (2, 32)]  # 4 ranks do not divide 6 cores
+    assert split_launches(1, 32) == [(1, 32)]  # nothing to split: no reference either
+
+
+def test_batch_split_entry_names_the_fastest_launch_at_the_recipes_global_batch_and_the_default_against_it():
+    from runner.bench import split_entry
+    rates = {(1, 32): [80.0, 86.0, 83.0], (2, 16): [74.0, 79.0, 71.0], (4, 8): [68.0, 66.0, 71.0],
+             (4, 32): [107.0, 106.0, 109.0]}
+    entry = split_entry(16, 32, rates, default=1)
+    assert entry["fastest_same_batch"] == entry["default_launch"] == "1x16 batch 32"  # 4x32 is another recipe
+    assert entry["default_vs_fastest"] == 1.0
+    assert entry["launches"]["4x4 batch 8"] == {"ranks": 4, "batch_per_rank": 8, "global_batch": 32,
+                                                "rows_per_s": 68.0, "rows_per_s_range": [66.0, 71.0],
+                                                "runs": [68.0, 66.0, 71.0]}
+    slower_default = split_entry(16, 32, {**rates, (2, 16): [90.0]}, default=1)
+    assert slower_default["fastest_same_batch"] == "2x8 batch 16" and slower_default["default_vs_fastest"] == 0.922
