@@ -504,7 +504,7 @@ def make_report(bench: Bench, args, seed: dict, scaling: list[dict], levers: lis
     seed_tokens = seed["train_tokens"] / seed["train_samples"]
     top_runs = sorted((runs[f"ftc-{top}-r{i}"] for i in range(bench.repeats)), key=lambda r: whole_pass(r)["rows_per_s"])
     timeline_run = top_runs[len(top_runs) // 2]  # the median run's
-    allreduce = measure_allreduce(bench.out, scaling, physical, bench.cores_per_rank, bench.mpi, ftc1)
+    allreduce = measure_allreduce(bench.out, scaling, physical, bench.cores_per_rank, bench.mpi, timeline_run)
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": node_facts.cpu_info()[0],
         "physical_cores": len(physical), "native_bf16": node_facts.native_bf16(node_facts.cpu_info()[1]),
@@ -545,10 +545,10 @@ def make_report(bench: Bench, args, seed: dict, scaling: list[dict], levers: lis
 
 
 def measure_allreduce(out: Path, scaling: list[dict], physical: list[int], cores_per_rank: int, mpi: str,
-                      ftc1: dict) -> dict[int, float]:
-    """The all-reduce of the gradient, in ftc's all-reduce precision, timed at each rank count."""
+                      several: dict) -> dict[int, float]:
+    """The all-reduce of the gradient as `several` (a run of several ranks) sent it, timed at each rank count."""
     return {row["ranks"]: allreduce_seconds(out, row["ranks"], physical[:row["ranks"] * cores_per_rank],
-                                            cores_per_rank, mpi, gradient_bytes(ftc1) / 1e6)
+                                            cores_per_rank, mpi, gradient_bytes(several) / 1e6)
             for row in scaling if row["ranks"] > 1}
 
 
@@ -564,9 +564,10 @@ def planner_figures(timeline: list[dict], allreduce_idle_s: float) -> dict:
             "wait_share": round(wait / compute, 4) if compute else None, "compute_s": round(compute, 4)}
 
 
-def gradient_bytes(ftc1: dict) -> float:
+def gradient_bytes(run: dict) -> float:
+    """The gradient's bytes as a run of several ranks sent them (its results' grad_compress)."""
     from provision.estimate import gradient_bytes as of_precision
-    return of_precision(bf16=ftc1["precision"] == "bf16")
+    return of_precision(bf16=run["grad_compress"] == "bf16")
 
 
 def accuracy(out: Path, data_dir: Path, pretrained: Path, physical: list[int], mpi: str, with_seed: bool) -> int:
@@ -728,8 +729,8 @@ NETWORK_LEVERS = {
     "flows-overlap": NetworkLever("flows, the all-reduce overlapped with backward in DDP's buckets", True, overlap=True),
     "flows-batch-2x": NetworkLever("flows, twice the rows per node a step: a recipe change (global batch x2, its lr "
                                    "the user's to scale)", True, batch_factor=2),
-    "flows-powersgd": NetworkLever("flows, the weight matrices as PowerSGD's rank-4 factors with error feedback "
-                                   "(an approximate average: a numerics change)", True, grad_compress="powersgd"),
+    "flows-powersgd": NetworkLever(f"flows, the weight matrices as PowerSGD's rank-{POWERSGD_RANK} factors with error "
+                                   "feedback (an approximate average: a numerics change)", True, grad_compress="powersgd"),
     "ceiling": NetworkLever("no gradient exchange (--no-grad-sync): the simulated nodes share one host's memory and "
                             "caches, which real nodes do not; efficiency against it is what the network costs", True,
                             sync=False),
@@ -751,10 +752,11 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
                   ftc_extra=["--grad-compress", args.grad_compress] if args.grad_compress else [])
     alone = [whole_pass(bench.ftc(f"net-1-r{i}", 1))["rows_per_s"] for i in range(bench.repeats)]
     sim_rate, ftc1 = summary(alone)[0], bench.runs["net-1-r0"]
-    wire_bf16 = wire_compress(args.grad_compress or "auto", ftc1["precision"] == "bf16") == "bf16"
+    asked = args.grad_compress or "auto"
+    wire_bf16 = wire_compress(asked, ftc1["precision"] == "bf16", 2) == "bf16"  # as a node among several sends it
     sim_bytes = parameter_count(bench.model) * (2 if wire_bf16 else 4)
     real_rate = plan_node_rate(kind_name)
-    real_bytes = estimate.gradient_bytes(bf16=kind.native_bf16)
+    real_bytes = estimate.gradient_bytes(bf16=wire_compress(asked, kind.native_bf16, 2) == "bf16")
     rates = netem.scaled_rates(estimate.EC2_FLOW_GBPS, kind.network_gbps, sim_rate, sim_bytes, real_rate, real_bytes)
     flows = netem.flows_to_fill(rates)
     machine = f"{node_facts.cpu_info()[0]}, {len(physical)} physical cores, {bench.cores_per_rank} per simulated node"

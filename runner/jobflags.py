@@ -4,7 +4,7 @@ builds the parser, so it would pay their import).
 """
 
 from .node import glue
-from .node.recipes import POWERSGD_RANK
+from .node.recipes import POWERSGD_RANK, RECIPES
 
 JOB_FLAGS = {
     "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own --train-file and --validation-file)",
@@ -34,7 +34,8 @@ JOB_FLAGS = {
              "since each flow is capped at 10; elsewhere 1)",
     "ppn": "ranks per node (default: one per socket, the fastest at the recipe's global batch; more ranks are "
            "faster only as each adds its batch to the global batch: docs/performance.md)",
-    "seed": "the random seed of the new head's weights, the data's order, dropout and PowerSGD (default 42): "
+    "seed": f"the random seed of the new head's weights, the data's order, dropout and PowerSGD (default "
+            f"{RECIPES['ftc']['seed']}): "
             "a run with another seed measures the spread of a recipe's accuracy",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
     "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",

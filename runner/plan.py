@@ -59,7 +59,7 @@ def plan_compress(args: argparse.Namespace) -> str:
 def wire_bf16(compress: str, cls: str) -> bool:
     """Whether the gradient crosses in bf16, as a job on that CPU class decides (recipes.wire_compress);
     PowerSGD's factors are counted apart (estimate.low_rank_bytes)."""
-    return wire_compress(compress, cls == "bf16") == "bf16"
+    return wire_compress(compress, cls == "bf16", 2) == "bf16"  # any node count that exchanges
 
 
 def plan_rate(given: str | None, bench: dict, kind, cls: str, params: int) -> tuple[float, str]:

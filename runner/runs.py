@@ -64,9 +64,9 @@ def refuse_reuse(key: str, given: str | Path, run_dir: str | Path | None = None)
 SAME_JOB = ("task", "model", "data_dir", "train_file", "validation_file", "recipe", "batch_size", "epochs", "lr",
             "max_train_samples", "precision", "dropout", "world_size", "text_columns", "label_column", "train_sha256",
             "validation_sha256", "grad_compress", "seed")
-# Recorded only since the data's content and columns (and the gradient's compression, the seed) were: a
-# run.json without them is not told apart by them.
-RECORDED_LATER = ("text_columns", "label_column", "train_sha256", "validation_sha256", "grad_compress", "seed")
+# Recorded only since the data's content and columns (and the gradient's compression) were: a run.json
+# without them is not told apart by them. (The seed is not among them: before SEED every job ran 42.)
+RECORDED_LATER = ("text_columns", "label_column", "train_sha256", "validation_sha256", "grad_compress")
 LEFT_TO_RECIPE = ("batch_size", "epochs", "lr", "precision", "seed")  # unset (None, or precision auto): the recipe's
 
 

@@ -275,3 +275,18 @@ def test_a_space_separated_host_list_is_echoed_as_given_and_no_host_is_glued_tog
     assert resolve_spec({"provider": "ssh", "hosts": " alice@h1 , bob@h2 "}, {}).hosts == ["alice@h1:22", "bob@h2:22"]
     proc = ftc("up", "--provider", "ssh", "--hosts", "alice@h1 bob@h2", "--name", "spaced")
     assert_refused(proc, "'alice@h1 bob@h2' is not a host (hosts are separated by commas", ftc_home)
+
+
+def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_ones_to_plan():
+    from runner.jobflags import JOB_FLAGS
+    given = {key: f"v{i}" for i, key in enumerate(JOB_FLAGS)}
+    assignments = [f"{key.upper()}={value}" for key, value in given.items()]
+    for target in ("finetune", "run", "sweep"):
+        dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+        missing = [key for key, value in given.items() if f"--{key.replace('_', '-')}='{value}'" not in dry]
+        assert missing == [], f"make {target} drops {missing}"
+    dry = subprocess.run(["make", "-n", "-s", "plan", *assignments], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    for key in ("task", "model", "epochs", "batch_size", "flows", "allreduce", "grad_compress"):  # what ftc plan models
+        assert f"--{key.replace('_', '-')}='{given[key]}'" in dry

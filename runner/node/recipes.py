@@ -15,10 +15,10 @@ RECIPES = {
 # What a job's gradient all-reduce may send (GRAD_COMPRESS): auto (wire_compress decides), none (fp32),
 # bf16, or powersgd (low-rank factors with error feedback: an approximate average, never a default).
 GRAD_COMPRESS = ("auto", "none", "bf16", "powersgd")
-POWERSGD_RANK = 4  # the factors' rank: 1.40x the default at 4 nodes; ranks 8 and 16 kept no more accuracy (docs/performance.md)
+POWERSGD_RANK = 4  # the factors' rank: 1.40x the default at 4 nodes; 8 and 16 were as far below exact (docs/performance.md)
 
 
-def wire_compress(grad_compress: str, bf16_training: bool, world_size: int = 2) -> str:
+def wire_compress(grad_compress: str, bf16_training: bool, world_size: int) -> str:
     """What crosses the network: `auto` is the gradient in bf16 where training is in bf16 and some peer
     receives it, fp32 (none) otherwise; any other choice as asked. Pure: the training program and
     `ftc plan` both decide by it."""

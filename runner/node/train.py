@@ -157,7 +157,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=None,
                    help="every dropout probability of the model (default: its config's); 0 lets attention use fused SDPA")
     p.add_argument("--seed", type=int, default=None,
-                   help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's, 42)")
+                   help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's)")
     p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
     p.add_argument("--spot-watch", default="", metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
