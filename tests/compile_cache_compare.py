@@ -1,6 +1,7 @@
 """What a node's kept kernel cache saves: the same compiled training job twice on the same cores,
-the first with an empty cache (cold), the second reading what the first wrote (warm). Run by hand
-(on the AMX host for docs/compile_cache.json); the trainer's own compile_seconds, from results.json.
+the first with an empty cache (cold), the second reading what the first wrote (warm), then the
+same job uncompiled (what the compile buys a step). Run by hand; the trainer's own compile_seconds,
+from results.json. Each machine and torch version is one entry of docs/compile_cache.json's runs.
 
     python tests/compile_cache_compare.py --data-dir GLUE --tokenizer DIR --cores 0-3 --out docs/compile_cache.json
 """
@@ -19,13 +20,13 @@ from runner.bench import make_distilbert  # noqa: E402
 from runner.node.facts import cpu_info  # noqa: E402
 
 
-def one_job(work: Path, node_dir: Path, name: str, args) -> dict:
-    """One compiled job of `args.steps` steps; its results.json."""
+def one_job(work: Path, node_dir: Path, name: str, args, compile_mode: str = "on") -> dict:
+    """One job of `args.steps` steps, compiled or not; its results.json."""
     out = work / name
     env = {**os.environ, "FTC_NODE_DIR": str(node_dir), "OMP_NUM_THREADS": str(len(args.cpus))}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     subprocess.run(["taskset", "-c", args.cores, sys.executable, "-m", "runner.node.train", "--task", "mrpc",
-                    "--data-dir", args.data_dir, "--model", str(args.model), "--random-init", "--compile", "on",
+                    "--data-dir", args.data_dir, "--model", str(args.model), "--random-init", "--compile", compile_mode,
                     "--max-steps", str(args.steps), "--no-eval", "--no-save", "--output-dir", str(out)],
                    env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
     return json.loads((out / "results.json").read_text())
@@ -47,13 +48,22 @@ def main() -> int:
         args.model = make_distilbert(work / "model", Path(args.tokenizer), args.layers)
         cold = one_job(work, work / "node", "cold", args)
         warm = one_job(work, work / "node", "warm", args)
+        eager = one_job(work, work / "node", "eager", args, "off")
     assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm"), (cold["compile_cache"], warm["compile_cache"])
+    compiled_rate = (cold["steady_samples_per_second"] + warm["steady_samples_per_second"]) / 2
     report = {"date": date.today().isoformat(), "cpu": cpu_info()[0], "cores": len(args.cpus),
-              "model": f"distilbert, {args.layers} layers", "steps": args.steps, "precision": cold["precision"],
-              "cold_compile_s": cold["compile_seconds"], "warm_compile_s": warm["compile_seconds"],
+              "torch": cold["versions"]["torch"], "model": f"distilbert, {args.layers} layers", "steps": args.steps,
+              "precision": cold["precision"], "cold_compile_s": cold["compile_seconds"],
+              "warm_compile_s": warm["compile_seconds"],
               "warm_share": round(warm["compile_seconds"] / cold["compile_seconds"], 3),
-              "steady_samples_per_s": [cold["steady_samples_per_second"], warm["steady_samples_per_second"]]}
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+              "steady_samples_per_s": [cold["steady_samples_per_second"], warm["steady_samples_per_second"]],
+              "eager_samples_per_s": eager["steady_samples_per_second"],
+              "compiled_speedup": round(compiled_rate / eager["steady_samples_per_second"], 3)}
+    out = Path(args.out)
+    kept = json.loads(out.read_text()).get("runs", []) if out.exists() else []
+    same = (report["cpu"], report["cores"], report["torch"])
+    runs = [run for run in kept if (run.get("cpu"), run.get("cores"), run.get("torch")) != same] + [report]
+    out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     print(json.dumps(report, indent=1))
     return 0
 
