@@ -221,17 +221,17 @@ class Assumed:
     lr: float  # the recipe's; scaled with accumulation
 
 
-def lever_flags(levers: Levers) -> str:
-    """The `ftc plan` flags that model `levers` (those that differ from the defaults)."""
+def lever_flags(levers: Levers, base: Levers) -> str:
+    """The `ftc plan` flags to add to a plan of `base` to model `levers` (those that differ)."""
     flags = []
-    if levers.flows != DEFAULT_LEVERS.flows:
+    if levers.flows != base.flows:
         flags.append(f"--flows {levers.flows}")
-    if levers.overlap != DEFAULT_LEVERS.overlap:
+    if levers.overlap != base.overlap:
         flags.append(f"--allreduce {'overlap' if levers.overlap else 'after-backward'}")
-    if levers.accumulate != DEFAULT_LEVERS.accumulate:
+    if levers.accumulate != base.accumulate:
         flags.append(f"--accumulate {levers.accumulate}")
-    if levers.low_rank:
-        flags.append("--grad-compress powersgd")
+    if levers.low_rank != base.low_rank:
+        flags.append("--grad-compress powersgd" if levers.low_rank else "--grad-compress auto")
     return " ".join(flags)
 
 
@@ -311,7 +311,7 @@ def _why_not(larger: list[PlanRow], levers: Levers, assumed: Assumed,
             f"{flow_limited_gbps(assumed.network_gbps, levers.flows):g} Gbit/s, {flows}"
             + (f"; {exposed * 1000:.0f} ms of it outlasts backward)" if levers.overlap else ")"))
     relation = "takes longer than" if exposed >= compute else f"takes {exposed / compute:.0%} of"
-    tries = [f"{lever_flags(alt)} ({_headline(alt_rows)}{_recipe_note(alt, alt_rows, assumed)})"
+    tries = [f"{lever_flags(alt, levers)} ({_headline(alt_rows)}{_recipe_note(alt, alt_rows, assumed)})"
              for alt, alt_rows in alternatives]
     return f"{what} {relation} a step's compute ({compute * 1000:.0f} ms)" + (f"; try {', or '.join(tries)}" if tries else "")
 

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "ranks per node against the peer's torchrun launches; into OUT/bench.json's `node_shapes`")
     p.add_argument("--batch-split", default=None, metavar="CORES,...",
                    help="instead: one node of each of these core counts, the recipe's batch split among 1, 2 and 4 "
-                        "ranks (the same global batch), and 4 ranks of the whole batch each (4x the global batch); "
+                        "ranks where they divide it (the same global batch), and the most of them with the whole "
+                        "batch each (a larger global batch); "
                         "into OUT/bench.json's `batch_split`: what ftc's default ranks per node rests on")
     p.add_argument("--launch", action="store_true",
                    help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
@@ -145,7 +146,7 @@ def checked(args: argparse.Namespace) -> None:
                              f"{option('ranks')} (2 or more)")
     if args.node_shapes is not None:
         args.node_shapes = node_shape_list(args.node_shapes, len(physical_cores()))
-    if not args.accuracy:
+    if not (args.accuracy or args.batch_split):  # --batch-split lays out its own ranks
         args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
                                                       len(physical_cores()))
 

@@ -188,9 +188,11 @@ def _plan_parser(sub) -> None:
     p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
     p.add_argument("--batch-size", default=None, help="rows per node per step (default: the ftc recipe's, 32)")
     p.add_argument("--flows", default=None, help=f"TCP flows per ring peer, {DEFAULT_WORLD.flow_gbps:g} Gbit/s each "
-                                                 "in a placement group (default 1, as ftc's jobs)")
+                                                 "in a placement group (default as ftc's jobs: as many as fill the instance's "
+                                                 "link, 3 at 25 Gbit/s)")
     p.add_argument("--allreduce", default=None, metavar="after-backward|overlap",
-                   help="when the gradients are reduced (default after-backward, as ftc's jobs)")
+                   help="when the gradients are reduced (default after-backward, as ftc's jobs; overlap is "
+                        "modeled from its measurement: docs/performance.md)")
     p.add_argument("--accumulate", default=None,
                    help="micro-batches per all-reduce: changes the recipe (global batch, lr scaled); default 1")
     p.add_argument("--grad-compress", default=None, metavar="|".join(GRAD_COMPRESS),

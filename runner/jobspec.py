@@ -127,8 +127,9 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
         notes.append(line)
     if job.grad_compress == "powersgd":
         if (job.allreduce or RECIPES[job.recipe]["allreduce"]) == "overlap":
+            whose = "" if job.allreduce else f" (the {job.recipe} recipe's default)"
             raise UsageError(f"{label('grad_compress')}=powersgd runs after backward, but {label('allreduce')} is "
-                             "overlap (the seed recipe's default); set it to after-backward")
+                             f"overlap{whose}; set it to after-backward")
         notes.append(POWERSGD_NOTE)
     refuse_other_head(job.model, values.get("model"), labels)
     for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too

@@ -173,8 +173,10 @@ def test_alternatives_fill_the_link_and_offer_accumulation_and_overlap_only_wher
     assert estimate.alternative_levers(estimate.Levers(3, True, 2, rank), 25.0) == []
     monkeypatch.setattr(estimate, "OVERLAP_HIDES", 0.5)
     assert estimate.alternative_levers(default, 25.0)[:2] == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
-    assert estimate.lever_flags(estimate.Levers(3, True, 4)) == "--flows 3 --allreduce overlap --accumulate 4"
-    assert estimate.lever_flags(estimate.Levers(3, False, 1, rank)) == "--flows 3 --grad-compress powersgd"
+    assert estimate.lever_flags(estimate.Levers(3, True, 4), default) == "--flows 3 --allreduce overlap --accumulate 4"
+    assert estimate.lever_flags(estimate.Levers(3, False, 1, rank), default) == "--flows 3 --grad-compress powersgd"
+    # what to add to the plan in hand: on a link the defaults fill with 3 flows, not --flows 3 again
+    assert estimate.lever_flags(estimate.Levers(3, False, 4), estimate.Levers(3, False, 1)) == "--accumulate 4"
 
 
 def test_powersgd_bytes_are_distilberts_factors_and_what_crosses_whole(tmp_path):

@@ -356,6 +356,7 @@ def test_powersgd_reaches_the_training_program_with_a_note_and_is_refused_beside
     assert "--grad-compress" not in train_args(checked_job({"task": "mrpc"}, False, []), "/w/jobs/j", "stock", False)
     proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "powersgd", "--allreduce", "overlap")
     assert_refused(proc, "--grad-compress=powersgd runs after backward, but --allreduce is overlap", ftc_home)
+    assert "recipe's default" not in proc.stderr  # the user set overlap: no recipe is blamed
     proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "powersgd", "--recipe", "seed")
     assert_refused(proc, "--allreduce is overlap (the seed recipe's default)", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--grad-compress", "zip")

@@ -439,7 +439,7 @@ def start(args, env, log) -> Setup:
     setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress)
     log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {CORES} "
              f"threads {threads} backend {setup.backend} precision {precision} "
-             f"grad_compress {grad_compress} recipe {args.recipe}")
+             f"grad_compress {grad_compress} recipe {args.recipe} seed {args.seed}")
     return setup
 
 
