@@ -201,7 +201,7 @@ def _show_tails(results: Path, output: str, first: int | None) -> None:
 def results_rows(r: TrainResults) -> list[tuple[str, str]]:
     rows = [("task", r.task.upper()), ("model", r.model),
             ("world size", f"{r.world_size} ({r.nodes} node(s) x {r.ranks_per_node})"),
-            ("recipe / precision / backend", f"{r.recipe} / {r.precision} / {r.backend}"),
+            ("recipe / precision / backend / seed", f"{r.recipe} / {r.precision} / {r.backend} / {r.seed}"),
             ("train", f"{r.train_samples} samples x {r.epochs} epochs in {r.train_seconds:.0f}s"),
             ("samples/s", f"{r.samples_per_second:.1f}"),
             ("loss", f"{four_places(r.first_loss)} -> {four_places(r.final_loss)}")]

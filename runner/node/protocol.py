@@ -332,6 +332,7 @@ class TrainResults:
     labels: list[str] | None = None  # the classes in index order (the model's id2label); None: regression
     compile_cache: str = "none"  # warm | cold: the node's kernel cache when the compile began; none: not compiled
     compile_seconds: float | None = None  # what the compile cost rank 0's first steps; None: not compiled
+    seed: int = 42  # the job's random seed (results from before SEED was a job option all ran 42)
     # rank 0's wall seconds of the job's stages around its steps (train.timed): to_first_step (from started_at,
     # tokenize included), tokenize (read and tokenize the rows), evaluate and checkpoint (every epoch's), save_model
     stage_seconds: dict[str, float] = field(default_factory=dict)

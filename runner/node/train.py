@@ -860,7 +860,7 @@ def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResul
         gloo_threads=args.gloo_threads if several else "none",
         nodes=env.world_size // max(1, env.local_world_size), ranks_per_node=env.local_world_size,
         threads_per_rank=setup.threads, world_size=env.world_size, epochs=args.epochs,
-        batch_size_per_rank=args.batch_size, lr=args.lr, max_length=args.max_length,
+        batch_size_per_rank=args.batch_size, lr=args.lr, max_length=args.max_length, seed=args.seed,
         padding=args.pad_to, dropout=args.dropout, train_samples=len(train["labels"]),
         train_tokens=sum(train["lengths"]), train_samples_seen=stats.samples,
         train_tokens_seen=stats.tokens, train_seconds=round(stats.seconds, 3), **stats.rates(),
