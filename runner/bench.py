@@ -698,10 +698,7 @@ def launch_vs_torchrun(out: Path, args: argparse.Namespace, physical: list[int],
         row[f"{how}_rows_per_s"], row[f"{how}_rows_per_s_range"] = summary(values)
         row[f"{how}_rows_per_s_runs"] = values
     row["launch_speedup"] = round(row["ftc_rows_per_s"] / row["torchrun_rows_per_s"], 3)
-    report_path = out / "bench.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    report["launch"] = row
-    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    report_path = write_section(out, "launch", row)
     print(f"ftc launch / plain torchrun: {row['launch_speedup']:.2f}x ({row['ftc_rows_per_s']:.1f} vs "
           f"{row['torchrun_rows_per_s']:.1f} rows/s at {ranks} x {per_rank} cores); wrote {report_path} (launch)")
     return 0
@@ -755,7 +752,7 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
     sim_rate, ftc1 = summary(alone)[0], bench.runs["net-1-r0"]
     asked = args.grad_compress or "auto"
     wire_bf16 = wire_compress(asked, ftc1["precision"] == "bf16", 2) == "bf16"  # as a node among several sends it
-    sim_bytes = parameter_count(bench.model) * (2 if wire_bf16 else 4)
+    sim_bytes = estimate.gradient_bytes(bf16=wire_bf16, params=parameter_count(bench.model))
     real_rate = plan_node_rate(kind_name)
     real_bytes = estimate.gradient_bytes(bf16=wire_compress(asked, kind.native_bf16, 2) == "bf16")
     rates = netem.scaled_rates(estimate.EC2_FLOW_GBPS, kind.network_gbps, sim_rate, sim_bytes, real_rate, real_bytes)
@@ -789,10 +786,7 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
                            "gradient bytes and the scaled links, with docs/bench.json's planner figures (exposure, "
                            "wait share)",
               "command": "python -m runner.bench " + " ".join(sys.argv[1:]), "entries": entries}
-    report_path = out / "bench.json"
-    merged = json.loads(report_path.read_text()) if report_path.exists() else {}
-    merged["network"] = network_merged(merged.get("network"), report)
-    report_path.write_text(json.dumps(merged, indent=2, allow_nan=False))
+    report_path = write_section(out, "network", report, merge=network_merged)
     for e in entries:
         print(f"  {e['nodes']} nodes, {e['lever']}: {e['rows_per_s']:.1f} rows/s, efficiency {e['efficiency']:.2f}"
               + (f" ({e['efficiency_vs_ceiling']:.2f} of the ceiling)" if e["efficiency_vs_ceiling"] else "")
@@ -801,6 +795,16 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
                  + f" (plan {e['allreduce_predicted_ms']:.0f} ms)" if "rows_per_s_predicted" in e else ""))
     print(f"wrote {report_path} (network)")
     return 0
+
+
+def write_section(out: Path, key: str, section: dict, merge=None) -> Path:
+    """`section` into OUT/bench.json as `key`, beside what other bench modes wrote there (with `merge`,
+    merge(what `key` held, section) instead); the report's path."""
+    path = out / "bench.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[key] = merge(report.get(key), section) if merge else section
+    path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    return path
 
 
 def network_merged(previous: dict | None, report: dict) -> dict:
@@ -983,13 +987,10 @@ def node_shapes_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
     print(f"node shapes on {node_facts.cpu_info()[0]}: {', '.join(f'{n} x {c} cores' for n, c in shapes)}; "
           f"{bench.rows} rows per pass, {bench.repeats} rounds alternating, mpirun {bench.mpi}", flush=True)
     entries = measure_node_shapes(bench, shapes)
-    report_path = bench.out / "bench.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    report["node_shapes"] = {"cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-                             "rows_per_pass": bench.rows, "repeats": bench.repeats, "allocator": bench.allocator or "glibc",
-                             "simulated_nodes": "several nodes: disjoint core sets of one host, loopback TCP (gloo)",
-                             "shapes": entries}
-    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    report_path = write_section(bench.out, "node_shapes", {
+        "cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "rows_per_pass": bench.rows, "repeats": bench.repeats, "allocator": bench.allocator or "glibc",
+        "simulated_nodes": "several nodes: disjoint core sets of one host, loopback TCP (gloo)", "shapes": entries})
     for e in entries:
         print(f"{e['nodes']} x {e['cores_per_node']} cores: ftc {e['ftc_launch']} {e['ftc_rows_per_s']:.1f} rows/s, "
               f"peer {e['peer_launch']} {e['peer_rows_per_s']:.1f}: {e['speedup_vs_peer']:.2f}x"
@@ -1038,17 +1039,14 @@ def batch_split_report(bench: Bench, node_cores: list[int]) -> int:
                     f"split-{cores}c-{ppn}x{cores // ppn}-b{per_rank}-r{repeat}", ppn, extra=["--batch-size", str(per_rank)])
                 rates.setdefault((ppn, per_rank), []).append(whole_pass(run)["rows_per_s"])
         entries.append(split_entry(cores, batch, rates, default_ppn(1)))
-    report_path = bench.out / "bench.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    report["batch_split"] = {"cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-                             "command": f"ftc bench --batch-split {','.join(map(str, node_cores))} --rows {bench.rows} "
-                                        f"--repeats {bench.repeats}",
-                             "method": f"whole passes of MRPC's first rows, {bench.model.name} (distilbert's "
-                                       "architecture), ftc's recipe, the launches alternating in each round; one "
-                                       "node: its ranks pinned to disjoint cores, gloo over loopback TCP",
-                             "rows_per_pass": bench.rows, "repeats": bench.repeats,
-                             "allocator": bench.allocator or "glibc", "nodes": entries}
-    report_path.write_text(json.dumps(report, indent=2, allow_nan=False))
+    report_path = write_section(bench.out, "batch_split", {
+        "cpu": node_facts.cpu_info()[0], "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "command": f"ftc bench --batch-split {','.join(map(str, node_cores))} --rows {bench.rows} --repeats {bench.repeats}",
+        "method": f"whole passes of MRPC's first rows, {bench.model.name} (distilbert's architecture), ftc's recipe, "
+                  "the launches alternating in each round; one node: its ranks pinned to disjoint cores, gloo over "
+                  "loopback TCP",
+        "rows_per_pass": bench.rows, "repeats": bench.repeats, "allocator": bench.allocator or "glibc",
+        "nodes": entries})
     for e in entries:
         print(f"{e['cores_per_node']} cores, global batch {e['global_batch']}: fastest {e['fastest_same_batch']}; "
               f"the default {e['default_launch']} at {e['default_vs_fastest']:.2f}x it")
