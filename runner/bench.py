@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "ranks where they divide it (the same global batch), and the most of them with the whole "
                         "batch each (a larger global batch); "
                         "into OUT/bench.json's `batch_split`: what ftc's default ranks per node rests on")
+    p.add_argument("--long-jobs", default=None, metavar="NxC,...",
+                   help="instead: on each node shape, two passes a run of ftc's default launch uncompiled and "
+                        "compiled against the peer's fastest launch and the peer compiled; a long job's rate (the "
+                        "later pass), the start cost (compile), and MRPC's and QQP's training time from them; into "
+                        "OUT/bench.json's `long_jobs`")
     p.add_argument("--launch", action="store_true",
                    help="instead: examples/hf_trainer_glue.py under ftc's launch against the same script under plain "
                         "torchrun on the same cores, at the largest --ranks; into OUT/bench.json's `launch`")
@@ -145,8 +150,10 @@ def checked(args: argparse.Namespace) -> None:
             raise UsageError(f"{option('ranks')}=1: {option('network')} needs a node count above 1 in "
                              f"{option('ranks')} (2 or more)")
     if args.node_shapes is not None:
-        args.node_shapes = node_shape_list(args.node_shapes, len(physical_cores()))
-    if not (args.accuracy or args.batch_split):  # --batch-split lays out its own ranks
+        args.node_shapes = node_shape_list("node_shapes", args.node_shapes, len(physical_cores()))
+    if args.long_jobs is not None:
+        args.long_jobs = node_shape_list("long_jobs", args.long_jobs, len(physical_cores()))
+    if not (args.accuracy or args.batch_split or args.long_jobs):  # these lay out their own ranks
         args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
                                                       len(physical_cores()))
 
@@ -298,7 +305,7 @@ def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: i
 
 
 def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, peer_args: list[str],
-             pinned: bool) -> dict:
+             pinned: bool, env_extra: dict[str, str] | None = None) -> dict:
     """The peer: Hugging Face Trainer through torchrun, on the same cores as ftc's run, with
     OMP_NUM_THREADS = cores per rank. Pinned: each rank on its own share of the cores, as
     `torch.backends.xeon.run_cpu` places instances; unpinned: every rank's threads free to run
@@ -307,7 +314,7 @@ def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank:
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(cores_per_rank), "PYTHONPATH": str(REPO),
-           "FTC_PEER_PIN": "1" if pinned else "0"}
+           "FTC_PEER_PIN": "1" if pinned else "0", **(env_extra or {})}
     command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
                "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer",
                *peer_args, "--output-dir", str(job_dir)]
@@ -346,18 +353,18 @@ class Bench:
     ftc_extra: list[str] = field(default_factory=list)
     runs: dict[str, dict] = field(default_factory=dict)
 
-    def common(self, rows: int) -> list[str]:
-        """The same rows, model and single pass for every program."""
+    def common(self, rows: int, passes: int = 1) -> list[str]:
+        """The same rows, model and passes (one, unless a mode asks for more) for every program."""
         return ["--model", str(self.model), "--data-dir", str(self.data_dir), "--random-init",
-                "--max-train-samples", str(rows), "--epochs", "1"]
+                "--max-train-samples", str(rows), "--epochs", str(passes)]
 
     def cores(self, ranks: int) -> list[int]:
         return self.physical[:ranks * self.cores_per_rank]
 
     def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = (), rows: int = 0,
-            network: netem.Layout | None = None, flows: int = 1) -> dict:
+            network: netem.Layout | None = None, flows: int = 1, passes: int = 1) -> dict:
         # the timeline leaves out the first step (kernel set-up); the pass's wall time counts it
-        args = ["--task", "mrpc", *self.common(rows or self.rows), "--no-eval", "--no-save", "--log-every", "1000",
+        args = ["--task", "mrpc", *self.common(rows or self.rows, passes), "--no-eval", "--no-save", "--log-every", "1000",
                 "--warmup-steps-untimed", "1",
                 "--recipe", recipe, *(self.ftc_extra if recipe == "ftc" else []), *extra]
         self.runs[name] = run_config(name, self.out, ranks, self.cores(ranks), self.cores_per_rank, self.mpi, args,
@@ -365,9 +372,10 @@ class Bench:
         self.report(name)
         return self.runs[name]
 
-    def peer(self, name: str, ranks: int, pinned: bool) -> dict:
+    def peer(self, name: str, ranks: int, pinned: bool, passes: int = 1, extra: list[str] = (),
+             env_extra: dict[str, str] | None = None) -> dict:
         self.runs[name] = run_peer(name, self.out, ranks, self.cores(ranks), self.cores_per_rank,
-                                   self.common(self.rows), pinned)
+                                   [*self.common(self.rows, passes), *extra], pinned, env_extra)
         self.report(name)
         return self.runs[name]
 
@@ -406,6 +414,8 @@ def measure(args: argparse.Namespace) -> int:
         return node_shapes_report(bench, args.node_shapes)
     if args.batch_split:
         return batch_split_report(bench, args.batch_split)
+    if args.long_jobs:
+        return long_jobs_report(bench, args.long_jobs)
     print(f"bench on {node_facts.cpu_info()[0]}: {len(physical)} physical cores, {bench.cores_per_rank} per simulated "
           f"node, ranks {rank_counts}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
           f"allocator {bench.allocator or 'glibc'}", flush=True)
@@ -912,15 +922,16 @@ def parameter_count(model_dir: Path) -> int:
 RANKS_PER_NODE = (1, 2, 4)
 
 
-def node_shape_list(raw: str, physical: int) -> list[tuple[int, int]]:
-    """`1x16,2x8` as [(1, 16), (2, 8)]: nodes x cores per node, each shape within this host's cores."""
+def node_shape_list(name: str, raw: str, physical: int) -> list[tuple[int, int]]:
+    """`1x16,2x8` (option `name`'s value) as [(1, 16), (2, 8)]: nodes x cores per node, each shape within
+    this host's cores."""
     shapes = []
     for item in raw.split(","):
         nodes, _, cores = item.strip().partition("x")
         if not (nodes.isdigit() and cores.isdigit() and int(nodes) >= 1 and int(cores) >= 2):
-            raise UsageError(f"{option('node_shapes')}={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
+            raise UsageError(f"{option(name)}={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
         if int(nodes) * int(cores) > physical:
-            raise UsageError(f"{option('node_shapes')}={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
+            raise UsageError(f"{option(name)}={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
                              f"this host has {physical}")
         shapes.append((int(nodes), int(cores)))
     return shapes
@@ -1052,6 +1063,194 @@ def batch_split_report(bench: Bench, node_cores: list[int]) -> int:
               f"the default {e['default_launch']} at {e['default_vs_fastest']:.2f}x it")
     print(f"wrote {report_path} (batch_split)")
     return 0
+
+
+# ---- long jobs: the rate once a compile has paid back ------------------------------------------------
+
+# Passes in every --long-jobs run: the first carries what a job pays once (kernel set-up, a compile);
+# the second is the rate a long job (QQP's thousands of steps) trains at from then on.
+LONG_JOB_PASSES = 2
+# Jobs whose training time --long-jobs works out from its measured parts: 3 epochs of MRPC's and QQP's
+# training rows (GLUE's train.tsv).
+JOB_ROWS = {"mrpc, 3 epochs": 3 * 3_668, "qqp, 3 epochs": 3 * 363_846}
+
+
+@dataclass(frozen=True)
+class LongJobLaunch:
+    """One launch --long-jobs runs on a node shape."""
+    label: str  # how bench.json names it: program, nodes x ranks per node x cores per rank, and how
+    program: str  # ftc | peer
+    ranks_per_node: int
+    compiled: bool  # ftc: --compile on, kernels kept in the node's cache; the peer: Trainer's torch_compile
+    pinned: bool  # each rank on its own share of the node's cores (ftc's ranks always are)
+
+
+def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
+    """ftc's default launch (the ranks per node `ftc finetune` picks) uncompiled and compiled; the peer's
+    launch --node-shapes measured fastest (the most ranks per node, unpinned on one node), and the peer
+    compiled at one rank per node, where a compile gains most (a rank's threads are the most). Pure."""
+    ppn, most = default_ppn(1), shape_launches(nodes, cores)[0][-1]
+
+    def named(program: str, per_node: int, compiled: bool, pinned: bool) -> LongJobLaunch:
+        how = ("" if program == "ftc" else " pinned" if pinned else " unpinned") + (" compiled" if compiled else "")
+        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled,
+                             pinned)
+    return [named("ftc", ppn, False, True), named("ftc", ppn, True, True),
+            named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
+
+
+def long_job_run(results: dict, cache: str) -> dict:
+    """What one run measured: its passes ([rows, seconds] each, as the program timed them) and the
+    kernel cache it found (cold, warm, or none when not compiled). Pure."""
+    return {"cache": cache, "passes": [[e["pass_rows"], e["pass_seconds"]] for e in results["epoch_metrics"]]}
+
+
+def failure_line(output: str) -> str:
+    """The line of a failed program's output that names its error: a rank's last, without its prefix
+    (torchrun's own ChildFailedError only says a rank failed), else the last naming one. Pure."""
+    naming = [line for line in output.splitlines() if "Error" in line]
+    ranks = [line.split("]: ", 1)[1].strip() for line in naming if line.startswith("[rank") and "]: " in line]
+    return (ranks or [line.strip() for line in naming] or output.strip().splitlines()[-1:] or ["no output"])[-1]
+
+
+def later_rate(run: dict) -> float:
+    """Rows per second over the passes after the first: a long job's rate. Pure."""
+    later = run["passes"][1:]
+    return sum(rows for rows, _ in later) / sum(seconds for _, seconds in later)
+
+
+def start_cost(run: dict) -> float:
+    """What the first pass took beyond a later pass of its rows: kernel set-up, and the compile. Pure."""
+    rows, seconds = run["passes"][0]
+    return max(0.0, seconds - rows / later_rate(run))
+
+
+def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
+    """One shape's row of bench.json's long_jobs, from its runs (every round, every call): each
+    launch's later-pass rate (median, [min, max]) and start cost by kernel cache; each side's fastest
+    launch for a long job and their ratio; each of JOB_ROWS' training time worked out from those parts
+    (the start cost with the cache warm where it was measured so: a second job on the node); and the
+    launches that failed, with their error. Pure."""
+    launches: dict[str, dict] = {}
+    failed = {run["launch"]: run["failed"] for run in runs if "failed" in run}
+    runs = [run for run in runs if "failed" not in run]
+    for label in dict.fromkeys(run["launch"] for run in runs):
+        mine = [run for run in runs if run["launch"] == label]
+        rate, spread = summary([later_rate(run) for run in mine])
+        costs = {cache: summary([start_cost(run) for run in mine if run["cache"] == cache])[0]
+                 for cache in dict.fromkeys(run["cache"] for run in mine)}
+        launches[label] = {"later_rows_per_s": rate, "later_rows_per_s_range": spread, "start_cost_s": costs,
+                           "runs": [round(later_rate(run), 3) for run in mine]}
+
+    def cost(label: str) -> float:
+        costs = launches[label]["start_cost_s"]
+        return costs.get("warm", costs.get("none", costs.get("cold", 0.0)))
+
+    def fastest(program: str, rows: float | None = None) -> str:
+        mine = [label for label in launches if label.startswith(program + " ")]
+        if rows is None:
+            return max(mine, key=lambda label: launches[label]["later_rows_per_s"])
+        return min(mine, key=lambda label: cost(label) + rows / launches[label]["later_rows_per_s"])
+
+    ftc, peer = fastest("ftc"), fastest("peer")
+    jobs = {}
+    for job, rows in JOB_ROWS.items():
+        mine, theirs = fastest("ftc", rows), fastest("peer", rows)
+        ftc_s = cost(mine) + rows / launches[mine]["later_rows_per_s"]
+        peer_s = cost(theirs) + rows / launches[theirs]["later_rows_per_s"]
+        jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": round(ftc_s, 1), "peer_launch": theirs,
+                     "peer_s": round(peer_s, 1), "speedup": round(peer_s / ftc_s, 3)}
+    return {"nodes": nodes, "cores_per_node": cores, "ftc_launch": ftc,
+            "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
+            "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
+            "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
+            "jobs": jobs, "launches": launches, "failed": failed}
+
+
+def long_jobs_section(cpu: str, rows: int, shapes: list[tuple[int, int]], runs: list[dict], commands: list[str],
+                      allocator: str) -> dict:
+    """bench.json's long_jobs from every run so far. Pure."""
+    return {"cpu": cpu, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commands": commands,
+            "method": f"{LONG_JOB_PASSES} whole passes of MRPC's first {rows} rows a run, distilbert's architecture "
+                      "(random weights), bf16, the launches alternating in each round; each program times its own "
+                      "passes; a long job's rate is the later passes', the start cost what the first took beyond "
+                      "them; the jobs' times are those parts added up (training only: start-up and data loading "
+                      "are not in them)",
+            "rows_per_pass": rows, "passes": LONG_JOB_PASSES, "allocator": allocator,
+            "kernel_caches": "ftc: the bench node's own (FTC_NODE_DIR/cache), the peer: TORCHINDUCTOR_CACHE_DIR, "
+                             "both under OUT: a new OUT's first round compiles cold, later rounds and calls warm "
+                             "(each run's `cache`)",
+            "shapes": [long_job_entry(n, c, [run for run in runs if run["shape"] == f"{n}x{c}"]) for n, c in shapes],
+            "runs": runs}
+
+
+def long_jobs_merged(previous: dict | None, section: dict) -> dict:
+    """`section`, with the runs of `previous` (an earlier --long-jobs call into the same OUT) when both ran
+    the same rows and passes on the same CPU: rounds measured in separate calls land in one report. Pure."""
+    if not previous or (previous["cpu"], previous["rows_per_pass"], previous["passes"]) != (
+            section["cpu"], section["rows_per_pass"], section["passes"]):
+        return section
+    runs = previous["runs"] + section["runs"]
+    shapes = list(dict.fromkeys(tuple(map(int, run["shape"].split("x"))) for run in runs))
+    return long_jobs_section(section["cpu"], section["rows_per_pass"], shapes, runs,
+                             previous["commands"] + section["commands"], section["allocator"])
+
+
+def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
+    """--long-jobs: each shape's launches (long_job_launches), alternating, `repeats` rounds on the same
+    cores and rows, two passes each; merged into OUT/bench.json as `long_jobs`."""
+    print(f"long jobs on {node_facts.cpu_info()[0]}: {', '.join(f'{n} x {c} cores' for n, c in shapes)}; "
+          f"{LONG_JOB_PASSES} passes of {bench.rows} rows a run, {bench.repeats} rounds alternating", flush=True)
+    # The bench's node: ftc's ranks keep compiled kernels in its cache, as on a cluster's node; the peer's
+    # go where torch keeps them by default, here a folder of the bench's that starts empty too.
+    os.environ["FTC_NODE_DIR"] = str(bench.out / "node")
+    peer_kernels = bench.out / "peer-kernels"
+    report = bench.out / "bench.json"
+    previous = json.loads(report.read_text()).get("long_jobs") if report.exists() else None
+    first_round = 1 + max((run["round"] for run in (previous or {}).get("runs", [])), default=0)
+    command = (f"ftc bench --long-jobs {','.join(f'{n}x{c}' for n, c in shapes)} --rows {bench.rows} "
+               f"--repeats {bench.repeats}")
+    runs: list[dict] = []
+    for round_ in range(first_round, first_round + bench.repeats):
+        for nodes, cores in shapes:
+            for launch in long_job_launches(nodes, cores):
+                if any(run["launch"] == launch.label and "failed" in run for run in (previous or {}).get("runs", []) + runs):
+                    continue  # it failed in an earlier round: it would fail again
+                run = long_job_one(bench, launch, nodes, cores, round_, peer_kernels)
+                print(f"    failed: {run['failed']}" if "failed" in run else
+                      f"    later passes {later_rate(run):.1f} rows/s, start cost {start_cost(run):.1f} s"
+                      + (f" (kernel cache {run['cache']})" if run["cache"] != "none" else ""), flush=True)
+                runs.append(run)
+        # written after every round: a run cut short (a time limit) keeps the rounds it finished
+        section = long_jobs_merged(previous, long_jobs_section(node_facts.cpu_info()[0], bench.rows, shapes, runs,
+                                                               [command], bench.allocator or "glibc"))
+        report_path = write_section(bench.out, "long_jobs", section)
+    for e in section["shapes"]:
+        print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: ftc {e['ftc_launch']} "
+              f"{e['ftc_later_rows_per_s']:.1f} rows/s, peer {e['peer_launch']} {e['peer_later_rows_per_s']:.1f}: "
+              f"{e['long_job_speedup_vs_peer']:.2f}x; "
+              + "; ".join(f"{job}: {j['speedup']:.2f}x" for job, j in e["jobs"].items()))
+    print(f"wrote {report_path} (long_jobs)")
+    return 0
+
+
+def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, round_: int, peer_kernels: Path) -> dict:
+    """One run of `launch` on its shape: what it measured (long_job_run) or, when the peer's program
+    fails, its error line: the peer is another project's program, and its failing on this job is a finding."""
+    at = replace(bench, cores_per_rank=cores // launch.ranks_per_node)
+    name, ranks = f"long-{launch.label.replace(' ', '-')}-r{round_}", nodes * launch.ranks_per_node
+    record = {"shape": f"{nodes}x{cores}", "launch": launch.label, "round": round_}
+    if launch.program == "ftc":
+        results = at.ftc(name, ranks, extra=["--compile", "on" if launch.compiled else "off"], passes=LONG_JOB_PASSES)
+        return {**record, **long_job_run(results, results["compile_cache"])}
+    warm = peer_kernels.is_dir() and any(peer_kernels.iterdir())
+    cache = ("warm" if warm else "cold") if launch.compiled else "none"
+    try:
+        results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, ["--torch-compile"] if launch.compiled else [],
+                          {"TORCHINDUCTOR_CACHE_DIR": str(peer_kernels)} if launch.compiled else None)
+    except SystemExit:  # run_peer's tail; the line that names the error is in the whole log
+        return {**record, "cache": cache, "failed": failure_line((bench.out / "runs" / name / OUTPUT_LOG).read_text())}
+    return {**record, **long_job_run(results, cache)}
 
 
 def trained_shape(target: Path, vocab_from: Path, layers: int) -> Path:

@@ -200,3 +200,97 @@ def test_batch_split_entry_names_the_fastest_launch_at_the_recipes_global_batch_
                                                 "runs": [68.0, 66.0, 71.0]}
     slower_default = split_entry(16, 32, {**rates, (2, 16): [90.0]}, default=1)
     assert slower_default["fastest_same_batch"] == "2x8 batch 16" and slower_default["default_vs_fastest"] == 0.922
+
+
+def test_long_jobs_run_ftcs_default_launch_both_ways_against_the_peers_fastest_and_the_peer_compiled():
+    from runner.bench import long_job_launches
+    assert [launch.label for launch in long_job_launches(1, 16)] == [
+        "ftc 1x1x16", "ftc 1x1x16 compiled", "peer 1x4x4 unpinned", "peer 1x1x16 pinned compiled"]
+    assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
+        "ftc 2x1x8", "ftc 2x1x8 compiled", "peer 2x4x2 pinned", "peer 2x1x8 pinned compiled"]
+    assert [launch.label for launch in long_job_launches(1, 2)] == [  # one rank: pinned, nothing else fits
+        "ftc 1x1x2", "ftc 1x1x2 compiled", "peer 1x1x2 pinned", "peer 1x1x2 pinned compiled"]
+
+
+def long_run(launch: str, round_: int, cache: str, first_s: float, later_s: float, rows: int = 100) -> dict:
+    return {"shape": "1x16", "launch": launch, "round": round_, "cache": cache,
+            "passes": [[rows, first_s], [rows, later_s]]}
+
+
+def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for_each_job():
+    from runner.bench import JOB_ROWS, long_job_entry, start_cost
+    runs = [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0), long_run("ftc 1x1x16 compiled", 1, "cold", 100.8, 0.8),
+            long_run("peer 1x4x4 unpinned", 1, "none", 1.5, 1.25),
+            long_run("ftc 1x1x16", 2, "none", 2.0, 1.25), long_run("ftc 1x1x16 compiled", 2, "warm", 40.8, 0.8),
+            long_run("peer 1x4x4 unpinned", 2, "none", 1.5, 1.25)]
+    assert start_cost(runs[1]) == 100.0 and start_cost(runs[4]) == 40.0  # beyond a later pass of its rows
+    entry = long_job_entry(1, 16, runs)
+    compiled = entry["launches"]["ftc 1x1x16 compiled"]
+    assert compiled["later_rows_per_s"] == 125.0 and compiled["start_cost_s"] == {"cold": 100.0, "warm": 40.0}
+    assert entry["launches"]["ftc 1x1x16"]["later_rows_per_s_range"] == [80.0, 100.0]
+    assert (entry["ftc_launch"], entry["peer_launch"]) == ("ftc 1x1x16 compiled", "peer 1x4x4 unpinned")
+    assert entry["long_job_speedup_vs_peer"] == round(125 / 80, 3)
+    mrpc, qqp = entry["jobs"]["mrpc, 3 epochs"], entry["jobs"]["qqp, 3 epochs"]
+    # MRPC: the warm compile's 40 s is more than it saves there, so ftc's fastest for it is uncompiled
+    assert mrpc["ftc_launch"] == "ftc 1x1x16" and mrpc["ftc_s"] == round(0.875 + JOB_ROWS["mrpc, 3 epochs"] / 90, 1)
+    assert qqp["ftc_launch"] == "ftc 1x1x16 compiled" and qqp["ftc_s"] == round(40 + JOB_ROWS["qqp, 3 epochs"] / 125, 1)
+    assert qqp["peer_s"] == round(0.25 + JOB_ROWS["qqp, 3 epochs"] / 80, 1)
+    assert qqp["speedup"] == round(qqp["peer_s"] / qqp["ftc_s"], 3) and 1.5 < qqp["speedup"] < 1.6
+
+
+def test_long_jobs_runs_of_another_call_merge_only_for_the_same_cpu_rows_and_passes():
+    from runner.bench import long_jobs_merged, long_jobs_section
+    first = long_jobs_section("cpu A", 100, [(1, 16)], [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0),
+                                                       long_run("peer 1x4x4 unpinned", 1, "none", 2.0, 1.0)],
+                              ["call 1"], "glibc")
+    second = long_jobs_section("cpu A", 100, [(1, 16)], [long_run("ftc 1x1x16", 2, "none", 2.0, 0.5),
+                                                        long_run("peer 1x4x4 unpinned", 2, "none", 2.0, 1.0)],
+                               ["call 2"], "glibc")
+    merged = long_jobs_merged(first, second)
+    assert merged["commands"] == ["call 1", "call 2"] and len(merged["runs"]) == 4
+    assert merged["shapes"][0]["launches"]["ftc 1x1x16"]["runs"] == [100.0, 200.0]
+    other_cpu = {**second, "cpu": "cpu B"}
+    assert long_jobs_merged(first, other_cpu) == other_cpu
+    assert long_jobs_merged(None, second) == second
+
+
+@pytest.mark.slow
+def test_long_jobs_bench_compiles_cold_then_warm_from_the_kept_kernels_on_both_sides(ftc_home, tmp_path):
+    out = tmp_path / "bench"
+    proc = ftc("bench", "--long-jobs", "1x2", "--quick", "--rows", "64", "--repeats", "2", "--out", str(out),
+               timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    section = json.loads((out / "bench.json").read_text())["long_jobs"]
+    caches = {(run["launch"], run["round"]): run["cache"] for run in section["runs"]}
+    entry = section["shapes"][0]
+    assert {key: cache for key, cache in caches.items() if not key[0].startswith("peer 1x1x2 pinned compiled")} == {
+        ("ftc 1x1x2", 1): "none", ("ftc 1x1x2 compiled", 1): "cold", ("peer 1x1x2 pinned", 1): "none",
+        ("ftc 1x1x2", 2): "none", ("ftc 1x1x2 compiled", 2): "warm", ("peer 1x1x2 pinned", 2): "none"}
+    # Trainer's own compile either ran cold then warm, or failed once (torch 2.13's inductor on this job)
+    # and was not tried again, its error kept
+    peer_compiled = [run for run in section["runs"] if run["launch"] == "peer 1x1x2 pinned compiled"]
+    if "failed" in peer_compiled[0]:
+        assert len(peer_compiled) == 1 and "Error" in entry["failed"]["peer 1x1x2 pinned compiled"]
+    else:
+        assert [run["cache"] for run in peer_compiled] == ["cold", "warm"] and entry["failed"] == {}
+    assert all(run["passes"] == [[64, run["passes"][0][1]], [64, run["passes"][1][1]]]
+               for run in section["runs"] if "failed" not in run)
+    compiled = json.loads((out / "runs" / "long-ftc-1x1x2-compiled-r2" / "results.json").read_text())
+    assert compiled["compile"].startswith("on") and compiled["compile_cache"] == "warm"
+    assert set(entry["jobs"]) == {"mrpc, 3 epochs", "qqp, 3 epochs"} and entry["long_job_speedup_vs_peer"] > 0
+
+
+def test_a_failed_peer_launch_is_kept_with_the_line_naming_its_error_and_left_out_of_the_rates():
+    from runner.bench import failure_line, long_job_entry
+    log = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1\n"
+           "[rank0]: torch._inductor.exc.InductorError: AssertionError: For 768*s16, expected [s16]\n"
+           "ChildFailedError:\n  traceback : To enable traceback see")
+    assert failure_line(log) == "torch._inductor.exc.InductorError: AssertionError: For 768*s16, expected [s16]"
+    assert failure_line("ChildFailedError: rank 0\nmore") == "ChildFailedError: rank 0"
+    assert failure_line("killed\n") == "killed" and failure_line("") == "no output"
+    runs = [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0), long_run("peer 1x4x4 unpinned", 1, "none", 1.5, 1.25),
+            {"shape": "1x16", "launch": "peer 1x1x16 pinned compiled", "round": 1, "cache": "cold",
+             "failed": "InductorError: AssertionError"}]
+    entry = long_job_entry(1, 16, runs)
+    assert entry["failed"] == {"peer 1x1x16 pinned compiled": "InductorError: AssertionError"}
+    assert set(entry["launches"]) == {"ftc 1x1x16", "peer 1x4x4 unpinned"} and entry["peer_launch"] == "peer 1x4x4 unpinned"

@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps-untimed", type=int, default=3)
     p.add_argument("--eval", action="store_true", help="score MRPC dev after training (accuracy runs)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--torch-compile", action="store_true",
+                   help="Trainer's own torch.compile (inductor); its kernels cached where TORCHINDUCTOR_CACHE_DIR says")
     return p.parse_args(argv)
 
 
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
         num_train_epochs=args.epochs, max_steps=steps, warmup_steps=int(0.06 * planned), lr_scheduler_type="linear",
         train_sampling_strategy="group_by_length", dataloader_num_workers=0, ddp_find_unused_parameters=False,
         eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
-        seed=args.seed)
+        seed=args.seed, torch_compile=args.torch_compile)
     collator = CountingCollator(DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8))
     timer = step_timer(args.warmup_steps_untimed)
     trainer = Trainer(model=model, args=training, train_dataset=train, data_collator=collator, callbacks=[timer])
@@ -181,7 +183,8 @@ def results_of(args, timer, collator, world: int, precision: str, native: bool, 
     return {"trainer": "transformers.Trainer", "task": args.task, "model": args.model, "precision": precision,
             "native_bf16": native, "world_size": world, "threads_per_rank": torch.get_num_threads(),
             "batch_size_per_rank": args.batch_size, "lr": args.lr, "epochs": args.epochs, "sampling": "group_by_length",
-            "padding": "longest, multiple of 8", "steps": len(timer.ends), "steady_steps": steps,
+            "padding": "longest, multiple of 8",
+            "torch_compile": args.torch_compile, "steps": len(timer.ends), "steady_steps": steps,
             "steady_samples_per_second": round(samples / seconds, 3) if seconds else 0.0,
             "steady_tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
             "train_samples": rows, "train_tokens": real_tokens, "epoch_metrics": passes,
