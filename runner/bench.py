@@ -1086,17 +1086,18 @@ class LongJobLaunch:
 
 
 def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
-    """ftc's default launch (the ranks per node `ftc finetune` picks) uncompiled and compiled; the peer's
-    launch --node-shapes measured fastest (the most ranks per node, unpinned on one node), and the peer
-    compiled at one rank per node, where a compile gains most (a rank's threads are the most). Pure."""
+    """ftc's default launch (the ranks per node `ftc finetune` picks) uncompiled and compiled, and ftc
+    compiled at the peer's fastest launch; the peer's launch --node-shapes measured fastest (the most
+    ranks per node, unpinned on one node), and the peer compiled at one rank per node, where a compile
+    gains most (a rank's threads are the most). Pure."""
     ppn, most = default_ppn(1), shape_launches(nodes, cores)[0][-1]
 
     def named(program: str, per_node: int, compiled: bool, pinned: bool) -> LongJobLaunch:
         how = ("" if program == "ftc" else " pinned" if pinned else " unpinned") + (" compiled" if compiled else "")
         return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled,
                              pinned)
-    return [named("ftc", ppn, False, True), named("ftc", ppn, True, True),
-            named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
+    ftc = [named("ftc", ppn, False, True), *(named("ftc", p, True, True) for p in dict.fromkeys((ppn, most)))]
+    return ftc + [named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
 
 
 def long_job_run(results: dict, cache: str) -> dict:
@@ -1221,10 +1222,10 @@ def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
                       f"    later passes {later_rate(run):.1f} rows/s, start cost {start_cost(run):.1f} s"
                       + (f" (kernel cache {run['cache']})" if run["cache"] != "none" else ""), flush=True)
                 runs.append(run)
-        # written after every round: a run cut short (a time limit) keeps the rounds it finished
-        section = long_jobs_merged(previous, long_jobs_section(node_facts.cpu_info()[0], bench.rows, shapes, runs,
-                                                               [command], bench.allocator or "glibc"))
-        report_path = write_section(bench.out, "long_jobs", section)
+                # written after every run: a bench cut short (a time limit) keeps the runs it finished
+                section = long_jobs_merged(previous, long_jobs_section(
+                    node_facts.cpu_info()[0], bench.rows, shapes, runs, [command], bench.allocator or "glibc"))
+                report_path = write_section(bench.out, "long_jobs", section)
     for e in section["shapes"]:
         print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: ftc {e['ftc_launch']} "
               f"{e['ftc_later_rows_per_s']:.1f} rows/s, peer {e['peer_launch']} {e['peer_later_rows_per_s']:.1f}: "

@@ -205,9 +205,9 @@ def test_batch_split_entry_names_the_fastest_launch_at_the_recipes_global_batch_
 def test_long_jobs_run_ftcs_default_launch_both_ways_against_the_peers_fastest_and_the_peer_compiled():
     from runner.bench import long_job_launches
     assert [launch.label for launch in long_job_launches(1, 16)] == [
-        "ftc 1x1x16", "ftc 1x1x16 compiled", "peer 1x4x4 unpinned", "peer 1x1x16 pinned compiled"]
+        "ftc 1x1x16", "ftc 1x1x16 compiled", "ftc 1x4x4 compiled", "peer 1x4x4 unpinned", "peer 1x1x16 pinned compiled"]
     assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
-        "ftc 2x1x8", "ftc 2x1x8 compiled", "peer 2x4x2 pinned", "peer 2x1x8 pinned compiled"]
+        "ftc 2x1x8", "ftc 2x1x8 compiled", "ftc 2x4x2 compiled", "peer 2x4x2 pinned", "peer 2x1x8 pinned compiled"]
     assert [launch.label for launch in long_job_launches(1, 2)] == [  # one rank: pinned, nothing else fits
         "ftc 1x1x2", "ftc 1x1x2 compiled", "peer 1x1x2 pinned", "peer 1x1x2 pinned compiled"]
 
