@@ -1153,6 +1153,8 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             return max(mine, key=lambda label: launches[label]["later_rows_per_s"])
         return min(mine, key=lambda label: cost(label) + rows / launches[label]["later_rows_per_s"])
 
+    if not (any(label.startswith("ftc ") for label in launches) and any(label.startswith("peer ") for label in launches)):
+        return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
     ftc, peer = fastest("ftc"), fastest("peer")
     jobs = {}
     for job, rows in JOB_ROWS.items():
@@ -1226,7 +1228,7 @@ def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
                 section = long_jobs_merged(previous, long_jobs_section(
                     node_facts.cpu_info()[0], bench.rows, shapes, runs, [command], bench.allocator or "glibc"))
                 report_path = write_section(bench.out, "long_jobs", section)
-    for e in section["shapes"]:
+    for e in (e for e in section["shapes"] if "jobs" in e):
         print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: ftc {e['ftc_launch']} "
               f"{e['ftc_later_rows_per_s']:.1f} rows/s, peer {e['peer_launch']} {e['peer_later_rows_per_s']:.1f}: "
               f"{e['long_job_speedup_vs_peer']:.2f}x; "

@@ -19,6 +19,8 @@ from runner.node.train import (
     compile_choice,
     compile_min_steps,
     compile_seconds,
+    compile_signature,
+    parse_args,
 )
 from runner.sweep import markdown, table
 from runner.transfer import data_files_on_nodes
@@ -65,6 +67,15 @@ def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
     assert compile_choice("auto", warm_min, "warm")[0]
     assert not compile_choice("auto", warm_min - 1, "warm")[0]
     assert not compile_choice("auto", warm_min, "cold")[0]
+
+
+def test_a_node_that_compiled_for_one_rank_layout_is_cold_for_another():
+    # inductor writes the rank's threads into its CPU kernels (`omp parallel num_threads(N)`), so the
+    # 4-thread ranks of a node that kept a 16-thread rank's kernels compile again, and count it so
+    args = parse_args(["--task", "mrpc", "--model", "m", "--data-dir", "d", "--output-dir", "o"])
+    assert compile_signature(args, "bf16", 16) == compile_signature(args, "bf16", 16)
+    assert compile_signature(args, "bf16", 16) != compile_signature(args, "bf16", 4)
+    assert compile_signature(args, "bf16", 16) != compile_signature(args, "fp32", 16)
 
 
 def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():

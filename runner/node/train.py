@@ -538,10 +538,12 @@ def kernel_cache(out_dir: Path, stack: str) -> Path:
     return Path(node_dir) / "cache" / f"inductor-{stack}" if node_dir else out_dir / KERNEL_CACHE_DIR
 
 
-def compile_signature(args, precision: str) -> str:
-    """What the kept kernels depend on: the model, the shapes a step sees, precision and torch."""
+def compile_signature(args, precision: str, threads: int) -> str:
+    """What the kept kernels depend on: the model, the shapes a step sees, precision, torch, and the
+    rank's threads (inductor writes them into its CPU kernels: a 16-thread rank's kernels are not a
+    4-thread rank's, so a node that compiled for one layout is cold for another)."""
     return "|".join(map(str, (args.model, args.batch_size, args.max_length, args.pad_to, precision,
-                              args.dropout, torch.__version__)))
+                              args.dropout, torch.__version__, threads)))
 
 
 def compiled_before(cache_dir: Path) -> dict:
@@ -573,7 +575,7 @@ class Compiled:
 def maybe_compile(run: Run) -> Compiled:
     args = run.args
     cache_dir = kernel_cache(run.out_dir, args.stack)
-    signature = compile_signature(args, run.setup.precision)
+    signature = compile_signature(args, run.setup.precision, torch.get_num_threads())
     cache = cache_state(cache_dir, signature, run.env) if args.compile != "off" else "cold"
     compiled, note = compile_choice(args.compile, run.total_steps, cache)
     run.log.info(f"compile: {note}")
