@@ -278,6 +278,10 @@ def test_long_jobs_bench_compiles_cold_then_warm_from_the_kept_kernels_on_both_s
     compiled = json.loads((out / "runs" / "long-ftc-1x1x2-compiled-r2" / "results.json").read_text())
     assert compiled["compile"].startswith("on") and compiled["compile_cache"] == "warm"
     assert set(entry["jobs"]) == {"mrpc, 3 epochs", "qqp, 3 epochs"} and entry["long_job_speedup_vs_peer"] > 0
+    # the bench's node noted, for these kernels, what --compile auto weighs: both compiles and both rates
+    (note_file,) = (out / "node").glob("cache/inductor-*/ftc-compiled.json")
+    ((_, noted),) = json.loads(note_file.read_text()).items()
+    assert set(noted) == {"cold_s", "warm_s", "eager_tokens_per_s", "compiled_tokens_per_s"}
 
 
 def test_a_failed_peer_launch_is_kept_with_the_line_naming_its_error_and_left_out_of_the_rates():

@@ -396,7 +396,7 @@ def main(argv=None) -> int:
             break
 
     # ---- results ----------------------------------------------------------------------------------
-    remember_compile(compiled, compile_seconds(stats), env)
+    remember_compile(compiled, stats, env)
     timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
         write_results(run, results_of(run, compiled, timeline))
@@ -512,12 +512,23 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     return model, optimizer, scheduler
 
 
-def compile_choice(mode: str, total_steps: int, cache: str = "cold") -> tuple[bool, str]:
-    """Whether to torch.compile, and why, in words for the log and results.json. With the node's
-    kernel cache warm (an earlier job compiled the same model and shapes there), the compile costs
+def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: dict | None = None,
+                   planned_rank_tokens: float = 0.0) -> tuple[bool, str]:
+    """Whether to torch.compile, and why, in words for the log and results.json. Where this node has
+    measured it for these kernels (`measured`: a compile's seconds with a cache like this one, and a
+    rank's real tokens per second eager and compiled), the compile runs when the time it saves over
+    this rank's planned tokens exceeds its measured cost. Else by planned steps: with the node's kernel
+    cache warm (an earlier job compiled the same model and shapes there), the compile costs
     WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
     if mode != "auto":
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
+    measured = measured or {}
+    cost, eager, compiled = (measured.get(key) for key in (f"{cache}_s", "eager_tokens_per_s", "compiled_tokens_per_s"))
+    if cost is not None and eager and compiled and planned_rank_tokens:
+        saving = planned_rank_tokens / eager - planned_rank_tokens / compiled
+        return saving > cost, (f"{'on' if saving > cost else 'off'} (measured on this node: a {cache} compile "
+                               f"{cost:.0f} s; a rank's steps {eager:.0f} real tokens/s eager, {compiled:.0f} "
+                               f"compiled: the {total_steps} planned steps save {saving:.0f} s)")
     min_steps = compile_min_steps(cache)
     if total_steps >= min_steps:
         return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
@@ -557,10 +568,17 @@ def compiled_before(cache_dir: Path) -> dict:
 def cache_state(cache_dir: Path, signature: str, env) -> str:
     """warm when every node's cache holds kernels compiled for this signature, else cold: the
     ranks must agree, or one would wait at its first step on another's compile."""
-    warm = torch.tensor([int(signature in compiled_before(cache_dir))])
+    noted = compiled_before(cache_dir).get(signature, {})
+    return "warm" if every_node(bool({"cold_s", "warm_s"} & noted.keys()), env) else "cold"
+
+
+def every_node(flag: bool, env) -> bool:
+    """Whether `flag` holds on every rank: each node decides from its own cache and notes, and the
+    ranks must decide alike."""
+    agreed = torch.tensor([int(flag)])
     if env.world_size > 1:
-        dist.all_reduce(warm, op=dist.ReduceOp.MIN)
-    return "warm" if warm.item() else "cold"
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
 
 
 @dataclass(frozen=True)
@@ -577,7 +595,12 @@ def maybe_compile(run: Run) -> Compiled:
     cache_dir = kernel_cache(run.out_dir, args.stack)
     signature = compile_signature(args, run.setup.precision, torch.get_num_threads())
     cache = cache_state(cache_dir, signature, run.env) if args.compile != "off" else "cold"
-    compiled, note = compile_choice(args.compile, run.total_steps, cache)
+    lengths = run.data.train["lengths"]
+    planned_rank_tokens = run.total_steps * args.batch_size * sum(lengths) / max(1, len(lengths))
+    compiled, note = compile_choice(args.compile, run.total_steps, cache, compiled_before(cache_dir).get(signature),
+                                    planned_rank_tokens)
+    if args.compile == "auto" and not every_node(compiled, run.env) and compiled:
+        compiled, note = False, f"off (another node's measurements say the compile would not pay back; here: {note})"
     run.log.info(f"compile: {note}")
     if not compiled:
         return Compiled(note, "none", cache_dir, signature)
@@ -594,15 +617,27 @@ def compile_seconds(stats: "StepStats") -> float:
     return max(0.0, stats.seconds - stats.steady_seconds - min(stats.warmup_steps, stats.steps_run) * steady)
 
 
-def remember_compile(compiled: Compiled, seconds: float, env) -> None:
-    """Each node's first rank notes in its cache what was compiled, and how long it took cold
-    or warm (written whole, then renamed: a reader never sees half a note)."""
-    if compiled.cache == "none" or env.local_rank != 0:
+def remember_compile(compiled: Compiled, stats: "StepStats", env) -> None:
+    """Each node's first rank notes in its cache, for these kernels, what this job measured: the
+    compile's seconds (cold or warm) and a rank's steady real tokens per second, compiled or eager,
+    for `--compile auto` to weigh the next job by (written whole, then renamed: a reader never sees
+    half a note)."""
+    # A run by hand keeps its kernels in its own folder, no node's: an eager one has nothing to note there.
+    kept_by_node = INDUCTOR_CACHE_GIVEN or bool(os.environ.get("FTC_NODE_DIR"))
+    if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
         return
     notes = compiled_before(compiled.cache_dir)
-    notes.setdefault(compiled.signature, {})[f"{compiled.cache}_s"] = round(seconds, 1)
+    mine = notes.setdefault(compiled.signature, {})
+    if compiled.cache != "none":
+        mine[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
+    if stats.steps_run > stats.warmup_steps and stats.steady_seconds > 0:
+        rate = stats.steady_tokens / env.world_size / stats.steady_seconds
+        mine["eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"] = round(rate, 1)
+    if not mine:
+        return
     partial = compiled.cache_dir / f"{COMPILED_FILE}.{os.getpid()}"
     try:
+        compiled.cache_dir.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(notes, indent=1))
         partial.replace(compiled.cache_dir / COMPILED_FILE)
     except OSError as exc:  # a full disk or a read-only cache: the next job compiles cold, this one's results stand
