@@ -20,6 +20,7 @@ from runner.node.train import (
     compile_min_steps,
     compile_seconds,
     compile_signature,
+    measured_here,
     parse_args,
 )
 from runner.sweep import markdown, table
@@ -70,18 +71,20 @@ def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
 
 
 def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
-    measured = {"cold_s": 170.0, "warm_s": 50.0, "eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0}
+    noted = {"cold_s": 170.0, "warm_s": 50.0, "eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0}
     # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
-    assert compile_choice("auto", 400, "warm", measured, 600_000.0) == (
+    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", 600_000.0)) == (
         True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
               "compiled: the 400 planned steps save 56 s)")
-    assert not compile_choice("auto", 400, "warm", measured, 500_000.0)[0]
-    assert not compile_choice("auto", 3000, "cold", measured, 1_800_000.0)[0]  # planned steps alone would say on
-    assert compile_choice("auto", 3000, "cold", measured, 1_900_000.0)[0]
+    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", 500_000.0))[0]
+    # planned steps alone would say on
+    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", 1_800_000.0))[0]
+    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", 1_900_000.0))[0]
     # a figure this node has not measured: by planned steps
-    assert compile_choice("auto", 400, "cold", {"warm_s": 50.0, "eager_tokens_per_s": 4000.0,
-                                                 "compiled_tokens_per_s": 6400.0}, 9e9) == compile_choice("auto", 400, "cold")
-    assert compile_choice("on", 5, "cold", measured, 1.0)[0] and not compile_choice("off", 9000, "warm", measured, 9e9)[0]
+    assert measured_here({**noted, "cold_s": None}, "cold", 9e9) is None
+    assert measured_here({"warm_s": 50.0, "eager_tokens_per_s": 4000.0}, "warm", 9e9) is None
+    assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
+    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", 9e9))[0]
 
 
 def test_a_node_that_compiled_for_one_rank_layout_is_cold_for_another():

@@ -512,23 +512,41 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     return model, optimizer, scheduler
 
 
-def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: dict | None = None,
-                   planned_rank_tokens: float = 0.0) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class Measured:
+    """What this node measured of these kernels (its cache's note), against this job's planned work."""
+    compile_s: float  # a compile with a cache like this one (cold or warm)
+    eager_tokens_per_s: float  # a rank's steady real tokens per second, eager
+    compiled_tokens_per_s: float  # the same, compiled
+    planned_rank_tokens: float  # real tokens one rank trains on in this job: steps x its batch x the mean row
+
+    @property
+    def saving_s(self) -> float:
+        return self.planned_rank_tokens / self.eager_tokens_per_s - self.planned_rank_tokens / self.compiled_tokens_per_s
+
+
+def measured_here(noted: dict, cache: str, planned_rank_tokens: float) -> Measured | None:
+    """The node's note for these kernels as Measured, or None where it lacks a figure. Pure."""
+    figures = [noted.get(key) for key in (f"{cache}_s", "eager_tokens_per_s", "compiled_tokens_per_s")]
+    if figures[0] is None or not (figures[1] and figures[2] and planned_rank_tokens):
+        return None
+    return Measured(*figures, planned_rank_tokens)
+
+
+def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
     """Whether to torch.compile, and why, in words for the log and results.json. Where this node has
-    measured it for these kernels (`measured`: a compile's seconds with a cache like this one, and a
-    rank's real tokens per second eager and compiled), the compile runs when the time it saves over
-    this rank's planned tokens exceeds its measured cost. Else by planned steps: with the node's kernel
+    measured it for these kernels (`measured`), the compile runs when the time it saves over this
+    rank's planned tokens exceeds its measured cost. Else by planned steps: with the node's kernel
     cache warm (an earlier job compiled the same model and shapes there), the compile costs
     WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
     if mode != "auto":
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
-    measured = measured or {}
-    cost, eager, compiled = (measured.get(key) for key in (f"{cache}_s", "eager_tokens_per_s", "compiled_tokens_per_s"))
-    if cost is not None and eager and compiled and planned_rank_tokens:
-        saving = planned_rank_tokens / eager - planned_rank_tokens / compiled
-        return saving > cost, (f"{'on' if saving > cost else 'off'} (measured on this node: a {cache} compile "
-                               f"{cost:.0f} s; a rank's steps {eager:.0f} real tokens/s eager, {compiled:.0f} "
-                               f"compiled: the {total_steps} planned steps save {saving:.0f} s)")
+    if measured:
+        pays = measured.saving_s > measured.compile_s
+        return pays, (f"{'on' if pays else 'off'} (measured on this node: a {cache} compile {measured.compile_s:.0f} s; "
+                      f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
+                      f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
+                      f"{measured.saving_s:.0f} s)")
     min_steps = compile_min_steps(cache)
     if total_steps >= min_steps:
         return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
@@ -597,8 +615,8 @@ def maybe_compile(run: Run) -> Compiled:
     cache = cache_state(cache_dir, signature, run.env) if args.compile != "off" else "cold"
     lengths = run.data.train["lengths"]
     planned_rank_tokens = run.total_steps * args.batch_size * sum(lengths) / max(1, len(lengths))
-    compiled, note = compile_choice(args.compile, run.total_steps, cache, compiled_before(cache_dir).get(signature),
-                                    planned_rank_tokens)
+    measured = measured_here(compiled_before(cache_dir).get(signature, {}), cache, planned_rank_tokens)
+    compiled, note = compile_choice(args.compile, run.total_steps, cache, measured)
     if args.compile == "auto" and not every_node(compiled, run.env) and compiled:
         compiled, note = False, f"off (another node's measurements say the compile would not pay back; here: {note})"
     run.log.info(f"compile: {note}")
