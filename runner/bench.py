@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.errors import OneLineParser, UsageError, option
+from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, default_ppn, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
@@ -83,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "into OUT/bench.json's `batch_split`: what ftc's default ranks per node rests on")
     p.add_argument("--long-jobs", default=None, metavar="NxC,...",
                    help="instead: on each node shape, two passes a run of ftc's default launch uncompiled and "
-                        "compiled against the peer's fastest launch and the peer compiled; a long job's rate (the "
+                        "compiled and ftc compiled at the peer's fastest launch, against that launch and the peer "
+                        "compiled (Trainer's torch_compile); a long job's rate (the "
                         "later pass), the start cost (compile), and MRPC's and QQP's training time from them; into "
                         "OUT/bench.json's `long_jobs`")
     p.add_argument("--launch", action="store_true",
@@ -112,10 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     return measure(args)
 
 
+# The bench's modes, each measuring something else ("instead: ..."): one a run.
+MODES = ("bootstrap", "accuracy", "network", "node_shapes", "batch_split", "long_jobs", "launch")
+
+
 def checked(args: argparse.Namespace) -> None:
     """Every input through the shared parsers (provision/values.py), resolved in place: the numbers,
     QUICK, a writable --out, the GLUE files, the vocabulary, and ranks that fit this host's cores."""
     args.quick = boolean("quick", args.quick)
+    modes = [name for name in MODES if getattr(args, name) not in (None, False)]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(option(name) for name in modes)} are {len(modes)} bench modes; allowed: one "
+                         "at a time")
     if args.ranks is not None:
         args.ranks = whole_list(1, 256)("ranks", args.ranks)
     if args.cores_per_rank is not None:
@@ -928,8 +938,10 @@ def node_shape_list(name: str, raw: str, physical: int) -> list[tuple[int, int]]
     shapes = []
     for item in raw.split(","):
         nodes, _, cores = item.strip().partition("x")
-        if not (nodes.isdigit() and cores.isdigit() and int(nodes) >= 1 and int(cores) >= 2):
-            raise UsageError(f"{option(name)}={item.strip()!r} is not NODESxCORES; allowed: e.g. 1x16,2x8")
+        if not (nodes.isascii() and nodes.isdecimal() and cores.isascii() and cores.isdecimal()
+                and int(nodes) >= 1 and int(cores) >= 2):
+            raise UsageError(f"{option(name)}={item.strip()!r} is not NODESxCORES, nodes of 2 cores or more; "
+                             "allowed: e.g. 1x16,2x8")
         if int(nodes) * int(cores) > physical:
             raise UsageError(f"{option(name)}={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
                              f"this host has {physical}")
@@ -1071,8 +1083,8 @@ def batch_split_report(bench: Bench, node_cores: list[int]) -> int:
 # the second is the rate a long job (QQP's thousands of steps) trains at from then on.
 LONG_JOB_PASSES = 2
 # Jobs whose training time --long-jobs works out from its measured parts: 3 epochs of MRPC's and QQP's
-# training rows (GLUE's train.tsv).
-JOB_ROWS = {"mrpc, 3 epochs": 3 * 3_668, "qqp, 3 epochs": 3 * 363_846}
+# training rows.
+JOB_ROWS = {f"{task}, 3 epochs": 3 * GLUE_TRAIN_SIZES[task] for task in ("mrpc", "qqp")}
 
 
 @dataclass(frozen=True)
@@ -1170,33 +1182,27 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             "jobs": jobs, "launches": launches, "failed": failed}
 
 
-def long_jobs_section(cpu: str, rows: int, shapes: list[tuple[int, int]], runs: list[dict], commands: list[str],
-                      allocator: str) -> dict:
-    """bench.json's long_jobs from every run so far. Pure."""
-    return {"cpu": cpu, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commands": commands,
-            "method": f"{LONG_JOB_PASSES} whole passes of MRPC's first {rows} rows a run, distilbert's architecture "
-                      "(random weights), bf16, the launches alternating in each round; each program times its own "
-                      "passes; a long job's rate is the later passes', the start cost what the first took beyond "
-                      "them; the jobs' times are those parts added up (training only: start-up and data loading "
-                      "are not in them)",
-            "rows_per_pass": rows, "passes": LONG_JOB_PASSES, "allocator": allocator,
-            "kernel_caches": "ftc: the bench node's own (FTC_NODE_DIR/cache), the peer: TORCHINDUCTOR_CACHE_DIR, "
-                             "both under OUT: a new OUT's first round compiles cold, later rounds and calls warm "
-                             "(each run's `cache`)",
+def long_jobs_section(setting: dict, runs: list[dict], commands: list[str]) -> dict:
+    """bench.json's long_jobs from every run so far of one `setting` (cpu, model, rows_per_pass, passes,
+    allocator), each shape in the order first run. Pure."""
+    shapes = list(dict.fromkeys(tuple(map(int, run["shape"].split("x"))) for run in runs))
+    return {**setting, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commands": commands,
+            "method": f"{setting['passes']} whole passes of MRPC's first {setting['rows_per_pass']} rows a run, "
+                      f"{setting['model']} (distilbert's architecture, random weights), bf16, the launches alternating "
+                      "in each round; each program times its own passes; a long job's rate is the later passes', the "
+                      "start cost what the first took beyond them; the jobs' times are those parts added up "
+                      "(training only: start-up and data loading are not in them)",
+            "kernel_caches": "ftc: the bench node's own (FTC_NODE_DIR/cache), the peer: TORCHINDUCTOR_CACHE_DIR per "
+                             "rank's threads, both under OUT: a new OUT's first round compiles cold, later rounds and "
+                             "calls warm (each run's `cache`)",
             "shapes": [long_job_entry(n, c, [run for run in runs if run["shape"] == f"{n}x{c}"]) for n, c in shapes],
             "runs": runs}
 
 
-def long_jobs_merged(previous: dict | None, section: dict) -> dict:
-    """`section`, with the runs of `previous` (an earlier --long-jobs call into the same OUT) when both ran
-    the same rows and passes on the same CPU: rounds measured in separate calls land in one report. Pure."""
-    if not previous or (previous["cpu"], previous["rows_per_pass"], previous["passes"]) != (
-            section["cpu"], section["rows_per_pass"], section["passes"]):
-        return section
-    runs = previous["runs"] + section["runs"]
-    shapes = list(dict.fromkeys(tuple(map(int, run["shape"].split("x"))) for run in runs))
-    return long_jobs_section(section["cpu"], section["rows_per_pass"], shapes, runs,
-                             previous["commands"] + section["commands"], section["allocator"])
+def same_setting(previous: dict | None, setting: dict) -> dict | None:
+    """`previous` (an earlier --long-jobs call's section in the same OUT) when it measured the same
+    setting, so that its runs and this call's land in one report; else None. Pure."""
+    return previous if previous and all(previous.get(key) == value for key, value in setting.items()) else None
 
 
 def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
@@ -1209,15 +1215,18 @@ def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
     os.environ["FTC_NODE_DIR"] = str(bench.out / "node")
     peer_kernels = bench.out / "peer-kernels"
     report = bench.out / "bench.json"
-    previous = json.loads(report.read_text()).get("long_jobs") if report.exists() else None
-    first_round = 1 + max((run["round"] for run in (previous or {}).get("runs", [])), default=0)
-    command = (f"ftc bench --long-jobs {','.join(f'{n}x{c}' for n, c in shapes)} --rows {bench.rows} "
-               f"--repeats {bench.repeats}")
+    setting = {"cpu": node_facts.cpu_info()[0], "model": bench.model.name, "rows_per_pass": bench.rows,
+               "passes": LONG_JOB_PASSES, "allocator": bench.allocator or "glibc"}
+    kept = same_setting(json.loads(report.read_text()).get("long_jobs") if report.exists() else None, setting)
+    earlier = kept["runs"] if kept else []
+    commands = (kept["commands"] if kept else []) + [
+        f"ftc bench --long-jobs {','.join(f'{n}x{c}' for n, c in shapes)} --rows {bench.rows} --repeats {bench.repeats}"]
+    first_round = 1 + max((run["round"] for run in earlier), default=0)
     runs: list[dict] = []
     for round_ in range(first_round, first_round + bench.repeats):
         for nodes, cores in shapes:
             for launch in long_job_launches(nodes, cores):
-                if any(run["launch"] == launch.label and "failed" in run for run in (previous or {}).get("runs", []) + runs):
+                if any(run["launch"] == launch.label and "failed" in run for run in earlier + runs):
                     continue  # it failed in an earlier round: it would fail again
                 run = long_job_one(bench, launch, nodes, cores, round_, peer_kernels)
                 print(f"    failed: {run['failed']}" if "failed" in run else
@@ -1225,8 +1234,7 @@ def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
                       + (f" (kernel cache {run['cache']})" if run["cache"] != "none" else ""), flush=True)
                 runs.append(run)
                 # written after every run: a bench cut short (a time limit) keeps the runs it finished
-                section = long_jobs_merged(previous, long_jobs_section(
-                    node_facts.cpu_info()[0], bench.rows, shapes, runs, [command], bench.allocator or "glibc"))
+                section = long_jobs_section(setting, earlier + runs, commands)
                 report_path = write_section(bench.out, "long_jobs", section)
     for e in (e for e in section["shapes"] if "jobs" in e):
         print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: ftc {e['ftc_launch']} "
@@ -1246,11 +1254,13 @@ def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, ro
     if launch.program == "ftc":
         results = at.ftc(name, ranks, extra=["--compile", "on" if launch.compiled else "off"], passes=LONG_JOB_PASSES)
         return {**record, **long_job_run(results, results["compile_cache"])}
-    warm = peer_kernels.is_dir() and any(peer_kernels.iterdir())
+    # one folder per rank's threads: inductor writes them into its CPU kernels, as on ftc's side
+    kernels = peer_kernels / f"{at.cores_per_rank}-threads"
+    warm = kernels.is_dir() and any(kernels.iterdir())
     cache = ("warm" if warm else "cold") if launch.compiled else "none"
     try:
         results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, ["--torch-compile"] if launch.compiled else [],
-                          {"TORCHINDUCTOR_CACHE_DIR": str(peer_kernels)} if launch.compiled else None)
+                          {"TORCHINDUCTOR_CACHE_DIR": str(kernels)} if launch.compiled else None)
     except SystemExit:  # run_peer's tail; the line that names the error is in the whole log
         return {**record, "cache": cache, "failed": failure_line((bench.out / "runs" / name / OUTPUT_LOG).read_text())}
     return {**record, **long_job_run(results, cache)}

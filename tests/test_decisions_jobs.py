@@ -71,20 +71,24 @@ def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
 
 
 def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
-    noted = {"cold_s": 170.0, "warm_s": 50.0, "eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0}
+    two = "2 ranks, gradient bf16"
+    noted = {"cold_s": 170.0, "warm_s": 50.0,
+             "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
+                       "1 ranks, gradient bf16": {"eager_tokens_per_s": 9000.0}}}
     # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
-    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", 600_000.0)) == (
+    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 600_000.0)) == (
         True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
               "compiled: the 400 planned steps save 56 s)")
-    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", 500_000.0))[0]
+    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 500_000.0))[0]
     # planned steps alone would say on
-    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", 1_800_000.0))[0]
-    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", 1_900_000.0))[0]
-    # a figure this node has not measured: by planned steps
-    assert measured_here({**noted, "cold_s": None}, "cold", 9e9) is None
-    assert measured_here({"warm_s": 50.0, "eager_tokens_per_s": 4000.0}, "warm", 9e9) is None
+    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_800_000.0))[0]
+    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_900_000.0))[0]
+    # a figure this node has not measured, for these kernels or this layout: by planned steps
+    assert measured_here({**noted, "cold_s": None}, "cold", two, 9e9) is None
+    assert measured_here(noted, "warm", "1 ranks, gradient bf16", 9e9) is None  # no compiled rate at 1 rank
+    assert measured_here(noted, "warm", "4 ranks, gradient bf16", 9e9) is None
     assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
-    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", 9e9))[0]
+    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
 
 
 def test_a_node_that_compiled_for_one_rank_layout_is_cold_for_another():

@@ -54,27 +54,30 @@ def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
 def test_compile_auto_weighs_what_this_node_measured_and_an_eager_job_notes_its_rate(glue_dir, minilm, tmp_path):
     node = tmp_path / "node"
 
-    def job(name: str, compile_mode: str) -> dict:
+    def job(name: str, compile_mode: str, steps: int) -> dict:
         out = tmp_path / name
         proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", minilm,
                                "--data-dir", str(glue_dir), "--output-dir", str(out), "--max-train-samples", "64",
-                               "--batch-size", "8", "--max-steps", "4", "--compile", compile_mode, "--no-eval",
-                               "--no-save"], capture_output=True, text=True, timeout=600,
+                               "--batch-size", "8", "--epochs", "4", "--max-steps", str(steps), "--compile",
+                               compile_mode, "--no-eval", "--no-save"], capture_output=True, text=True, timeout=600,
                               env={**os.environ, "FTC_NODE_DIR": str(node)})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         return strict_json((out / "results.json").read_text())
 
-    job("eager", "off")
+    job("smoke", "off", 4)  # too few steady steps to note a rate by
+    assert not list(node.glob("cache/inductor-*/ftc-compiled.json"))
+    job("eager", "off", 24)
     (note_file,) = node.glob("cache/inductor-*/ftc-compiled.json")  # the node's, outside the job's folder
     ((signature, noted),) = json.loads(note_file.read_text()).items()
-    assert set(noted) == {"eager_tokens_per_s"} and noted["eager_tokens_per_s"] > 0
+    ((layout, rates),) = noted["rates"].items()
+    assert layout == "1 ranks, gradient none" and set(rates) == {"eager_tokens_per_s"} and rates["eager_tokens_per_s"] > 0
     # As if this node had compiled these kernels before, at a cost their 4 steps cannot save:
-    noted.update(cold_s=900.0, warm_s=300.0, compiled_tokens_per_s=noted["eager_tokens_per_s"] * 1.5)
+    noted.update(cold_s=900.0, warm_s=300.0)
+    rates["compiled_tokens_per_s"] = rates["eager_tokens_per_s"] * 1.5
     note_file.write_text(json.dumps({signature: noted}))
-    auto = job("auto", "auto")
+    auto = job("auto", "auto", 4)
     assert auto["compile"].startswith("off (measured on this node: a warm compile 300 s; a rank's steps "), auto["compile"]
     assert auto["compile_cache"] == "none"
-    assert json.loads(note_file.read_text())[signature]["eager_tokens_per_s"] > 0  # the new eager job's own rate
 
 
 @pytest.mark.slow

@@ -103,8 +103,11 @@ COMPILE_MIN_STEPS = 1600
 # steps ran 21% faster; 0.18 under the pinned torch 2.13 on 2 cores, where they ran no faster. The
 # larger keeps --compile auto from compiling short jobs on the strength of a gain not seen there.
 WARM_COMPILE_SHARE = 0.375
-# The note in a node's kernel cache of what was compiled there, and how long it took.
+# The note in a node's kernel cache, per kernels compiled there: how long each compile took, and the
+# rates jobs measured there, eager and compiled (what --compile auto weighs).
 COMPILED_FILE = "ftc-compiled.json"
+# A rate from fewer steady steps is not noted: a smoke test's few steps would decide for real jobs.
+RATE_MIN_STEPS = 20
 
 # The dropout probabilities of the architectures ftc is tested with (BERT/MiniLM, DistilBERT,
 # RoBERTa, DeBERTa-v2; ModernBERT's embedding and MLP dropout):
@@ -350,9 +353,9 @@ def main(argv=None) -> int:
     stats = StepStats(args.warmup_steps_untimed)
     run = Run(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at,
               stage_seconds=stage_seconds)
-    compiled = maybe_compile(run)
     if args.resume:
         resume(run)
+    compiled = maybe_compile(run)  # after resume: it weighs the steps left
 
     # ---- DDP ------------------------------------------------------------------------------------
     run.sync = make_sync(model, args, env, setup.grad_compress)
@@ -525,9 +528,11 @@ class Measured:
         return self.planned_rank_tokens / self.eager_tokens_per_s - self.planned_rank_tokens / self.compiled_tokens_per_s
 
 
-def measured_here(noted: dict, cache: str, planned_rank_tokens: float) -> Measured | None:
-    """The node's note for these kernels as Measured, or None where it lacks a figure. Pure."""
-    figures = [noted.get(key) for key in (f"{cache}_s", "eager_tokens_per_s", "compiled_tokens_per_s")]
+def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float) -> Measured | None:
+    """The node's note for these kernels as Measured (the rates of jobs of this `layout`: a rank's rate
+    holds its share of the exchange), or None where it lacks a figure. Pure."""
+    rates = noted.get("rates", {}).get(layout, {})
+    figures = [noted.get(f"{cache}_s"), rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")]
     if figures[0] is None or not (figures[1] and figures[2] and planned_rank_tokens):
         return None
     return Measured(*figures, planned_rank_tokens)
@@ -576,23 +581,22 @@ def compile_signature(args, precision: str, threads: int) -> str:
 
 
 def compiled_before(cache_dir: Path) -> dict:
-    """The cache's note of what was compiled into it, and how long each compile took."""
+    """The cache's note (COMPILED_FILE), by compile_signature."""
     try:
         return json.loads((cache_dir / COMPILED_FILE).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def cache_state(cache_dir: Path, signature: str, env) -> str:
-    """warm when every node's cache holds kernels compiled for this signature, else cold: the
-    ranks must agree, or one would wait at its first step on another's compile."""
-    noted = compiled_before(cache_dir).get(signature, {})
+def cache_state(noted: dict, env) -> str:
+    """warm when every node's cache holds kernels compiled for these kernels' signature (`noted`: its
+    note there), else cold: the ranks must agree, or one would wait at its first step on another's compile."""
     return "warm" if every_node(bool({"cold_s", "warm_s"} & noted.keys()), env) else "cold"
 
 
 def every_node(flag: bool, env) -> bool:
     """Whether `flag` holds on every rank: each node decides from its own cache and notes, and the
-    ranks must decide alike."""
+    ranks must decide alike. A collective: every rank calls it, or the others wait for ever."""
     agreed = torch.tensor([int(flag)])
     if env.world_size > 1:
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
@@ -606,27 +610,31 @@ class Compiled:
     cache: str  # warm | cold: the node's kernel cache when the compile began; none: not compiled
     cache_dir: Path
     signature: str  # compile_signature
+    layout: str  # ranks and how the gradient crosses: what else a rank's rate depends on
 
 
 def maybe_compile(run: Run) -> Compiled:
     args = run.args
     cache_dir = kernel_cache(run.out_dir, args.stack)
     signature = compile_signature(args, run.setup.precision, torch.get_num_threads())
-    cache = cache_state(cache_dir, signature, run.env) if args.compile != "off" else "cold"
-    lengths = run.data.train["lengths"]
-    planned_rank_tokens = run.total_steps * args.batch_size * sum(lengths) / max(1, len(lengths))
-    measured = measured_here(compiled_before(cache_dir).get(signature, {}), cache, planned_rank_tokens)
-    compiled, note = compile_choice(args.compile, run.total_steps, cache, measured)
+    layout = f"{run.env.world_size} ranks, gradient {run.setup.grad_compress}"
+    noted = compiled_before(cache_dir).get(signature, {})
+    cache = cache_state(noted, run.env) if args.compile != "off" else "cold"
+    steps_left, lengths = run.total_steps - run.step, run.data.train["lengths"]
+    planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
+    compiled, note = compile_choice(args.compile, steps_left, cache,
+                                    measured_here(noted, cache, layout, planned_rank_tokens))
+    # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, run.env) and compiled:
-        compiled, note = False, f"off (another node's measurements say the compile would not pay back; here: {note})"
+        compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
     run.log.info(f"compile: {note}")
     if not compiled:
-        return Compiled(note, "none", cache_dir, signature)
+        return Compiled(note, "none", cache_dir, signature, layout)
     # In place, so the state dict (checkpoints, the saved model) keeps its names.
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     run.model.compile(dynamic=True)
-    return Compiled(note, cache, cache_dir, signature)
+    return Compiled(note, cache, cache_dir, signature, layout)
 
 
 def compile_seconds(stats: "StepStats") -> float:
@@ -648,9 +656,10 @@ def remember_compile(compiled: Compiled, stats: "StepStats", env) -> None:
     mine = notes.setdefault(compiled.signature, {})
     if compiled.cache != "none":
         mine[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
-    if stats.steps_run > stats.warmup_steps and stats.steady_seconds > 0:
+    if stats.steps_run - stats.warmup_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
         rate = stats.steady_tokens / env.world_size / stats.steady_seconds
-        mine["eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"] = round(rate, 1)
+        rates = mine.setdefault("rates", {}).setdefault(compiled.layout, {})
+        rates["eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"] = round(rate, 1)
     if not mine:
         return
     partial = compiled.cache_dir / f"{COMPILED_FILE}.{os.getpid()}"
