@@ -1213,6 +1213,7 @@ def long_jobs_report(bench: Bench, shapes: list[tuple[int, int]]) -> int:
     # The bench's node: ftc's ranks keep compiled kernels in its cache, as on a cluster's node; the peer's
     # go where torch keeps them by default, here a folder of the bench's that starts empty too.
     os.environ["FTC_NODE_DIR"] = str(bench.out / "node")
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # torch may have set it in this process: ranks would inherit it
     peer_kernels = bench.out / "peer-kernels"
     report = bench.out / "bench.json"
     setting = {"cpu": node_facts.cpu_info()[0], "model": bench.model.name, "rows_per_pass": bench.rows,

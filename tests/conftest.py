@@ -100,6 +100,15 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(autouse=True)
+def no_inherited_kernel_cache(monkeypatch):
+    """Torch sets TORCHINDUCTOR_CACHE_DIR in its own process the first time anything asks inductor
+    for its cache (`cache_dir()`), so after one test in this worker did, every program a later test
+    starts would inherit it, and keep its compiled kernels (and ftc's notes of them) there, not where
+    the test's node keeps them. Each test starts without it, as a node's job does."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def no_local_node_unless_slow(request, tmp_path_factory, monkeypatch):
     """A test not marked slow finds first on PATH an `sshd` that refuses to start and leaves a note (the
     local provider runs the sshd it finds on PATH), so a test that starts a local node, however it does
