@@ -1149,30 +1149,26 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     runs = [run for run in runs if "failed" not in run]
     for label in dict.fromkeys(run["launch"] for run in runs):
         mine = [run for run in runs if run["launch"] == label]
-        rate, spread = summary([later_rate(run) for run in mine])
+        rates = [later_rate(run) for run in mine]
+        rate, spread = summary(rates)
         costs = {cache: summary([start_cost(run) for run in mine if run["cache"] == cache])[0]
                  for cache in dict.fromkeys(run["cache"] for run in mine)}
         launches[label] = {"later_rows_per_s": rate, "later_rows_per_s_range": spread, "start_cost_s": costs,
-                           "runs": [round(later_rate(run), 3) for run in mine]}
+                           "runs": [round(r, 3) for r in rates]}
 
-    def cost(label: str) -> float:
+    def job_seconds(label: str, rows: float) -> float:
+        """`rows` trained by `label`: its start cost (warm where measured so) and the rows at its later rate."""
         costs = launches[label]["start_cost_s"]
-        return costs.get("warm", costs.get("none", costs.get("cold", 0.0)))
+        return costs.get("warm", costs.get("none", costs.get("cold", 0.0))) + rows / launches[label]["later_rows_per_s"]
 
-    def fastest(program: str, rows: float | None = None) -> str:
-        mine = [label for label in launches if label.startswith(program + " ")]
-        if rows is None:
-            return max(mine, key=lambda label: launches[label]["later_rows_per_s"])
-        return min(mine, key=lambda label: cost(label) + rows / launches[label]["later_rows_per_s"])
-
-    if not (any(label.startswith("ftc ") for label in launches) and any(label.startswith("peer ") for label in launches)):
+    sides = {program: [label for label in launches if label.startswith(program + " ")] for program in ("ftc", "peer")}
+    if not (sides["ftc"] and sides["peer"]):
         return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
-    ftc, peer = fastest("ftc"), fastest("peer")
+    ftc, peer = (max(sides[program], key=lambda label: launches[label]["later_rows_per_s"]) for program in ("ftc", "peer"))
     jobs = {}
     for job, rows in JOB_ROWS.items():
-        mine, theirs = fastest("ftc", rows), fastest("peer", rows)
-        ftc_s = cost(mine) + rows / launches[mine]["later_rows_per_s"]
-        peer_s = cost(theirs) + rows / launches[theirs]["later_rows_per_s"]
+        mine, theirs = (min(sides[program], key=lambda label: job_seconds(label, rows)) for program in ("ftc", "peer"))
+        ftc_s, peer_s = job_seconds(mine, rows), job_seconds(theirs, rows)
         jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": round(ftc_s, 1), "peer_launch": theirs,
                      "peer_s": round(peer_s, 1), "speedup": round(peer_s / ftc_s, 3)}
     return {"nodes": nodes, "cores_per_node": cores, "ftc_launch": ftc,
