@@ -148,3 +148,9 @@ if trainer.is_world_process_zero():
     }
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
+
+# Leave the process group together: a rank that exits while another still writes the model tears gloo's
+# connections down under it, and the C++ side aborts ("terminate called without an active exception").
+if torch.distributed.is_available() and torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

@@ -9,7 +9,9 @@ registers it (provision/providers/records.py): nothing of ftc names it.
 
 from provision.providers import Provider, Traits, World
 from provision.providers.local import launch, query, terminate, wait  # noqa: F401 (its verbs)
-from provision.providers.records import InstanceType, LocalResources, NameForm
+from provision.providers.records import CpuGeneration, InstanceType, LocalResources, NameForm
+
+TINY_CPU = CpuGeneration("Ice Lake", native_bf16=False)
 
 TINYCLOUD = Provider(
     name="tinycloud",
@@ -18,9 +20,9 @@ TINYCLOUD = Provider(
                   own_hosts=False, user_login=False, user_stack_python=False, found_by_tag=False),
     world=World(
         title="TinyCloud",
-        instance_types={"tiny.one": InstanceType(vcpus=2, memory_gib=1, usd_per_hour=0.25, cpu="Ice Lake",
+        instance_types={"tiny.one": InstanceType(vcpus=2, memory_gib=1, usd_per_hour=0.25, generation=TINY_CPU,
                                                  network_gbps=1.0),
-                        "tiny.two": InstanceType(vcpus=4, memory_gib=2, usd_per_hour=0.5, cpu="Ice Lake",
+                        "tiny.two": InstanceType(vcpus=4, memory_gib=2, usd_per_hour=0.5, generation=TINY_CPU,
                                                  network_gbps=2.0)},
         default_instance_type="tiny.one",
         regions=("tiny-north-1", "tiny-south-1"),

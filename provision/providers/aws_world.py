@@ -6,10 +6,13 @@ Prices are on-demand Linux USD per hour in us-east-1 (2026 list prices); other r
 few percent, which is why the plan says "about".
 """
 
-from .records import AwsResources, InstanceType, NameForm, Provider, Traits, World
+from .records import AwsResources, CpuGeneration, InstanceType, NameForm, Provider, Traits, World
+
+ICE_LAKE = CpuGeneration("Ice Lake", native_bf16=False)
+SAPPHIRE_RAPIDS = CpuGeneration("Sapphire Rapids", native_bf16=True)
 
 
-def _family(prefix: str, cpu: str, mem_per_vcpu: int, usd_per_vcpu: float) -> dict[str, InstanceType]:
+def _family(prefix: str, cpu: CpuGeneration, mem_per_vcpu: int, usd_per_vcpu: float) -> dict[str, InstanceType]:
     sizes = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32,
              "12xlarge": 48, "16xlarge": 64, "24xlarge": 96, "32xlarge": 128}
     # EC2's published network bandwidth of the 6i/7i families, by vCPUs.
@@ -19,12 +22,12 @@ def _family(prefix: str, cpu: str, mem_per_vcpu: int, usd_per_vcpu: float) -> di
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
-    **_family("c6i", "Ice Lake", 2, 0.0425),
-    **_family("m6i", "Ice Lake", 4, 0.048),
-    **_family("r6i", "Ice Lake", 8, 0.063),
-    **_family("c7i", "Sapphire Rapids", 2, 0.044625),
-    **_family("m7i", "Sapphire Rapids", 4, 0.0504),
-    **_family("r7i", "Sapphire Rapids", 8, 0.0665),
+    **_family("c6i", ICE_LAKE, 2, 0.0425),
+    **_family("m6i", ICE_LAKE, 4, 0.048),
+    **_family("r6i", ICE_LAKE, 8, 0.063),
+    **_family("c7i", SAPPHIRE_RAPIDS, 2, 0.044625),
+    **_family("m7i", SAPPHIRE_RAPIDS, 4, 0.0504),
+    **_family("r7i", SAPPHIRE_RAPIDS, 8, 0.0665),
 }
 
 REGIONS = (
@@ -54,6 +57,7 @@ AWS = Provider(
         spot_notice_endpoint="http://169.254.169.254",  # EC2's instance metadata service
         checkpoint_store=NameForm(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?", "an S3 URI", "s3://bucket/prefix"),
         flow_gbps=10.0,  # AWS's limit on one TCP flow inside a cluster placement group
+        express_flow_gbps=25.0,  # that limit with ENA Express (SRD) on both ends
         hop_latency_s=50e-6,  # one hop inside a cluster placement group
     ),
 )

@@ -96,20 +96,35 @@ class Traits:
 # ---- what each provider owns ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class CpuGeneration:
+    """An Intel Xeon generation as ftc plans for it: what its cores compute natively."""
+    name: str  # "Sapphire Rapids"
+    native_bf16: bool  # AMX (or AVX-512 BF16): bf16 training runs natively, else fp32 on AVX-512
+
+
+@dataclass(frozen=True)
 class InstanceType:
+    """One instance type of a provider's catalog: its size, price, CPU generation and network."""
     vcpus: int
     memory_gib: int
-    usd_per_hour: float  # the price of one node-hour
-    cpu: str  # Intel generation: what the runner's precision choice depends on
+    usd_per_hour: float  # the price of one node-hour (on-demand, the catalog's region)
+    generation: CpuGeneration  # what the runner's precision choice depends on
     network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
+    ena_express: bool = False  # the provider's faster per-flow transport (EC2: ENA Express, SRD) is offered
+    efa: bool = False  # an HPC fabric (EC2: Elastic Fabric Adapter) is offered
+    clock_ghz: float = 0.0  # sustained all-core clock, where the provider publishes it; 0: unknown
 
     @property
     def physical_cores(self) -> int:
         return self.vcpus // 2
 
     @property
+    def cpu(self) -> str:
+        return self.generation.name
+
+    @property
     def native_bf16(self) -> bool:
-        return self.cpu == "Sapphire Rapids"
+        return self.generation.native_bf16
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,7 @@ class World:
     spot_notice_endpoint: str = ""  # the metadata service a spot node polls for its reclaim notice (IMDSv2)
     checkpoint_store: NameForm | None = None  # the URI of a checkpoint store (S3); its verb: store_checkpoint
     flow_gbps: float = 0.0  # the network's cap on one TCP flow between nodes
+    express_flow_gbps: float = 0.0  # that cap where both ends turn on the faster transport (InstanceType.ena_express)
     hop_latency_s: float = 0.0  # one network hop between nodes
 
     def usd_per_node_hour(self, instance_type: str) -> float | None:
