@@ -16,7 +16,7 @@ or how often it is paid (gradient accumulation, which changes the recipe).
 import math
 from dataclasses import dataclass, replace
 
-from runner.node.recipes import POWERSGD_RANK
+from runner.node.recipes import POWERSGD_RANK, allreduce_mode
 
 from .providers.records import default_world
 
@@ -89,6 +89,10 @@ class Levers:
     accumulate: int  # micro-batches per all-reduce; above 1 the recipe changes (global batch, lr), so only on request
     low_rank: int = 0  # PowerSGD's rank (--grad-compress powersgd); 0: the whole gradient crosses. An approximate
     # average changes the numerics, so only on request
+    comm_core: bool = False  # overlapped, gloo's threads on a core kept from compute: a node computes on all
+    # but one of its cores, and COMM_CORE_HIDES of backward moves the gradient
+    express: bool = False  # ENA Express on both ends: each flow capped at the world's express_flow_gbps
+    compiled: bool = False  # torch.compile: steps `Compile.speedup` faster after `Compile.seconds` on every node
 
 
 # The model's levers when given none: one connection to each ring neighbour, the all-reduce after
@@ -97,17 +101,27 @@ class Levers:
 DEFAULT_LEVERS = Levers(flows=1, overlap=False, accumulate=1)
 
 
+def flow_cap(levers: Levers, flow_gbps: float, express_flow_gbps: float) -> float:
+    """One TCP flow's cap: the world's, or with ENA Express (where the world has it) its express cap."""
+    return express_flow_gbps if levers.express and express_flow_gbps else flow_gbps
+
+
 def flows_to_fill(network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> int:
     """The fewest TCP flows whose caps together reach the instance's bandwidth (3 for 25 Gbit/s)."""
     return max(1, math.ceil(network_gbps / flow_gbps - 1e-9))
 
 
-def default_levers(network_gbps: float) -> Levers:
-    """What ftc's jobs do on an instance of `network_gbps`: gloo given as many flows per peer as fill
-    its link (provision/launch.default_flows; on the emulated c7i network 3 flows trained at 0.78
-    efficiency on 2 nodes, one flow at 0.51: docs/bench.json network), the all-reduce after backward,
-    nothing accumulated."""
-    return replace(DEFAULT_LEVERS, flows=flows_to_fill(network_gbps))
+def default_levers(network_gbps: float, cores: int = 0, express: bool = False,
+                   flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0) -> Levers:
+    """What ftc's jobs do on an instance of `network_gbps` and `cores` (ENA Express on where `express`):
+    gloo given as many flows per peer as fill its link (provision/launch.default_flows; on the emulated
+    c7i network 3 flows trained at 0.78 efficiency on 2 nodes, one flow at 0.51: docs/bench.json network);
+    the all-reduce overlapped with gloo's threads on a kept core from COMM_CORE_MIN_CORES cores a rank
+    (recipes.allreduce_mode), else after backward; nothing accumulated."""
+    chosen = replace(DEFAULT_LEVERS, express=express)
+    flows = flows_to_fill(network_gbps, flow_cap(chosen, flow_gbps, express_flow_gbps))
+    comm_core = allreduce_mode("auto", cores, 2, "auto") == "comm-core"
+    return replace(chosen, flows=flows, overlap=comm_core, comm_core=comm_core)
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
 
 # The arithmetic PowerSGD's factors (runner/node/recipes.POWERSGD_RANK) cost a node a step (error
@@ -116,10 +130,14 @@ SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce
 # docs/bench.json network). It scales with the node, as the plan's compute does.
 LOW_RANK_ROWS = 1.7
 
-# The share of backward's time in which DDP's overlapped all-reduce moves the gradient without
-# slowing backward down. Measured 0 on 4 emulated c7i nodes of the AMX host: overlapped, 78.2 rows/s;
-# after backward, 81.9 (docs/bench.json network). gloo's threads and the kernel's TCP run on the cores
-# that compute, so what overlap moves during backward, backward pays for.
+# The share of backward's time in which the overlapped all-reduce moves the gradient without slowing
+# backward down, with gloo's threads on a core kept from compute (--allreduce comm-core): what the emulated
+# network measured (docs/bench.json network, flows-comm-core against the ceiling on the same compute cores).
+COMM_CORE_HIDES = 0.9
+# The same with gloo's threads on the compute cores (--allreduce overlap). Measured 0 on 4 emulated c7i
+# nodes of the AMX host: overlapped, 78.2 rows/s; after backward, 81.9 (docs/bench.json network). gloo's
+# threads and the kernel's TCP run on the cores that compute, so what overlap moves during backward,
+# backward pays for.
 OVERLAP_HIDES = 0.0
 
 
@@ -134,7 +152,8 @@ def step_seconds(batch_per_node: int, node_samples_per_s: float, allreduce_s: fl
 def exposed_allreduce(allreduce_s: float, micro_s: float, levers: Levers) -> float:
     """What of the all-reduce a step waits for: all of it after backward; overlapped, what outlasts
     the share of the last backward it hides (OVERLAP_HIDES)."""
-    hidden = OVERLAP_HIDES * BACKWARD_SHARE * micro_s if levers.overlap else 0.0
+    hides = COMM_CORE_HIDES if levers.comm_core else OVERLAP_HIDES if levers.overlap else 0.0
+    hidden = hides * BACKWARD_SHARE * micro_s
     return max(0.0, allreduce_s - hidden)
 
 
@@ -142,31 +161,49 @@ def exposed_allreduce(allreduce_s: float, micro_s: float, levers: Levers) -> flo
 class PlanRow:
     nodes: int
     samples_per_s: float
-    efficiency: float
+    efficiency: float  # against as many lone nodes, each on all its cores, eager
     allreduce_s: float
     train_s: float
-    wall_s: float
+    wall_s: float  # training, the setup and the compile
     usd: float
+    levers: Levers = DEFAULT_LEVERS
+    instance_type: str = ""
+
+
+@dataclass(frozen=True)
+class Compile:
+    """What torch.compile does to a long job on a node: its steps this many times faster, after
+    this many seconds of compiling on every node (billed, before training)."""
+    speedup: float
+    seconds: float
+
+
+NO_COMPILE = Compile(1.0, 0.0)
 
 
 def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_per_s: float, batch_per_node: int,
          grad_bytes: float, network_gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float,
          setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S,
-         flow_gbps: float = EC2_FLOW_GBPS, params: int = DISTILBERT_PARAMS) -> list[PlanRow]:
-    """Predicted rate, time and cost per cluster size, on instances of `network_gbps` each, whose
-    TCP flows are capped at `flow_gbps`. Wall time adds the cluster's setup (launch and bootstrap),
-    which is billed too."""
-    gbps = flow_limited_gbps(network_gbps, levers.flows, flow_gbps)
+         flow_gbps: float = EC2_FLOW_GBPS, params: int = DISTILBERT_PARAMS, cores: int = 0,
+         express_flow_gbps: float = 0.0, compiled: Compile = NO_COMPILE) -> list[PlanRow]:
+    """Predicted rate, time and cost per cluster size, on instances of `network_gbps` and `cores` each,
+    whose TCP flows are capped at `flow_gbps` (`express_flow_gbps` with ENA Express). Wall time adds the
+    cluster's setup (launch and bootstrap) and the compile, both billed too. A communication core is
+    charged at its share of the node's `cores` wherever nodes exchange."""
+    gbps = flow_limited_gbps(network_gbps, levers.flows, flow_cap(levers, flow_gbps, express_flow_gbps))
+    speedup, compile_s = (compiled.speedup, compiled.seconds) if levers.compiled else (1.0, 0.0)
     rows = []
     for nodes in nodes_list:
-        allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, node_samples_per_s, params)
+        kept = 1 / cores if levers.comm_core and cores and nodes > 1 else 0.0
+        node_rate = node_samples_per_s * speedup * (1 - kept)
+        allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, node_rate, params)
         waits = wait_share if nodes > 1 else 0.0
-        step = step_seconds(batch_per_node, node_samples_per_s, allreduce, exposure, waits, levers)
+        step = step_seconds(batch_per_node, node_rate, allreduce, exposure, waits, levers)
         rate = nodes * batch_per_node * levers.accumulate / step
         train = epochs * train_samples / rate
-        wall = train + setup_s
-        rows.append(PlanRow(nodes, rate, rate / (nodes * node_samples_per_s), allreduce, train, wall,
-                            nodes * usd_per_node_hour * wall / 3600))
+        wall = train + setup_s + compile_s
+        rows.append(PlanRow(nodes, rate, rate / (nodes * node_samples_per_s * speedup), allreduce, train, wall,
+                            nodes * usd_per_node_hour * wall / 3600, levers))
     return rows
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from provision.errors import OneLineParser, UsageError, option
 from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, default_ppn, pick_allocator, render_launch
+from provision.providers import default_world
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
 from . import netem
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "AWS (c7i: c7i.16xlarge; a per-flow cap and a per-node rate, scaled by this node's rate against "
                         "the plan's); the raw all-reduce against the plan's, and training with one and several gloo "
                         "flows per peer, at each of --ranks above 1; into OUT/bench.json's `network` (root)")
+    p.add_argument("--ena-express", default=None, metavar="1|0",
+                   help="--network: each flow at the ENA Express cap where INSTANCE has it (default 1, as ftc's "
+                        "clusters launch), or at the plain cap (0)")
     p.add_argument("--node-shapes", default=None, metavar="NxC,...",
                    help="instead: node shapes users rent (e.g. 1x16,2x8: nodes x cores per node), ftc at 1, 2 and 4 "
                         "ranks per node against the peer's torchrun launches; into OUT/bench.json's `node_shapes`")
@@ -166,6 +170,9 @@ def checked(args: argparse.Namespace) -> None:
     if not (args.accuracy or args.batch_split or args.long_jobs):  # these lay out their own ranks
         args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
                                                       len(physical_cores()))
+    args.ena_express = boolean("ena_express", args.ena_express if args.ena_express is not None else "1")
+    if args.network:
+        args.levers = network_levers(args.levers, max(args.ranks), args.cores_per_rank, len(physical_cores()))
 
 
 def network_instance(raw: str) -> str:
@@ -368,17 +375,19 @@ class Bench:
         return ["--model", str(self.model), "--data-dir", str(self.data_dir), "--random-init",
                 "--max-train-samples", str(rows), "--epochs", str(passes)]
 
-    def cores(self, ranks: int) -> list[int]:
-        return self.physical[:ranks * self.cores_per_rank]
+    def cores(self, ranks: int, kept: int = 0) -> list[int]:
+        return self.physical[:ranks * (self.cores_per_rank + kept)]
 
     def ftc(self, name: str, ranks: int, recipe: str = "ftc", extra: list[str] = (), rows: int = 0,
-            network: netem.Layout | None = None, flows: int = 1, passes: int = 1) -> dict:
+            network: netem.Layout | None = None, flows: int = 1, passes: int = 1, kept: int = 0) -> dict:
+        """ftc's training program on `ranks` ranks of cores_per_rank compute cores each, and `kept` more
+        a rank beside them (the communication core: --allreduce comm-core computes on all but the last)."""
         # the timeline leaves out the first step (kernel set-up); the pass's wall time counts it
         args = ["--task", "mrpc", *self.common(rows or self.rows, passes), "--no-eval", "--no-save", "--log-every", "1000",
                 "--warmup-steps-untimed", "1",
                 "--recipe", recipe, *(self.ftc_extra if recipe == "ftc" else []), *extra]
-        self.runs[name] = run_config(name, self.out, ranks, self.cores(ranks), self.cores_per_rank, self.mpi, args,
-                                     self.allocator, network, flows)
+        self.runs[name] = run_config(name, self.out, ranks, self.cores(ranks, kept), self.cores_per_rank + kept,
+                                     self.mpi, args, self.allocator, network, flows)
         self.report(name)
         return self.runs[name]
 
@@ -733,9 +742,11 @@ class NetworkLever:
     batch_factor: int = 1  # rows per node a step, times the bench's: above 1 a recipe change (the global batch grows)
     sync: bool = True  # False: no gradient exchange at all, the ceiling the shared host leaves the nodes
     grad_compress: str = ""  # what crosses the network, where not the ftc recipe's bf16 gradient (powersgd)
+    comm_core: bool = False  # overlapped, gloo's threads on a core kept beside the node's compute cores
 
     def args(self, batch_per_node: int) -> list[str]:
-        return [*(["--allreduce", "overlap"] if self.overlap else []),
+        allreduce = "comm-core" if self.comm_core else "overlap" if self.overlap else "after-backward"
+        return ["--allreduce", allreduce,
                 *(["--grad-compress", self.grad_compress] if self.grad_compress else []),
                 *(["--batch-size", str(batch_per_node * self.batch_factor)] if self.batch_factor != 1 else []),
                 *([] if self.sync else ["--no-grad-sync"])]
@@ -745,6 +756,9 @@ NETWORK_LEVERS = {
     "one-flow": NetworkLever("one TCP flow per peer", False),
     "flows": NetworkLever("as many TCP flows per peer as fill the node's rate (ftc's default)", True),
     "flows-overlap": NetworkLever("flows, the all-reduce overlapped with backward in DDP's buckets", True, overlap=True),
+    "flows-comm-core": NetworkLever("flows, overlapped in DDP's buckets, a gloo thread per flow on a core kept beside "
+                                    "the node's compute cores (ftc's default from 16 cores a rank)", True, overlap=True,
+                                    comm_core=True),
     "flows-batch-2x": NetworkLever("flows, twice the rows per node a step: a recipe change (global batch x2, its lr "
                                    "the user's to scale)", True, batch_factor=2),
     "flows-powersgd": NetworkLever(f"flows, the weight matrices as PowerSGD's rank-{POWERSGD_RANK} factors with error "
@@ -753,6 +767,23 @@ NETWORK_LEVERS = {
                             "caches, which real nodes do not; efficiency against it is what the network costs", True,
                             sync=False),
 }
+
+
+def network_levers(asked: list[str] | None, nodes: int, cores_per_node: int, physical: int) -> list[str]:
+    """The levers `--network` measures: as asked, else all; the communication core needs a core beside
+    each node's compute cores, refused when asked for where the host lacks them, left out of the default
+    (with a line saying so). Pure but for that line."""
+    room = nodes * (cores_per_node + 1) <= physical
+    if asked and "flows-comm-core" in asked and not room:
+        raise UsageError(f"{option('levers')}=flows-comm-core keeps a core beside each node's {cores_per_node}: "
+                         f"{nodes} nodes x {cores_per_node + 1} cores > this host's {physical} physical cores; give "
+                         f"{option('cores_per_rank')}={max(1, physical // nodes - 1)} or fewer nodes")
+    if asked:
+        return asked
+    if not room:
+        print(f"note: flows-comm-core left out: {nodes} nodes x {cores_per_node + 1} cores exceed this host's "
+              f"{physical}; {option('cores_per_rank')}={max(1, physical // nodes - 1)} leaves room", file=sys.stderr)
+    return [name for name in NETWORK_LEVERS if room or name != "flows-comm-core"]
 
 
 def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi: str) -> int:
@@ -775,10 +806,13 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
     sim_bytes = estimate.gradient_bytes(bf16=wire_bf16, params=parameter_count(bench.model))
     real_rate = plan_node_rate(kind_name)
     real_bytes = estimate.gradient_bytes(bf16=wire_compress(asked, kind.native_bf16, 2) == "bf16")
-    rates = netem.scaled_rates(estimate.EC2_FLOW_GBPS, kind.network_gbps, sim_rate, sim_bytes, real_rate, real_bytes)
+    express = args.ena_express and kind.ena_express  # as ftc's clusters launch: on wherever the type has it
+    flow_cap = default_world().express_flow_gbps if express else default_world().flow_gbps
+    rates = netem.scaled_rates(flow_cap, kind.network_gbps, sim_rate, sim_bytes, real_rate, real_bytes)
     flows = netem.flows_to_fill(rates)
     machine = f"{node_facts.cpu_info()[0]}, {len(physical)} physical cores, {bench.cores_per_rank} per simulated node"
-    print(f"network bench on {machine}: {kind_name}'s network ({estimate.EC2_FLOW_GBPS:g} Gbit/s a flow, "
+    print(f"network bench on {machine}: {kind_name}'s network ({flow_cap:g} Gbit/s a flow"
+          f"{' with ENA Express' if express else ''}, "
           f"{kind.network_gbps:g} a node) x {rates.scale:.4f} = {rates.flow_gbit:.3f} and {rates.node_gbit:.3f} Gbit/s: "
           f"a simulated node trains {sim_rate:.1f} rows/s and moves {sim_bytes / 1e6:.0f} MB a step, one {kind_name} "
           f"{real_rate:.0f} rows/s (the plan's) and {real_bytes / 1e6:.0f} MB; {flows} flows fill a node", flush=True)
@@ -788,12 +822,14 @@ def network_bench(out: Path, args: argparse.Namespace, physical: list[int], mpi:
             checks[str(nodes)] = link_check(layout, rates, flows)
             print(f"  {nodes} nodes: one flow carries {checks[str(nodes)]['one_flow_gbit']:.3f} Gbit/s, {flows} flows "
                   f"{checks[str(nodes)]['flows_gbit']:.3f}", flush=True)
-            entries += network_row(bench, layout, nodes, flows, sim_bytes, sim_rate, ftc1["batch_size_per_rank"],
-                                   args.levers or list(NETWORK_LEVERS))
-    report = {"instance": kind_name, "machine": machine, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            entries += [{"instance_type": kind_name, **entry, "levers": entry_levers(entry, express)}
+                        for entry in network_row(bench, layout, nodes, flows, sim_bytes, sim_rate,
+                                                 ftc1["batch_size_per_rank"], args.levers)]
+    report = {"instance": kind_name, "ena_express": express, "machine": machine,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
               "scale": round(rates.scale, 5), "flow_gbit": round(rates.flow_gbit, 4),
               "node_gbit": round(rates.node_gbit, 4), "flows": flows,
-              "real": {"flow_gbit": estimate.EC2_FLOW_GBPS, "node_gbit": kind.network_gbps,
+              "real": {"flow_gbit": flow_cap, "node_gbit": kind.network_gbps,
                        "rows_per_s": round(real_rate, 2), "grad_bytes": real_bytes},
               "simulated_node": {"rows_per_s": sim_rate, "rows_per_s_runs": alone, "grad_bytes": sim_bytes,
                                  "precision": ftc1["precision"], "wire": "bf16" if wire_bf16 else "fp32"},
@@ -832,7 +868,8 @@ def network_merged(previous: dict | None, report: dict) -> dict:
     node counts and levers this run did not measure, and their link checks, when both emulate the
     same instance on the same machine: what was measured in separate calls lands in one report, each
     entry with its own links' scale, and every call's command listed."""
-    if not previous or (previous["instance"], previous["machine"]) != (report["instance"], report["machine"]):
+    setting = ("instance", "machine", "ena_express")
+    if not previous or [previous.get(key, False) for key in setting] != [report.get(key, False) for key in setting]:
         return {**report, "commands": [report["command"]]}
     measured = {(e["nodes"], e["lever"]) for e in report["entries"]}
     kept = [e for e in previous["entries"] if (e["nodes"], e["lever"]) not in measured]
@@ -840,6 +877,14 @@ def network_merged(previous: dict | None, report: dict) -> dict:
     return {**report, "entries": sorted(kept + report["entries"], key=lambda e: e["nodes"]),
             "link_check": {**checks, **report["link_check"]},
             "commands": [*previous.get("commands", [previous["command"]]), report["command"]]}
+
+
+def entry_levers(entry: dict, express: bool) -> dict:
+    """What a `--network` entry's run did to exchange gradients, as `ftc plan` names its levers."""
+    lever = NETWORK_LEVERS[entry["lever"]]
+    return {"flows": entry["flows"], "ena_express": express, "allreduce": entry["allreduce"] if lever.sync else "none",
+            "comm_core": lever.comm_core, "batch_factor": lever.batch_factor,
+            "grad_compress": lever.grad_compress or "auto"}
 
 
 def network_row(bench: Bench, layout: netem.Layout, nodes: int, flows: int, grad_bytes: float,
@@ -854,7 +899,7 @@ def network_row(bench: Bench, layout: netem.Layout, nodes: int, flows: int, grad
         for name in levers:
             lever = NETWORK_LEVERS[name]
             run = bench.ftc(f"net-{nodes}-{name}-r{repeat}", nodes, extra=lever.args(batch_per_node), network=layout,
-                            flows=flows if lever.many_flows else 1)
+                            flows=flows if lever.many_flows else 1, kept=int(lever.comm_core))
             rates[name].append(whole_pass(run)["rows_per_s"])
             comm[name].append(statistics.mean(p["comm_s"] for p in run["timeline"]))
     ceiling = summary(rates["ceiling"])[0] if "ceiling" in rates else None
@@ -874,7 +919,8 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs:
     gbps = estimate.flow_limited_gbps(layout.rates.node_gbit, n, layout.rates.flow_gbit)
     node_rate = ceiling / nodes if ceiling else alone
     entry = {"nodes": nodes, "lever": name, "setting": lever.setting, "flows": n,
-             "gloo_socket_ifname": ",".join(layout.interfaces(n)), "allreduce": "overlap" if lever.overlap else "after-backward",
+             "gloo_socket_ifname": ",".join(layout.interfaces(n)),
+             "allreduce": "comm-core" if lever.comm_core else "overlap" if lever.overlap else "after-backward",
              "batch_per_node": batch_per_node * lever.batch_factor,
              "rows_per_s": median, "rows_per_s_range": spread, "rows_per_s_runs": runs,
              "efficiency": round(median / (nodes * alone), 3),
@@ -883,7 +929,7 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs:
         low_rank = POWERSGD_RANK if lever.grad_compress == "powersgd" else 0
         predicted = estimate.plan([nodes], 1, 1, node_rate, batch_per_node * lever.batch_factor, grad_bytes,
                                   layout.rates.node_gbit, planner["exposure"], planner["wait_share"], 0.0, 0.0,
-                                  estimate.Levers(n, lever.overlap, 1, low_rank),
+                                  estimate.Levers(n, lever.overlap, 1, low_rank, comm_core=lever.comm_core),
                                   flow_gbps=layout.rates.flow_gbit)[0].samples_per_s
         exchange = estimate.exchange_seconds(grad_bytes, nodes, gbps, estimate.EC2_LATENCY_S, low_rank, node_rate)
         entry |= {"rows_per_s_predicted": round(predicted, 3), "measured_over_predicted": round(median / predicted, 3),

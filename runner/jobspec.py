@@ -32,7 +32,7 @@ from .jobflags import JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
-from .node.recipes import GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
+from .node.recipes import ALLREDUCE, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -40,7 +40,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "max_eval_samples": whole(0, 10**9),
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
-           "allreduce": one_of(("after-backward", "overlap")), "flows": whole(1, 16),
+           "allreduce": one_of(ALLREDUCE), "flows": whole(1, 16),
            "grad_compress": one_of(GRAD_COMPRESS), "seed": whole(0, 2**31 - 1)}
 # PowerSGD changes the numerics, so a job that asks for it is told so, once.
 POWERSGD_NOTE = (f"gradient: PowerSGD, rank {POWERSGD_RANK} with error feedback: each step applies an approximate average "
@@ -65,7 +65,7 @@ class JobSpec:
     recipe: str = "ftc"
     precision: str = "auto"
     dropout: float | None = None  # None: the model's own
-    allreduce: str = ""  # "": the recipe's (ftc: after-backward, seed: overlap)
+    allreduce: str = ""  # "": the recipe's (ftc: auto, seed: overlap)
     grad_compress: str = ""  # "": the recipe's (ftc: bf16 when training in bf16, seed: none); powersgd on request
     seed: int | None = None  # None: the recipe's
     ppn: int = 0  # 0: provision/launch.default_ppn
@@ -126,10 +126,11 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
                                                                     values.get("lr") is not None, named, job.lr)):
         notes.append(line)
     if job.grad_compress == "powersgd":
-        if (job.allreduce or RECIPES[job.recipe]["allreduce"]) == "overlap":
+        chosen = job.allreduce or RECIPES[job.recipe]["allreduce"]
+        if chosen in ("overlap", "comm-core"):
             whose = "" if job.allreduce else f" (the {job.recipe} recipe's default)"
             raise UsageError(f"{label('grad_compress')}=powersgd runs after backward, but {label('allreduce')} is "
-                             f"overlap{whose}; set it to after-backward")
+                             f"{chosen}{whose}; set it to after-backward or auto")
         notes.append(POWERSGD_NOTE)
     refuse_other_head(job.model, values.get("model"), labels)
     for key in ("train_file", "validation_file", "model", "data_dir", "results"):  # made absolute: the folder it ran in too

@@ -144,7 +144,7 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
                            "16xlarge) or a type such as c7i.8xlarge"),
     (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
     (["--network", "c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a lever; allowed: one-flow, flows, "
-                                                        "flows-overlap, flows-batch-2x, flows-powersgd, ceiling "
+                                                        "flows-overlap, flows-comm-core, flows-batch-2x, flows-powersgd, ceiling "
                                                         "(with --network)"),
 ], ids=["not an instance type", "no node count above 1", "not a network lever"])
 def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
@@ -184,6 +184,8 @@ def test_network_runs_of_other_node_counts_merge_into_one_report_only_for_the_sa
         (2, "flows"), (4, "flows"), (4, "ceiling")]
     elsewhere = network_merged(second, report([4], machine="2-core host"))
     assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["commands"] == ["--ranks [4]"]
+    express = network_merged(second, {**report([4]), "ena_express": True})  # another per-flow cap: a network of its own
+    assert [e["nodes"] for e in express["entries"]] == [4] and express["commands"] == ["--ranks [4]"]
 
 
 def test_batch_split_keeps_the_global_batch_then_adds_the_larger_one_for_reference():

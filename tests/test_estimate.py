@@ -148,10 +148,47 @@ def test_flows_lift_the_ring_to_the_instance_bandwidth():
 
 
 def test_default_levers_are_what_ftc_jobs_do():
-    from runner.node.recipes import RECIPES
+    from runner.node.recipes import RECIPES, allreduce_mode
     assert estimate.default_levers(25.0) == estimate.Levers(flows=3, overlap=False, accumulate=1)
     assert [estimate.flows_to_fill(gbps) for gbps in (10.0, 12.5, 25.0, 50.0)] == [1, 2, 3, 5]
-    assert RECIPES["ftc"]["allreduce"] == "after-backward"
+    assert RECIPES["ftc"]["allreduce"] == "auto"
+    # a 32-core node keeps a core for gloo's threads and overlaps; with ENA Express one flow fills 25 Gbit/s
+    assert estimate.default_levers(25.0, cores=32, express=True, express_flow_gbps=25.0) == estimate.Levers(
+        flows=1, overlap=True, accumulate=1, comm_core=True, express=True)
+    assert estimate.default_levers(100.0, cores=8, express=True, express_flow_gbps=25.0).comm_core is False
+    # the job decides as the plan does: from 16 cores a rank, where ranks exchange, never with PowerSGD
+    assert [allreduce_mode("auto", cores, 2, "auto") for cores in (1, 8, 15, 16, 32)] == \
+        ["after-backward"] * 3 + ["comm-core"] * 2
+    assert allreduce_mode("auto", 32, 1, "auto") == "after-backward"
+    assert allreduce_mode("auto", 32, 4, "powersgd") == "after-backward"
+    assert allreduce_mode("overlap", 1, 4, "auto") == "overlap"
+
+
+def test_a_communication_core_costs_its_share_of_the_node_and_hides_the_exchange_behind_backward():
+    base = dict(train_samples=3200, epochs=1, node_samples_per_s=320.0, batch_per_node=32, grad_bytes=134e6,
+                network_gbps=25.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=1.0, setup_s=0.0, cores=32)
+    after = estimate.plan([1, 4], levers=estimate.Levers(3, False, 1), **base)
+    kept = estimate.plan([1, 4], levers=estimate.Levers(3, True, 1, comm_core=True), **base)
+    assert kept[0].samples_per_s == after[0].samples_per_s == 320.0  # one node exchanges nothing: no core kept
+    # 4 nodes: the 64 ms exchange after a 100 ms step, or hidden behind its backward on 31 of 32 cores
+    assert after[1].samples_per_s == pytest.approx(4 * 32 / (0.1 + after[1].allreduce_s))
+    micro = 32 / (320.0 * 31 / 32)
+    hidden = estimate.COMM_CORE_HIDES * estimate.BACKWARD_SHARE * micro
+    assert kept[1].samples_per_s == pytest.approx(4 * 32 / (micro + max(0.0, kept[1].allreduce_s - hidden)))
+    assert kept[1].samples_per_s > after[1].samples_per_s
+
+
+def test_ena_express_raises_each_flows_cap_and_a_compile_is_billed_before_training():
+    base = dict(train_samples=1_000_000, epochs=1, node_samples_per_s=300.0, batch_per_node=32, grad_bytes=134e6,
+                network_gbps=100.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=4.0, setup_s=300.0,
+                flow_gbps=10.0, express_flow_gbps=25.0, compiled=estimate.Compile(1.5, 120.0))
+    plain, express = (estimate.plan([4], levers=estimate.Levers(4, False, 1, express=on), **base)[0] for on in (False, True))
+    assert plain.allreduce_s == pytest.approx(1.5 * 134e6 / (40e9 / 8) + 6 * estimate.EC2_LATENCY_S)
+    assert express.allreduce_s == pytest.approx(1.5 * 134e6 / (100e9 / 8) + 6 * estimate.EC2_LATENCY_S)
+    eager, compiled = (estimate.plan([1], levers=estimate.Levers(1, False, 1, compiled=on), **base)[0] for on in (False, True))
+    assert compiled.samples_per_s == pytest.approx(1.5 * eager.samples_per_s)
+    assert compiled.wall_s == pytest.approx(compiled.train_s + 300.0 + 120.0)
+    assert eager.wall_s == pytest.approx(eager.train_s + 300.0)
 
 
 def test_class_rates_come_from_the_catalog_and_the_measured_ratio():
@@ -322,7 +359,7 @@ def test_plan_uses_the_instance_class_rate_not_the_bench_host_s(ftc_home, tmp_pa
     ("--flows", "0", "--flows='0' is out of range; allowed: 1..64"),
     ("--batch-size", "x", "--batch-size='x' is not a whole number; allowed: 1..4096"),
     ("--accumulate", "0", "--accumulate='0' is out of range; allowed: 1..1024"),
-    ("--allreduce", "during", "--allreduce='during' is not known; allowed: after-backward, overlap"),
+    ("--allreduce", "during", "--allreduce='during' is not known; allowed: auto, after-backward, overlap, comm-core"),
     ("--grad-compress", "zip", "--grad-compress='zip' is not known; allowed: auto, none, bf16, powersgd"),
 ])
 def test_plan_refuses_a_bad_lever_in_one_line(ftc_home, flag, value, named):

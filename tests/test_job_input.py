@@ -129,7 +129,7 @@ def test_recipe_options_reach_the_training_program_and_a_bad_one_is_refused(ftc_
     default = train_args(validate_job({"task": "mrpc"}), "/w/jobs/j", "stock", resume=False)
     assert "--dropout" not in default and "--allreduce" not in default and "--seed" not in default  # the recipe's
     proc = ftc("finetune", "--name", "nowhere", "--allreduce", "sideways")
-    assert_refused(proc, "--allreduce='sideways' is not known; allowed: after-backward, overlap", ftc_home)
+    assert_refused(proc, "--allreduce='sideways' is not known; allowed: auto, after-backward, overlap, comm-core", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--dropout", "1")
     assert_refused(proc, "--dropout='1' is out of range", ftc_home)
     proc = ftc("finetune", "--name", "nowhere", "--seed", "-1")

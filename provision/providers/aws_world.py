@@ -17,7 +17,7 @@ def _family(prefix: str, cpu: CpuGeneration, mem_per_vcpu: int, usd_per_vcpu: fl
              "12xlarge": 48, "16xlarge": 64, "24xlarge": 96, "32xlarge": 128}
     # EC2's published network bandwidth of the 6i/7i families, by vCPUs.
     gbps = {2: 12.5, 4: 12.5, 8: 12.5, 16: 12.5, 32: 12.5, 48: 18.75, 64: 25.0, 96: 37.5, 128: 50.0}
-    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu, gbps[v])
+    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu, gbps[v], ena_express=v >= 48)
             for size, v in sizes.items()}
 
 

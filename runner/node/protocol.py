@@ -297,9 +297,10 @@ class TrainResults:
     grad_sync: bool  # off: --no-grad-sync (profiling)
     embedding_sync: str  # rows | dense | none (one rank)
     compile: str  # whether torch.compile ran, and why, in words
-    allreduce: str  # after-backward | overlap | none (one rank)
+    allreduce: str  # after-backward | overlap | comm-core | none (one rank)
     balance: str  # even | speed | none (one rank)
-    gloo_threads: str  # rank-cores | inherit | none (one rank)
+    gloo_threads: str  # rank-cores | inherit | kept-core | none (one rank)
+    gloo_thread_cores: list[int]  # rank 0's: the cores its gloo threads may run on, read back from them
     nodes: int
     ranks_per_node: int
     threads_per_rank: int

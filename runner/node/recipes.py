@@ -5,12 +5,33 @@ its recipe (a resumed job must be the same job). No torch here: the controller i
 
 RECIPES = {
     "ftc": dict(precision="auto", pad_to="longest", group_by_length=True, batch_size=32, lr=2e-5, epochs=3,
-                grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="after-backward",
+                grad_compress="auto", embedding_sync="rows", compile="auto", allreduce="auto",
                 balance="even", gloo_threads="rank-cores", seed=42),
     "seed": dict(precision="fp32", pad_to="max_length", group_by_length=False, batch_size=32, lr=2e-5, epochs=3,
                  grad_compress="none", embedding_sync="dense", compile="off", allreduce="overlap", balance="even",
                  gloo_threads="inherit", seed=42),
 }
+
+# When and where a job's gradient is averaged (ALLREDUCE): after backward in ftc's buckets, the cores idle
+# (after-backward); during backward in DDP's buckets, gloo's threads on the compute cores (overlap); or during
+# backward with gloo's threads on a core kept from compute (comm-core); auto chooses (allreduce_mode).
+ALLREDUCE = ("auto", "after-backward", "overlap", "comm-core")
+# auto keeps a core for communication from this many cores a rank on. Below it the kept core's share of
+# the compute outweighs what it hides: at 8 cores a rank the two ran level on the AMX host (0.94-1.08),
+# while overlap with gloo's threads on a kept core hid 90-97% of the exchange (docs/performance.md).
+COMM_CORE_MIN_CORES = 16
+
+
+def allreduce_mode(asked: str, cores_per_rank: int, world_size: int, grad_compress: str) -> str:
+    """The all-reduce a rank runs: as asked, or for auto, comm-core where the rank exchanges gradients
+    and has COMM_CORE_MIN_CORES cores or more, after-backward elsewhere and with PowerSGD (whose
+    factors are computed after backward). Pure: the training program and the controller decide by it."""
+    if asked != "auto":
+        return asked
+    if world_size > 1 and cores_per_rank >= COMM_CORE_MIN_CORES and grad_compress != "powersgd":
+        return "comm-core"
+    return "after-backward"
+
 
 # What a job's gradient all-reduce may send (GRAD_COMPRESS): auto (wire_compress decides), none (fp32),
 # bf16, or powersgd (low-rank factors with error feedback: an approximate average, never a default).

@@ -64,7 +64,7 @@ from .protocol import (
     rank_log_path,
     strict_json,
 )
-from .recipes import GRAD_COMPRESS, POWERSGD_RANK, RECIPES, wire_compress
+from .recipes import ALLREDUCE, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, allreduce_mode, wire_compress
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -148,8 +148,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "or powersgd (low-rank factors with error feedback: an approximate average, after backward)")
     p.add_argument("--powersgd-rank", type=int, default=POWERSGD_RANK, help="with --grad-compress powersgd: the factors' rank")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient all-reduce bucket size")
-    p.add_argument("--allreduce", choices=("after-backward", "overlap"), default=None,
-                   help="average the gradient after backward, cores idle (ftc), or overlapped with it in DDP's buckets")
+    p.add_argument("--allreduce", choices=ALLREDUCE, default=None,
+                   help="average the gradient after backward, cores idle; overlapped with it in DDP's buckets; or "
+                        "overlapped, gloo's threads on a core kept from compute (comm-core); auto (ftc): comm-core "
+                        "from 16 cores a rank, else after-backward")
     p.add_argument("--gloo-threads", choices=("rank-cores", "inherit"), default=None,
                    help="gloo's threads may run on any of the rank's cores (ftc), or inherit the main thread's one core")
     # Even by default: a split that follows measured speed depends on timing, so a run (and its
@@ -183,7 +185,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in RECIPES[args.recipe].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.grad_compress == "powersgd" and args.allreduce == "overlap":
+    if args.grad_compress == "powersgd" and args.allreduce in ("overlap", "comm-core"):
         p.error("--grad-compress powersgd runs after backward: leave out --allreduce overlap")
     if args.task == datafiles.CUSTOM:
         if not (args.train_file and args.validation_file):
@@ -201,6 +203,10 @@ class Setup:
     native_bf16: bool
     precision: str  # bf16 (autocast, fp32 master weights) | fp32
     grad_compress: str  # what the gradient all-reduce sends: bf16 | none (fp32) | powersgd (low-rank factors)
+    allreduce: str  # after-backward | overlap | comm-core (allreduce_mode) | none (one rank)
+    gloo_threads: str  # where gloo's threads run: rank-cores | inherit | kept-core | none (one rank)
+    gloo_thread_cores: list[int]  # the cores gloo's threads may run on, read back from them
+    exchange: "dist.ProcessGroup | None" = None  # overlapped: DDP's group, a thread per flow (exchange_group)
 
 
 # Where a rank's step goes: collate, forward and backward (with DDP's overlapped all-reduce in
@@ -358,7 +364,7 @@ def main(argv=None) -> int:
     compiled = maybe_compile(run)  # after resume: it weighs the steps left
 
     # ---- DDP ------------------------------------------------------------------------------------
-    run.sync = make_sync(model, args, env, setup.grad_compress)
+    run.sync = make_sync(model, args, env, setup)
     run.watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -412,7 +418,15 @@ def main(argv=None) -> int:
 
 def start(args, env, log) -> Setup:
     """Threads, the process group (several ranks), and the precision this CPU should train in."""
-    threads = int(os.environ.get("OMP_NUM_THREADS") or len(CORES))
+    allreduce = allreduce_mode(args.allreduce, len(CORES), env.world_size, args.grad_compress) \
+        if env.world_size > 1 else "none"
+    if allreduce == "comm-core" and len(CORES) < 2:
+        raise SystemExit(f"--allreduce comm-core keeps one of a rank's cores for gloo's threads: this rank has "
+                         f"one core ({CORES[0]}); give each rank 2 cores or more, or --allreduce overlap")
+    # comm-core: compute on all but the rank's last core (OMP_PROC_BIND=close binds n-1 threads to the
+    # first n-1 places), gloo's threads on the last, so the exchange runs beside backward, not inside it
+    kept = 1 if allreduce == "comm-core" else 0
+    threads = max(1, int(os.environ.get("OMP_NUM_THREADS") or len(CORES)) - kept)
     torch.set_num_threads(threads)
     backend = args.backend
     if backend in ("auto", "ccl"):
@@ -424,13 +438,18 @@ def start(args, env, log) -> Setup:
                 raise SystemExit("--backend ccl asked for, but oneccl_bindings_for_pytorch does not import; "
                                  "use the intel stack or --backend gloo") from exc
             backend = "gloo"
+    gloo_threads, gloo_cores, exchange = "none", [], None
     if env.world_size > 1:
-        # gloo's threads on all of this rank's cores, or (--gloo-threads inherit) on the one core
-        # the main thread is bound to
-        gloo_cores = CORES if args.gloo_threads == "rank-cores" else sorted(os.sched_getaffinity(0))
-        with threads_started_on(gloo_cores):
+        # gloo's threads on all of this rank's cores, on the one core the main thread is bound to
+        # (--gloo-threads inherit), or on the core kept from compute (comm-core)
+        gloo_threads = "kept-core" if kept else args.gloo_threads
+        wanted = {"kept-core": CORES[-1:], "rank-cores": CORES}.get(gloo_threads) or sorted(os.sched_getaffinity(0))
+        with threads_started_on(wanted), threads_born() as born:
             dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                                     rank=env.rank, world_size=env.world_size, timeout=timedelta(minutes=10))
+            if allreduce in ("overlap", "comm-core") and backend == "gloo":
+                exchange = exchange_group(env)
+        gloo_cores = sorted(set().union(*born.values())) if born else wanted
         check_world_size(dist.get_world_size(), env.world_size, "the process group")
     check_world_size(env.world_size, env.expected_world_size, "the launcher")
 
@@ -439,11 +458,43 @@ def start(args, env, log) -> Setup:
     if precision == "bf16" and not native:
         log.warning("bf16 asked for on a CPU without native bf16 (no amx_bf16/avx512_bf16): it is emulated and slower")
     grad_compress = wire_compress(args.grad_compress, precision == "bf16", env.world_size)
-    setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress)
+    setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress,
+                  allreduce, gloo_threads, gloo_cores, exchange)
     log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {CORES} "
-             f"threads {threads} backend {setup.backend} precision {precision} "
-             f"grad_compress {grad_compress} recipe {args.recipe} seed {args.seed}")
+             f"threads {threads} backend {setup.backend} precision {precision} grad_compress {grad_compress} "
+             f"allreduce {allreduce} gloo threads on {gloo_cores} recipe {args.recipe} seed {args.seed}")
     return setup
+
+
+@contextlib.contextmanager
+def threads_born():
+    """The threads this process starts inside, each with the cores it may run on (gloo's, read back)."""
+    before = set(os.listdir("/proc/self/task"))
+    born: dict[int, set[int]] = {}
+    yield born
+    for tid in sorted(set(os.listdir("/proc/self/task")) - before):
+        try:
+            born[int(tid)] = os.sched_getaffinity(int(tid))
+        except OSError:  # ended meanwhile
+            pass
+
+
+def exchange_group(env) -> "dist.ProcessGroup":
+    """DDP's process group for an overlapped exchange: gloo with one device per GLOO_SOCKET_IFNAME entry
+    (each a TCP flow to every peer) and a worker thread per device, so that as many buckets are in flight
+    as there are flows; the default group keeps torch's two threads, which would leave flows idle."""
+    devices = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(minutes=10)
+    options._devices = ([dist.ProcessGroupGloo.create_device(interface=name) for name in devices]
+                        or [dist.ProcessGroupGloo.create_default_device()])
+    options._threads = max(2, len(options._devices))
+    store = dist.PrefixStore("ftc-exchange/", dist.distributed_c10d._get_default_store())
+    backend = dist.ProcessGroupGloo(store, env.rank, env.world_size, options)
+    group = dist.ProcessGroup(store, env.rank, env.world_size)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    return group
 
 
 # ---- data -------------------------------------------------------------------------------------------
@@ -673,7 +724,7 @@ def remember_compile(compiled: Compiled, stats: "StepStats", env) -> None:
 
 # ---- DDP --------------------------------------------------------------------------------------------
 
-def make_sync(model, args, env, grad_compress: str) -> Sync:
+def make_sync(model, args, env, setup: Setup) -> Sync:
     """How the ranks average their gradients. After backward (ftc): ftc's own buckets and rank
     balance. Overlapped (the seed recipe, and PyTorch's default): DDP. Either way the word
     embeddings' gradient can go as only the rows some rank used."""
@@ -681,8 +732,9 @@ def make_sync(model, args, env, grad_compress: str) -> Sync:
         return Sync(model, None, None, None, False)
     embedding = model.get_input_embeddings().weight
     balance = None if args.no_grad_sync else RankBalance(env.world_size, adapt=args.balance == "speed")
+    grad_compress = setup.grad_compress
     rows = UsedRowsSync(embedding, grad_compress != "none") if args.embedding_sync == "rows" else None
-    if args.allreduce == "after-backward":
+    if setup.allreduce == "after-backward":
         broadcast_weights(model)  # every rank starts from rank 0's weights
         params = [p for p in model.parameters() if p.requires_grad and not (rows and p is embedding)]
         if grad_compress == "powersgd":  # the used rows stay exact: factoring the whole table costs more arithmetic
@@ -696,9 +748,9 @@ def make_sync(model, args, env, grad_compress: str) -> Sync:
             model, [next(n for n, p in model.named_parameters() if p is embedding)])
         dist.broadcast(embedding.data, 0)  # DDP broadcasts every other weight
     # DDP broadcasts rank 0's weights at construction: every rank starts identical.
-    ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=True, process_group=setup.exchange)
     if grad_compress == "bf16":
-        ddp.register_comm_hook(None, bf16_allreduce_hook)
+        ddp.register_comm_hook(setup.exchange, bf16_allreduce_hook)
     return Sync(ddp, None, rows, balance, True)
 
 
@@ -920,8 +972,8 @@ def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResul
         grad_compress=setup.grad_compress, grad_sync=not args.no_grad_sync,
         embedding_sync=args.embedding_sync if several else "none", compile=compiled.note,
         compile_cache=compiled.cache, compile_seconds=round(compile_seconds(stats), 1) if compiled.cache != "none" else None,
-        allreduce=args.allreduce if several else "none", balance=args.balance if several else "none",
-        gloo_threads=args.gloo_threads if several else "none",
+        allreduce=setup.allreduce, balance=args.balance if several else "none",
+        gloo_threads=setup.gloo_threads, gloo_thread_cores=setup.gloo_thread_cores,
         nodes=env.world_size // max(1, env.local_world_size), ranks_per_node=env.local_world_size,
         threads_per_rank=setup.threads, world_size=env.world_size, epochs=args.epochs,
         batch_size_per_rank=args.batch_size, lr=args.lr, max_length=args.max_length, seed=args.seed,
