@@ -91,6 +91,7 @@ def test_ena_express_is_off_when_turned_off_or_the_type_has_none_and_status_says
     proc = ftc(*UP, "--name", "ena", "--nodes", "2", *flags)
     assert proc.returncode == 0, proc.stderr
     assert ("ENA Express)" in proc.stderr.split("plan: ", 1)[1].splitlines()[0]) == on
+    assert "catalog: instance types: EC2 DescribeInstanceTypes in us-east-1 (" in proc.stderr  # read, not bundled
     instances = cluster_resources(aws.ec2(), "ena")["instances"]
     assert [aws_provider.ena_express_on(i) for i in instances] == [on, on]
     assert json.loads((ftc_home / "clusters" / "ena" / "state.json").read_text())["resources"]["ena_express"] is on

@@ -9,8 +9,8 @@ import pytest
 from conftest import assert_nothing_left, ftc
 from helpers import AWS_UP, assert_refused
 
-from provision.providers import aws_catalog, catalog
 from provision.providers import aws as aws_provider
+from provision.providers import aws_catalog, catalog
 from provision.spec import resolve_spec
 
 OFFLINE = {"AWS_ENDPOINT_URL": None, "AWS_PROFILE": None, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
@@ -122,6 +122,7 @@ def test_ec2_out_of_reach_plans_from_the_snapshot_and_up_goes_on(aws, ftc_home):
     proc = ftc("up", "--name", "nocat", *AWS_UP, "--nodes", "1")
     assert proc.returncode == 0, proc.stderr
     assert "the EC2 catalog of us-east-1 could not be read" in proc.stderr and "planning from the snapshot" in proc.stderr
+    assert "catalog: instance types: EC2 DescribeInstanceTypes as moto 5.2.5 answers it" in proc.stderr
     assert not (ftc_home / "catalog" / "aws-us-east-1.json").exists()
     assert ftc("down", "--name", "nocat").returncode == 0
     assert_nothing_left(aws.ec2(), "nocat")

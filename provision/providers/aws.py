@@ -170,15 +170,15 @@ def list_prices(region: str, names: list[str]) -> dict[str, float]:
     return found if all(found.values()) else {}
 
 
-def instance_kind(spec) -> InstanceType:
-    """The spec's instance type in its region's catalog (refreshed, as `up` plans it); a type EC2 does
-    not offer there is refused in one line."""
+def instance_kind(spec) -> tuple[InstanceType, Catalog]:
+    """The spec's instance type in its region's catalog (refreshed, as `up` plans it), and the catalog;
+    a type EC2 does not offer there is refused in one line."""
     offered = catalog(spec.region, refresh=True)
     kind = offered.instance_types.get(spec.instance_type)
     if kind is None:
         raise UsageError(f"{option('instance_type')}={spec.instance_type!r} is not offered in {spec.region} "
                          f"({offered.facts_source}); allowed: {', '.join(sorted(offered.instance_types))}")
-    return kind
+    return kind, offered
 
 
 # ---- before anything is created --------------------------------------------------------------
@@ -218,7 +218,7 @@ def preflight(state: st.ClusterState) -> AwsPreflight:
                         vpc=vpcs[0]["VpcId"], subnets={z: by_zone[z] for z in zones})
 
 
-def plan_text(state: st.ClusterState, facts: AwsPreflight, kind: InstanceType) -> str:
+def plan_text(state: st.ClusterState, facts: AwsPreflight, kind: InstanceType, offered: Catalog) -> str:
     spec = state.cluster_spec
     hourly = kind.usd_per_hour * spec.nodes
     return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB, "
@@ -227,7 +227,8 @@ def plan_text(state: st.ClusterState, facts: AwsPreflight, kind: InstanceType) -
             f"'cluster', AMI {facts.ami}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts.ssh_cidr}, "
             f"powered off after {spec.max_hours:g} h.\n"
             f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
-            f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime")
+            f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime\n"
+            f"catalog: {offered.source}")
 
 
 def check_settings() -> None:
@@ -238,10 +239,10 @@ def check_settings() -> None:
 
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
-    kind = instance_kind(state.cluster_spec)
+    kind, offered = instance_kind(state.cluster_spec)
     facts = preflight(state)
     state.resources.preflight = facts
-    console.print(plan_text(state, facts, kind), markup=False)
+    console.print(plan_text(state, facts, kind, offered), markup=False)
     if yes:
         return
     if not sys.stdin.isatty():
@@ -253,9 +254,9 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
 
 def dry_run(spec) -> None:
     state = st.ClusterState(name=spec.name, provider="aws", spec=spec.to_dict())
-    kind = instance_kind(spec)
+    kind, offered = instance_kind(spec)
     facts = preflight(state)
-    console.print(plan_text(state, facts, kind), markup=False)
+    console.print(plan_text(state, facts, kind, offered), markup=False)
     ec2 = client("ec2", spec.region)
     checks = {
         "ec2:CreateKeyPair": lambda: ec2.create_key_pair(KeyName=f"ftc-{spec.name}", DryRun=True),
