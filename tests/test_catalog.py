@@ -126,3 +126,16 @@ def test_ec2_out_of_reach_plans_from_the_snapshot_and_up_goes_on(aws, ftc_home):
     assert not (ftc_home / "catalog" / "aws-us-east-1.json").exists()
     assert ftc("down", "--name", "nocat").returncode == 0
     assert_nothing_left(aws.ec2(), "nocat")
+
+
+@pytest.mark.slow
+def test_a_type_the_regions_catalog_lacks_is_refused_before_anything_is_created(aws, ftc_home):
+    today = aws_catalog.snapshot_file()
+    lacking = aws_catalog.CatalogFile(**{**today.__dict__, "region": "eu-west-1", "facts_date": date.today().isoformat(),
+                                         "facts_source": "EC2 DescribeInstanceTypes in eu-west-1",
+                                         "entries": [e for e in today.entries if e["InstanceType"] != "c8in.16xlarge"]})
+    aws_catalog.save(lacking)  # today's: `up` plans from it without asking EC2 again
+    proc = ftc("up", "--name", "lack", *AWS_UP, "--region", "eu-west-1", "--instance-type", "c8in.16xlarge")
+    assert_refused(proc, "--instance-type='c8in.16xlarge' is not offered in eu-west-1 (EC2 DescribeInstanceTypes in "
+                         "eu-west-1); allowed: c6i.12xlarge,", ftc_home)
+    assert_nothing_left(aws.ec2(), "lack")
