@@ -177,9 +177,3 @@ def save(found: CatalogFile) -> None:
     part = path.with_name(f".{path.name}.{os.getpid()}")
     part.write_text(found.to_json())
     os.replace(part, path)
-
-
-def catalog(region: str) -> Catalog:
-    """Region `region`'s catalog as this machine has it, asking nobody: its cache, else the snapshot."""
-    found = cached(region)
-    return found.catalog() if found else snapshot()

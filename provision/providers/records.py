@@ -110,7 +110,7 @@ class InstanceType:
     memory_gib: int
     usd_per_hour: float  # the price of one node-hour (on-demand, the catalog's region)
     generation: CpuGeneration  # what the runner's precision choice depends on
-    network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
+    network_gbps: float  # per instance, sustained: EC2's baseline (small sizes burst above it, "up to 12.5")
     ena_express: bool = False  # the provider's faster per-flow transport (EC2: ENA Express, SRD) is offered
     efa: bool = False  # an HPC fabric (EC2: Elastic Fabric Adapter) is offered
     clock_ghz: float = 0.0  # sustained all-core clock, where the provider publishes it; 0: unknown
