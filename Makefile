@@ -20,8 +20,8 @@ endef
 # Every variable a recipe reads: set in the environment instead, each is checked the same way (a
 # recipe reads each through $(value), so Make expands none of them).
 INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER CHECKPOINT_S3 CONFIG DATA_DIR DETACH \
-  DROPOUT EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
-  MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PROVIDER QUICK RECIPE REGION \
+  DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
+  MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
   REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
   TRAIN_FILE VALIDATION_FILE WORKDIR YES ZONES
 $(foreach v,$(sort $(INPUTS) $(.VARIABLES)),$(if $(or $(filter command line,$(origin $(v))),\
@@ -40,6 +40,7 @@ given_or = $(call quote,$(if $(filter undefined,$(origin $(1))),$(2),$(value $(1
 SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,NODES,nodes) \
   $(call flag,INSTANCE_TYPE,instance-type) $(call flag,REGION,region) $(call flag,ZONES,zones) \
   $(call flag,AMI,ami) $(call flag,ROOT_VOLUME_GB,root-volume-gb) $(call flag,SPOT,spot) \
+  $(call flag,ENA_EXPRESS,ena-express) \
   $(call flag,SSH_CIDR,ssh-cidr) $(call flag,ALLOW_OPEN_SSH,allow-open-ssh) $(call flag,MAX_HOURS,max-hours) \
   $(call flag,STACK,stack) $(call flag,OWNER,owner) $(call flag,CONFIG,config) \
   $(call flag,HOSTS,hosts) $(call flag,SSH_KEY,ssh-key) $(call flag,STACK_PYTHON,stack-python)
@@ -52,7 +53,7 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
 NAME_FLAG = $(call flag,NAME,name)
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
-  ec2-emulator
+  ec2-emulator aws-catalog
 
 setup: $(STAMP)
 
@@ -169,3 +170,9 @@ bench: setup
 # PROVIDER=aws for free with AWS_ENDPOINT_URL=http://127.0.0.1:$(PORT). Ctrl-C stops every node.
 ec2-emulator: setup
 	$(VENV)/bin/python tests/ec2_emulator.py $(call given_or,PORT,5000)
+
+# The AWS catalog snapshot ftc plans from offline (provision/providers/aws_catalog.json): instance facts
+# from DescribeInstanceTypes against moto, prices from PRICES (Karpenter's zz_generated.pricing_aws.go),
+# else the snapshot's own.
+aws-catalog: setup
+	$(VENV)/bin/python tests/make_aws_catalog.py $(call flag,PRICES,prices)

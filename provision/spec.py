@@ -37,6 +37,9 @@ class ClusterSpec:
     ami: str = ""  # empty: resolved from the public SSM parameter at launch
     root_volume_gb: int = 100
     spot: bool = False
+    # ENA Express (SRD) on the nodes' network interfaces: a faster cap on one flow. Unless given, on
+    # wherever the instance type has it (resolve_spec); this default is the default type's.
+    ena_express: bool = default_world().instance_types[default_world().default_instance_type].ena_express
     ssh_cidr: str = ""  # empty: the caller's public address /32
     allow_open_ssh: bool = False  # the explicit opt-in that 0.0.0.0/0 needs
     max_hours: float = 4.0  # the node's watchdog powers it off (and so terminates it) after this
@@ -161,6 +164,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     **world_parsers(default_world()),
     "root_volume_gb": whole(8, 16384),
     "spot": boolean,
+    "ena_express": boolean,
     "ssh_cidr": _cidr,
     "allow_open_ssh": boolean,
     "max_hours": number(0, 168),
@@ -223,6 +227,7 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     world = spec_world(provider)
     values.setdefault("instance_type", world.default_instance_type)
     values.setdefault("region", world.default_region)
+    values.setdefault("ena_express", world.instance_types[values["instance_type"]].ena_express)
     if traits(provider).own_hosts:  # your servers are the nodes: NODES follows HOSTS
         hosts = values.get("hosts", [])
         if "nodes" in values and values["nodes"] != len(hosts):
@@ -240,6 +245,13 @@ def check_spec(spec: ClusterSpec) -> None:
     if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
         raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to the whole internet; give your own "
                          f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
+    kinds = spec_world(spec.provider).instance_types
+    if spec.ena_express and not kinds[spec.instance_type].ena_express:
+        family = spec.instance_type.partition(".")[0]
+        offered = sorted((n for n, k in kinds.items() if k.ena_express and n.startswith(f"{family}.")),
+                         key=lambda n: kinds[n].vcpus) or sorted(n for n, k in kinds.items() if k.ena_express)
+        raise UsageError(f"{label('ena_express')}=1, but {label('instance_type')}={spec.instance_type!r} has no ENA "
+                         f"Express; allowed: {label('ena_express')}=0, or a type that has it ({', '.join(offered)})")
     own_hosts = traits(spec.provider).own_hosts
     if own_hosts and not spec.hosts:
         raise UsageError(f"{label('provider')}={spec.provider!r} needs {label('hosts')}: your servers as a comma list "

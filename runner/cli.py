@@ -37,6 +37,7 @@ SPEC_HELP = {
     "ami": "AWS image id (default: Amazon Linux 2023 from its public SSM parameter)",
     "root_volume_gb": "AWS root volume size in GB (default 100)",
     "spot": "1: AWS spot instances; jobs watch for interruption notices",
+    "ena_express": "AWS: 1 or 0, ENA Express (SRD) on the nodes' network interfaces (default: 1 where the type has it)",
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
     "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
     "max_hours": "AWS: the nodes power off after this many hours (default 4)",

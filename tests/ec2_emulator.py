@@ -2,8 +2,9 @@
 (`make ec2-emulator PORT=5000`), then `AWS_ENDPOINT_URL=http://127.0.0.1:5000 ftc ... --provider aws`.
 PORT 0 takes a free port; the ready line names the URL.
 
-moto's server speaks the EC2 API (with ftc's placement groups, tests/moto_ext.py); each
-instance RunInstances launches is, besides moto's record, a node of this machine:
+moto's server speaks the EC2 API (with ftc's placement groups and ENA Express settings, kept per
+network interface and answered by DescribeInstances and DescribeNetworkInterfaces: tests/moto_ext.py);
+each instance RunInstances launches is, besides moto's record, a node of this machine:
   - its own loopback address 127.0.1.x, which DescribeInstances reports as its private and
     public IP, and an sshd on port 22 there that lets the AMI's user (ec2-user) in with the
     key pair's key;
@@ -121,6 +122,7 @@ class Node:
         self.dir = root / instance.id
         self.notice: dict | None = None
         self.notices_served = 0
+        self.ena_express = False
         self.reclaim_at: float | None = None
         shutil.rmtree(self.dir, ignore_errors=True)  # what a failed try at another address left
         self._prepare(public_key, user_data)
@@ -345,8 +347,11 @@ class Fleet:
                     raise RuntimeError(f"{instance.id}: no free loopback address")
             nic = instance.nics[0]
             nic.private_ip_address = nic.public_ip = address
+            # the setting EC2 answers for its interface; the loopback carries no SRD, so it is only recorded
+            node.ena_express = bool((getattr(nic, "ena_srd_specification", None) or {}).get("EnaSrdEnabled"))
             self.nodes[instance.id] = node
-            print(f"{instance.id}: running at {address} ({'spot' if node.spot else 'on-demand'})", flush=True)
+            print(f"{instance.id}: running at {address} ({'spot' if node.spot else 'on-demand'}"
+                  f"{', ENA Express' if node.ena_express else ''})", flush=True)
 
     def halt(self, instance_id: str, why: str) -> None:
         with self.lock:
@@ -421,7 +426,7 @@ def control(fleet: Fleet, app):
         code, body = "404 Not Found", {"error": "unknown path"}
         if path == "/_emulator/nodes":
             code, body = "200 OK", [{"id": n.id, "address": n.address, "spot": n.spot, "pids": n.pids(),
-                                     "notices_served": n.notices_served}
+                                     "notices_served": n.notices_served, "ena_express": n.ena_express}
                                     for n in list(fleet.nodes.values())]
         elif path.startswith("/_emulator/spot-reclaim/") and environ["REQUEST_METHOD"] == "POST":
             node = fleet.nodes.get(path.rsplit("/", 1)[1])

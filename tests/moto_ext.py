@@ -1,6 +1,10 @@
 """What moto 5.2 lacks for ftc's tests, added to its EC2 backend: placement groups
 (CreatePlacementGroup / DescribePlacementGroups / DeletePlacementGroup raise
-NotImplementedError there), instances launched into one, and fault injection.
+NotImplementedError there), instances launched into one, ENA Express on network interfaces
+(moto 5.2.5 takes RunInstances' and ModifyNetworkInterfaceAttribute's EnaSrdSpecification and
+drops it: here it is kept per interface and answered, as EC2 does, in each interface's
+Attachment of DescribeInstances and DescribeNetworkInterfaces), an instance's security groups
+given on its network interface (EC2 reports them as the instance's too), and fault injection.
 
 Faults come from the JSON file named by $FTC_MOTO_FAULTS, re-read on every call, so a
 test changes them while the server runs:
@@ -18,6 +22,7 @@ import time
 
 from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.elastic_network_interfaces import Attachment
 from moto.ec2.responses import EC2Response
 
 _calls = {"count": 0, "faults_mtime": 0.0}
@@ -103,10 +108,50 @@ def run_instances(self):
                              f"We currently do not have sufficient capacity in the Availability Zone you requested ({zone}).")
     result = _original_run_instances(self)
     token = self._get_param("ClientToken")
+    interfaces = self._get_param("NetworkInterfaces", [])
     for instance in self.ec2_backend.all_instances():
-        if instance.client_token == token and group:
+        if instance.client_token != token:
+            continue
+        if group:
             instance.placement.group_name = group
+        for spec in interfaces:
+            nic = instance.nics.get(int(spec.get("DeviceIndex", 0)))
+            if nic is not None and spec.get("EnaSrdSpecification"):
+                nic.ena_srd_specification = _ena_srd(spec["EnaSrdSpecification"])
+        if not instance.security_groups and 0 in instance.nics:
+            instance.security_groups = list(instance.nics[0]._group_set)
     return result
+
+
+def _flag(value) -> bool:
+    return str(value).lower() == "true"
+
+
+def _ena_srd(spec: dict) -> dict:
+    """An EnaSrdSpecification as EC2 answers it: both settings, as booleans."""
+    udp = spec.get("EnaSrdUdpSpecification") or {}
+    return {"EnaSrdEnabled": _flag(spec.get("EnaSrdEnabled")),
+            "EnaSrdUdpSpecification": {"EnaSrdUdpEnabled": _flag(udp.get("EnaSrdUdpEnabled"))}}
+
+
+_original_modify_interface = EC2Response.modify_network_interface_attribute
+
+
+def modify_network_interface_attribute(self):
+    spec = self._get_param("EnaSrdSpecification")
+    if spec and not self._get_bool_param("DryRun"):
+        self.ec2_backend.get_network_interface(self._get_param("NetworkInterfaceId")).ena_srd_specification = \
+            _ena_srd(spec)
+    return _original_modify_interface(self)
+
+
+_original_attachment_init = Attachment.__init__
+
+
+def attachment_init(self, eni) -> None:
+    """An interface's attachment carries its ENA Express setting (moto serializes the attribute)."""
+    _original_attachment_init(self, eni)
+    self.ena_srd_specification = getattr(eni, "ena_srd_specification", None)
 
 
 _original_call_action = EC2Response.call_action
@@ -133,4 +178,6 @@ def install() -> None:
     EC2Response.describe_placement_groups = describe_placement_groups
     EC2Response.delete_placement_group = delete_placement_group
     EC2Response.run_instances = run_instances
+    EC2Response.modify_network_interface_attribute = modify_network_interface_attribute
+    Attachment.__init__ = attachment_init
     EC2Response.call_action = call_action

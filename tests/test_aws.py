@@ -41,6 +41,12 @@ def test_up_creates_every_resource_as_specified_and_down_removes_it(aws, ftc_hom
     assert {i["KeyName"] for i in instances} == {"ftc-c1"}
     group_id = found["security_groups"][0]["GroupId"]
     assert {g["GroupId"] for i in instances for g in i["SecurityGroups"]} == {group_id}
+    # one interface each, in the group, gone with the instance, ENA Express (SRD, TCP and UDP) on: c6i.16xlarge has it
+    interfaces = [n for i in instances for n in i["NetworkInterfaces"]]
+    assert len(interfaces) == nodes and {g["GroupId"] for n in interfaces for g in n["Groups"]} == {group_id}
+    assert {n["Attachment"]["DeleteOnTermination"] for n in interfaces} == {True}
+    assert all(n["Attachment"]["EnaSrdSpecification"] == {"EnaSrdEnabled": True, "EnaSrdUdpSpecification": {
+        "EnaSrdUdpEnabled": True}} for n in interfaces)
     for instance in instances:
         tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
         assert tags["ftc:cluster"] == "c1" and tags["ftc:owner"]
@@ -66,6 +72,7 @@ def test_up_creates_every_resource_as_specified_and_down_removes_it(aws, ftc_hom
 
     state = json.loads((ftc_home / "clusters" / "c1" / "state.json").read_text())
     assert state["phase"] == "running" and len(state["nodes"]) == nodes
+    assert state["resources"]["ena_express"] is True and state["spec"]["ena_express"] is True
     assert sorted(state["resources"]["instances"]) == sorted(i["InstanceId"] for i in instances)
     key = ftc_home / "clusters" / "c1" / "keys" / "access"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and "PRIVATE KEY" in key.read_text()
@@ -73,6 +80,25 @@ def test_up_creates_every_resource_as_specified_and_down_removes_it(aws, ftc_hom
     assert main(["down", "--name", "c1"]) == 0
     assert_nothing_left(ec2, "c1")
     assert not (ftc_home / "clusters" / "c1").exists()
+    left = ec2.describe_network_interfaces(Filters=[{"Name": "network-interface-id", "Values": [
+        n["NetworkInterfaceId"] for n in interfaces]}])["NetworkInterfaces"]
+    assert left == []
+
+
+@pytest.mark.parametrize("flags,on", [(["--ena-express", "0"], False), (["--instance-type", "c7i.8xlarge"], False),
+                                      (["--instance-type", "c8in.16xlarge"], True)])
+def test_ena_express_is_off_when_turned_off_or_the_type_has_none_and_status_says_which(aws, ftc_home, flags, on):
+    proc = ftc(*UP, "--name", "ena", "--nodes", "2", *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert ("ENA Express)" in proc.stderr.split("plan: ", 1)[1].splitlines()[0]) == on
+    assert "catalog: instance types: EC2 DescribeInstanceTypes in us-east-1 (" in proc.stderr  # read, not bundled
+    instances = cluster_resources(aws.ec2(), "ena")["instances"]
+    assert [aws_provider.ena_express_on(i) for i in instances] == [on, on]
+    assert json.loads((ftc_home / "clusters" / "ena" / "state.json").read_text())["resources"]["ena_express"] is on
+    status = ftc("status", "--name", "ena")
+    assert status.returncode == 0 and status.stdout.count("ENA Express") == (2 if on else 0), status.stdout
+    assert ftc("down", "--name", "ena").returncode == 0
+    assert_nothing_left(aws.ec2(), "ena")
 
 
 def test_capacity_error_in_first_zone_moves_to_the_next(aws, ftc_home):
@@ -94,10 +120,11 @@ def test_no_capacity_anywhere_rolls_back(aws, ftc_home):
     assert_nothing_left(aws.ec2(), "nocap")
 
 
-# EC2 calls of `up`, in order: DescribeImages, DescribeVpcs, DescribeSubnets, CreateKeyPair,
+# EC2 calls of `up`, in order: DescribeInstanceTypes (the catalog: its failure falls back to the
+# snapshot, tests/test_catalog.py), DescribeImages, DescribeVpcs, DescribeSubnets, CreateKeyPair,
 # CreateSecurityGroup, AuthorizeSecurityGroupIngress, CreatePlacementGroup, RunInstances,
 # DescribeInstanceStatus, DescribeInstances.
-@pytest.mark.parametrize("call", range(1, 11))
+@pytest.mark.parametrize("call", range(2, 12))
 def test_failure_at_any_ec2_call_of_up_leaves_nothing(aws, ftc_home, call):
     aws.faults(fail_at_call=call)
     proc = ftc(*UP, "--name", "inj", "--nodes", "3")
@@ -161,6 +188,8 @@ def test_api_calls_do_not_grow_with_nodes(aws, ftc_home):
         assert up(f"scale{nodes}", nodes) == 0
         assert main(["down", "--name", f"scale{nodes}"]) == 0
         counts[nodes] = dict(aws_provider.API_CALLS)
+    # the catalog, read once a day: only the first `up` asked (moto has no Price List API: one try)
+    assert counts[1].pop("DescribeInstanceTypes") == 1 and counts[1].pop("GetProducts") == 1, counts
     assert counts[1] == counts[64], counts
     assert counts[64]["RunInstances"] == 1 and counts[64]["TerminateInstances"] == 1
 

@@ -140,8 +140,8 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--network", "c9x"], "--network='c9x' is not an instance type; allowed: c6i, c7i, m6i, m7i, r6i, r7i (their "
-                           "16xlarge) or a type such as c7i.8xlarge"),
+    (["--network", "c9x"], "--network='c9x' is not an instance type; allowed: c6i, c6in, c7i, c8i, c8in, m6i, m6in, "
+                           "m7i, m8i, m8in, r6i, r6in, r7i, r8i, r8in (their 16xlarge) or a type such as c7i.8xlarge"),
     (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
     (["--network", "c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a lever; allowed: one-flow, flows, "
                                                         "flows-overlap, flows-comm-core, flows-batch-2x, flows-powersgd, ceiling "

@@ -68,6 +68,7 @@ def test_make_run_provider_aws_through_the_emulator_trains_and_leaves_nothing(ec
                           env={**os.environ, "FTC_HOME": str(ftc_home)})
     assert made.returncode == 0, made.stderr[-3000:]
     assert "verified: mpirun hostname on 2 node(s)" in made.stdout and "dev accuracy" in made.stdout
+    assert "Gbit/s, ENA Express)" in made.stderr  # the plan `up` printed: on, c6i.16xlarge has it
     (run_dir,) = (ftc_home / "runs" / "emu").iterdir()
     result = json.loads((run_dir / "results.json").read_text())
     assert result["world_size"] == 2 and result["nodes"] == 2 and 0 <= result["eval_accuracy"] <= 1
@@ -85,6 +86,13 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     up = ftc("up", "--name", "steps", *AWS)
     assert up.returncode == 0, up.stderr[-3000:]
     described = instances_of(ec2, "steps")
+    # ENA Express on every node's interface, as EC2 answers it, and as the emulator recorded it per node
+    from provision.providers.aws import ena_express_on
+    assert [ena_express_on(i) for i in described] == [True, True]
+    interfaces = ec2.describe_network_interfaces(Filters=[{"Name": "attachment.instance-id", "Values": [
+        i["InstanceId"] for i in described]}])["NetworkInterfaces"]
+    assert [n["Attachment"]["EnaSrdSpecification"]["EnaSrdEnabled"] for n in interfaces] == [True, True]
+    assert [n["ena_express"] for n in nodes(emulator)] == [True, True]
     addresses = sorted(i["PrivateIpAddress"] for i in described)
     assert all(a.startswith("127.0.1.") for a in addresses)
     assert sorted(i["PublicIpAddress"] for i in described) == addresses
@@ -105,7 +113,7 @@ def test_up_ssh_by_name_finetune_status_and_down_one_by_one(ec2, emulator, ftc_h
     # terminated behind ftc's back: status says so, and the node is really gone
     ec2.terminate_instances(InstanceIds=[node1["id"]])
     status = ftc("status", "--name", "steps")
-    assert "steps-1 is terminated" in status.stderr
+    assert "steps-1 is terminated" in status.stderr and "ENA Express" in status.stdout  # node 0's detail
     assert [n["address"] for n in nodes(emulator)] == [state["nodes"][0]["private_ip"]]
 
     down = ftc("down", "--name", "steps")

@@ -290,3 +290,14 @@ def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_
                          check=True).stdout
     for key in ("task", "model", "epochs", "batch_size", "flows", "allreduce", "grad_compress"):  # what ftc plan models
         assert f"--{key.replace('_', '-')}='{given[key]}'" in dry
+
+
+def test_make_passes_every_cluster_setting_to_cluster_run_and_sweep():
+    from provision.spec import PARSERS
+    given = {key: f"v{i}" for i, key in enumerate(PARSERS)}
+    assignments = [f"{key.upper()}={value}" for key, value in given.items()]
+    for target in ("cluster", "run", "sweep"):
+        dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+        missing = [key for key, value in given.items() if f"--{key.replace('_', '-')}='{value}'" not in dry]
+        assert missing == [], f"make {target} drops {missing}"

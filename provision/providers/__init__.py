@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from .aws_world import AWS
 from .records import (
     TRAITS,
+    Catalog,
     LocalResources,
     NodeStatus,
     Provider,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from ..spec import ClusterSpec
     from ..state import ClusterState
 
-__all__ = ["TRAITS", "NodeStatus", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
+__all__ = ["TRAITS", "Catalog", "NodeStatus", "catalog", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
            "providers_with", "register", "spec_world", "supports", "traits", "world"]
 
 
@@ -72,6 +73,8 @@ class OptionalVerbs(Protocol):
     def extend(self, state: "ClusterState", hours: float) -> None: ...
 
     def store_checkpoint(self, checkpoint: Path, uri: str, job_id: str) -> None: ...
+
+    def catalog(self, region: str, refresh: bool) -> Catalog: ...
 
 
 def _verbs_of(protocol: type) -> tuple[str, ...]:
@@ -181,3 +184,17 @@ def store_checkpoint(checkpoint: Path, uri: str, job_id: str) -> None:
     """Copy a job's checkpoint file to the store `uri` names, whatever the cluster's provider (aws:
     s3://bucket/prefix, to <prefix>/<job_id>/last.pt), with the controller's credentials."""
     import_module(store_for("checkpoint_s3", uri).module).store_checkpoint(checkpoint, uri, job_id)
+
+
+def catalog(provider: str, region: str, refresh: bool = False) -> Catalog:
+    """The instance types a spec of `provider` is planned from in `region`, each with its price, and
+    where they came from (Catalog.source, with dates). The provider whose catalog it is (a provider
+    without one plans in the default world's: aws's) reads it: aws with `refresh` asks EC2 and the Price
+    List API when it can (once a day per region, cached under FTC_HOME), else its cache, else the
+    snapshot bundled with ftc. A provider without this verb: its World's own table."""
+    owner = provider if world(provider).instance_types else next(n for n in names() if world(n).instance_types)
+    if supports(owner, "catalog"):
+        return get(owner).catalog(region, refresh)
+    own = world(owner)
+    return Catalog(region=region, instance_types=own.instance_types, facts_source=f"{own.title or owner}'s own table",
+                   facts_date="built in", prices_source=f"{own.title or owner}'s own table", prices_date="built in")

@@ -15,6 +15,8 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
 from pathlib import Path
 
 import boto3
@@ -28,8 +30,9 @@ from ..errors import FtcError, UsageError, option, switch_on
 from ..templates import render
 from ..ui import console
 from ..values import from_env, number
-from .aws_world import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER, INSTANCE_TYPES
-from .records import AwsPreflight, AwsResources, NodeStatus, Record
+from . import aws_catalog
+from .aws_world import DEFAULT_AMI_PARAMETER, DEFAULT_SSH_USER
+from .records import AwsPreflight, AwsResources, Catalog, InstanceType, NodeStatus, Record
 
 TAG_CLUSTER = "ftc:cluster"
 TAG_OWNER = "ftc:owner"
@@ -51,11 +54,13 @@ def _count(event_name: str, **_) -> None:
     API_CALLS[event_name.rsplit(".", 1)[-1]] += 1
 
 
-def client(service: str, region: str):
+def client(service: str, region: str, quick: bool = False):
     # Retried calls ride out RequestLimitExceeded and kin; AWS_MAX_ATTEMPTS, the SDKs' own
-    # variable, still sets how many attempts when the user gives it.
+    # variable, still sets how many attempts when the user gives it. A quick client (the catalog's,
+    # which has a fallback) gives up within seconds rather than keep `up` or a plan waiting.
     retries = {"mode": "standard"} if os.environ.get("AWS_MAX_ATTEMPTS") else {"mode": "standard", "max_attempts": 8}
-    config = BotoConfig(retries=retries)
+    config = BotoConfig(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5, read_timeout=20) \
+        if quick else BotoConfig(retries=retries)
     made = boto3.session.Session(region_name=region).client(service, config=config)
     made.meta.events.register(f"before-call.{made.meta.service_model.endpoint_prefix}", _count)
     return made
@@ -97,6 +102,85 @@ def _explain(exc: Exception, doing: str) -> FtcError:
     return FtcError(f"{doing}: {exc}")
 
 
+# ---- the catalog: EC2's own facts and prices ------------------------------------------------------
+
+PRICING_REGION = "us-east-1"  # the Price List API's endpoint; it prices every region
+
+
+def reachable() -> bool:
+    """Whether EC2 can be asked from here: credentials, or an endpoint named (a moto server, the emulator)."""
+    return bool(os.environ.get("AWS_ENDPOINT_URL")) or has_credentials()
+
+
+def catalog(region: str, refresh: bool) -> Catalog:
+    """Region `region`'s catalog. With `refresh` and EC2 reachable, a cache older than today is fetched
+    anew (DescribeInstanceTypes; prices from the Price List API when it answers, else the snapshot's)
+    and saved; otherwise, or when EC2 does not answer, the cache, else the bundled snapshot."""
+    found = aws_catalog.cached(region)
+    if refresh and reachable() and aws_catalog.stale(found, date.today()):
+        try:
+            found = fetch_catalog(region)
+            aws_catalog.save(found)
+        except (ClientError, BotoCoreError) as exc:
+            console.print(f"[yellow]the EC2 catalog of {escape(region)} could not be read "
+                          f"({escape(str(_explain(exc, 'DescribeInstanceTypes')))}); planning from "
+                          f"{'the cache' if found else 'the snapshot bundled with ftc'}[/]")
+        except OSError as exc:  # read, but not cached: the plan still uses it
+            console.print(f"[yellow]the catalog could not be cached ({escape(str(exc))})[/]")
+    return found.catalog() if found else aws_catalog.snapshot()
+
+
+def fetch_catalog(region: str) -> aws_catalog.CatalogFile:
+    """ftc's families as EC2 describes them in `region`, priced by the Price List API or the snapshot."""
+    ec2 = client("ec2", region, quick=True)
+    pages = ec2.get_paginator("describe_instance_types").paginate(
+        Filters=[{"Name": "instance-type", "Values": [f"{family}.*" for family in aws_catalog.FAMILIES]}])
+    entries = sorted((aws_catalog.trimmed(e) for page in pages for e in page["InstanceTypes"]
+                      if aws_catalog.planned(e["InstanceType"], e["VCpuInfo"]["DefaultVCpus"])),
+                     key=lambda e: e["InstanceType"])
+    today = date.today().isoformat()
+    prices = list_prices(region, [e["InstanceType"] for e in entries])
+    fallback = aws_catalog.snapshot_file()
+    return aws_catalog.CatalogFile(
+        region=region, entries=entries, facts_source=f"EC2 DescribeInstanceTypes in {region}", facts_date=today,
+        prices=prices or fallback.prices, prices_date=today if prices else fallback.prices_date,
+        prices_source="AWS Price List API" if prices else f"the snapshot bundled with ftc: {fallback.prices_source}")
+
+
+def list_prices(region: str, names: list[str]) -> dict[str, float]:
+    """Each type's on-demand Linux price in `region` from the Price List API; {} when it does not answer
+    for all of them (one source for the whole catalog, so a plan can name it)."""
+    pricing = client("pricing", PRICING_REGION, quick=True)
+
+    def price(name: str) -> float | None:
+        reply = pricing.get_products(ServiceCode="AmazonEC2", MaxResults=10, Filters=[
+            {"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
+                ("instanceType", name), ("regionCode", region), ("operatingSystem", "Linux"),
+                ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"),
+                ("marketoption", "OnDemand"), ("licenseModel", "No License required"))])
+        return aws_catalog.on_demand_usd(reply["PriceList"])
+
+    try:
+        if not names or price(names[0]) is None:  # one call first: where it fails, it fails once
+            return {}
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = dict(zip(names, pool.map(price, names)))
+    except (ClientError, BotoCoreError):
+        return {}
+    return found if all(found.values()) else {}
+
+
+def instance_kind(spec) -> tuple[InstanceType, Catalog]:
+    """The spec's instance type in its region's catalog (refreshed, as `up` plans it), and the catalog;
+    a type EC2 does not offer there is refused in one line."""
+    offered = catalog(spec.region, refresh=True)
+    kind = offered.instance_types.get(spec.instance_type)
+    if kind is None:
+        raise UsageError(f"{option('instance_type')}={spec.instance_type!r} is not offered in {spec.region} "
+                         f"({offered.facts_source}); allowed: {', '.join(sorted(offered.instance_types))}")
+    return kind, offered
+
+
 # ---- before anything is created --------------------------------------------------------------
 
 def caller_cidr() -> str:
@@ -134,16 +218,17 @@ def preflight(state: st.ClusterState) -> AwsPreflight:
                         vpc=vpcs[0]["VpcId"], subnets={z: by_zone[z] for z in zones})
 
 
-def plan_text(state: st.ClusterState, facts: AwsPreflight) -> str:
+def plan_text(state: st.ClusterState, facts: AwsPreflight, kind: InstanceType, offered: Catalog) -> str:
     spec = state.cluster_spec
-    kind = INSTANCE_TYPES[spec.instance_type]
     hourly = kind.usd_per_hour * spec.nodes
-    return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB) "
+    return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB, "
+            f"{kind.network_gbps:g} Gbit/s{', ENA Express' if spec.ena_express else ''}) "
             f"{'spot ' if spec.spot else ''}in {spec.region} ({', '.join(facts.subnets)}), placement group "
             f"'cluster', AMI {facts.ami}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts.ssh_cidr}, "
             f"powered off after {spec.max_hours:g} h.\n"
             f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
-            f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime")
+            f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime\n"
+            f"catalog: {offered.source}")
 
 
 def check_settings() -> None:
@@ -154,9 +239,10 @@ def check_settings() -> None:
 
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
+    kind, offered = instance_kind(state.cluster_spec)
     facts = preflight(state)
     state.resources.preflight = facts
-    console.print(plan_text(state, facts), markup=False)
+    console.print(plan_text(state, facts, kind, offered), markup=False)
     if yes:
         return
     if not sys.stdin.isatty():
@@ -168,8 +254,9 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
 
 def dry_run(spec) -> None:
     state = st.ClusterState(name=spec.name, provider="aws", spec=spec.to_dict())
+    kind, offered = instance_kind(spec)
     facts = preflight(state)
-    console.print(plan_text(state, facts), markup=False)
+    console.print(plan_text(state, facts, kind, offered), markup=False)
     ec2 = client("ec2", spec.region)
     checks = {
         "ec2:CreateKeyPair": lambda: ec2.create_key_pair(KeyName=f"ftc-{spec.name}", DryRun=True),
@@ -186,7 +273,7 @@ def dry_run(spec) -> None:
             code = exc.response["Error"]["Code"]
             if code != "DryRunOperation":
                 missing.append(f"{permission} ({code})")
-    vcpus = INSTANCE_TYPES[spec.instance_type].vcpus * spec.nodes
+    vcpus = kind.vcpus * spec.nodes
     try:
         quota = client("service-quotas", spec.region).get_service_quota(
             ServiceCode="ec2", QuotaCode="L-1216C47A" if not spec.spot else "L-34B43A08")["Quota"]["Value"]
@@ -246,8 +333,8 @@ def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Reco
         record()  # the token first: a retry after a crash finds the same instances, not new ones
         request = dict(
             ImageId=facts.ami, InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes,
-            KeyName=ids.key_pair, SecurityGroupIds=[ids.security_group],
-            SubnetId=subnet, Placement={"GroupName": ids.placement_group, "AvailabilityZone": zone},
+            KeyName=ids.key_pair, NetworkInterfaces=[network_interface(subnet, ids.security_group, spec.ena_express)],
+            Placement={"GroupName": ids.placement_group, "AvailabilityZone": zone},
             ClientToken=token, UserData=user_data, InstanceInitiatedShutdownBehavior="terminate",
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             BlockDeviceMappings=[{"DeviceName": facts.root_device, "Ebs": {
@@ -268,10 +355,28 @@ def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Reco
             continue
         ids.instances = [i["InstanceId"] for i in reply["Instances"]]
         ids.zone = zone
+        ids.ena_express = spec.ena_express
         record()
         return
     raise FtcError(f"no capacity for {spec.nodes} x {spec.instance_type} in {', '.join(failures)}; "
                    "try other ZONES, another REGION or INSTANCE_TYPE, or fewer NODES")
+
+
+def network_interface(subnet: str, group: str, ena_express: bool) -> dict:
+    """Each node's one network interface as RunInstances takes it: the subnet and security group (which
+    move here from the request once it names an interface), a public address for SSH from the controller,
+    gone with the instance, and ENA Express (SRD, TCP and UDP) where asked: set at launch, no later call."""
+    interface = {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group], "AssociatePublicIpAddress": True,
+                 "DeleteOnTermination": True}
+    if ena_express:
+        interface["EnaSrdSpecification"] = {"EnaSrdEnabled": True, "EnaSrdUdpSpecification": {"EnaSrdUdpEnabled": True}}
+    return interface
+
+
+def ena_express_on(instance: dict) -> bool:
+    """Whether DescribeInstances says the instance's primary interface has ENA Express on."""
+    primary = [n for n in instance.get("NetworkInterfaces", []) if n.get("Attachment", {}).get("DeviceIndex") == 0]
+    return bool(primary and primary[0]["Attachment"].get("EnaSrdSpecification", {}).get("EnaSrdEnabled"))
 
 
 def wait(state: st.ClusterState, record: Record) -> None:
@@ -431,6 +536,7 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
             since = instance.get("LaunchTime")
             result.append(NodeStatus(instance_id, "running" if name == "running" else name,
                                      f"{instance['InstanceType']} in {instance['Placement']['AvailabilityZone']}"
+                                     + (", ENA Express" if ena_express_on(instance) else "")
                                      + (f", since {since:%H:%M UTC}" if since else "")))
     return result
 

@@ -2,33 +2,17 @@
 regions, the forms of a zone, an AMI id and an S3 URI, the metadata service a spot node asks, and the
 network of a cluster placement group. Shared code reads these through the registry (records.py).
 
-Prices are on-demand Linux USD per hour in us-east-1 (2026 list prices); other regions differ by a
-few percent, which is why the plan says "about".
+The catalog here is the snapshot bundled with ftc (aws_catalog.py: EC2's DescribeInstanceTypes facts,
+us-east-1 on-demand list prices), so a spec is checked and a plan made with no network and no
+credentials; `providers.catalog("aws", region, refresh=True)` reads the region's own from EC2 and the
+Price List API (aws.catalog), and says which source it used. Other regions' prices differ by a few
+percent, which is why a plan says "about".
 """
 
-from .records import AwsResources, CpuGeneration, InstanceType, NameForm, Provider, Traits, World
+from .aws_catalog import snapshot
+from .records import AwsResources, NameForm, Provider, Traits, World
 
-ICE_LAKE = CpuGeneration("Ice Lake", native_bf16=False)
-SAPPHIRE_RAPIDS = CpuGeneration("Sapphire Rapids", native_bf16=True)
-
-
-def _family(prefix: str, cpu: CpuGeneration, mem_per_vcpu: int, usd_per_vcpu: float) -> dict[str, InstanceType]:
-    sizes = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32,
-             "12xlarge": 48, "16xlarge": 64, "24xlarge": 96, "32xlarge": 128}
-    # EC2's published network bandwidth of the 6i/7i families, by vCPUs.
-    gbps = {2: 12.5, 4: 12.5, 8: 12.5, 16: 12.5, 32: 12.5, 48: 18.75, 64: 25.0, 96: 37.5, 128: 50.0}
-    return {f"{prefix}.{size}": InstanceType(v, v * mem_per_vcpu, round(v * usd_per_vcpu, 4), cpu, gbps[v], ena_express=v >= 48)
-            for size, v in sizes.items()}
-
-
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    **_family("c6i", ICE_LAKE, 2, 0.0425),
-    **_family("m6i", ICE_LAKE, 4, 0.048),
-    **_family("r6i", ICE_LAKE, 8, 0.063),
-    **_family("c7i", SAPPHIRE_RAPIDS, 2, 0.044625),
-    **_family("m7i", SAPPHIRE_RAPIDS, 4, 0.0504),
-    **_family("r7i", SAPPHIRE_RAPIDS, 8, 0.0665),
-}
+INSTANCE_TYPES = snapshot().instance_types
 
 REGIONS = (
     "us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1",

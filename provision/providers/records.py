@@ -48,6 +48,7 @@ class AwsResources:
     client_tokens: dict[str, str] = field(default_factory=dict)  # zone -> RunInstances token: a retry finds the same
     instances: list[str] = field(default_factory=list)
     zone: str = ""  # where the instances run
+    ena_express: bool = False  # the instances were launched with ENA Express on their network interfaces
 
 
 @dataclass
@@ -109,7 +110,7 @@ class InstanceType:
     memory_gib: int
     usd_per_hour: float  # the price of one node-hour (on-demand, the catalog's region)
     generation: CpuGeneration  # what the runner's precision choice depends on
-    network_gbps: float  # per instance; up to 8xlarge this is a burst figure ("up to 12.5")
+    network_gbps: float  # per instance, sustained: EC2's baseline (small sizes burst above it, "up to 12.5")
     ena_express: bool = False  # the provider's faster per-flow transport (EC2: ENA Express, SRD) is offered
     efa: bool = False  # an HPC fabric (EC2: Elastic Fabric Adapter) is offered
     clock_ghz: float = 0.0  # sustained all-core clock, where the provider publishes it; 0: unknown
@@ -125,6 +126,24 @@ class InstanceType:
     @property
     def native_bf16(self) -> bool:
         return self.generation.native_bf16
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A provider's instance types in one region as ftc read them, and where their facts and prices came
+    from (the cloud's own API, a cache of it, or a snapshot bundled with ftc), each with its date."""
+    region: str  # the region the figures are for (a snapshot's own, whichever region was asked for)
+    instance_types: Mapping[str, InstanceType]
+    facts_source: str  # "EC2 DescribeInstanceTypes in eu-west-1"
+    facts_date: str  # YYYY-MM-DD: when they were read
+    prices_source: str  # "AWS Price List API", or the snapshot's table, named
+    prices_date: str
+
+    @property
+    def source(self) -> str:
+        """Both sources in one line, as a plan prints it."""
+        return (f"instance types: {self.facts_source} ({self.facts_date}); prices: {self.prices_source} "
+                f"({self.prices_date}, {self.region} on-demand)")
 
 
 @dataclass(frozen=True)
