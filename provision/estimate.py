@@ -16,7 +16,8 @@ or how often it is paid (gradient accumulation, which changes the recipe).
 import math
 from dataclasses import dataclass, replace
 
-from runner.node.recipes import POWERSGD_RANK, allreduce_mode
+from runner.node.recipes import POWERSGD_RANK
+from runner.node.units import duration
 
 from .providers.records import default_world
 
@@ -90,7 +91,7 @@ class Levers:
     low_rank: int = 0  # PowerSGD's rank (--grad-compress powersgd); 0: the whole gradient crosses. An approximate
     # average changes the numerics, so only on request
     comm_core: bool = False  # overlapped, gloo's threads on a core kept from compute: a node computes on all
-    # but one of its cores, and COMM_CORE_HIDES of backward moves the gradient
+    # but one of its cores
     express: bool = False  # ENA Express on both ends: each flow capped at the world's express_flow_gbps
     compiled: bool = False  # torch.compile: steps `Compile.speedup` faster after `Compile.seconds` on every node
 
@@ -111,17 +112,25 @@ def flows_to_fill(network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> int:
     return max(1, math.ceil(network_gbps / flow_gbps - 1e-9))
 
 
-def default_levers(network_gbps: float, cores: int = 0, express: bool = False,
-                   flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0) -> Levers:
-    """What ftc's jobs do on an instance of `network_gbps` and `cores` (ENA Express on where `express`):
-    gloo given as many flows per peer as fill its link (provision/launch.default_flows; on the emulated
-    c7i network 3 flows trained at 0.78 efficiency on 2 nodes, one flow at 0.51: docs/bench.json network);
-    the all-reduce overlapped with gloo's threads on a kept core from COMM_CORE_MIN_CORES cores a rank
-    (recipes.allreduce_mode), else after backward; nothing accumulated."""
+def default_levers(network_gbps: float, express: bool = False, flow_gbps: float = EC2_FLOW_GBPS,
+                   express_flow_gbps: float = 0.0) -> Levers:
+    """What ftc's jobs do on an instance of `network_gbps` (ENA Express on where `express`): gloo given as
+    many flows per peer as fill its link (provision/launch.default_flows; on the emulated c7i network 3
+    flows trained at 0.78 efficiency on 2 nodes, one flow at 0.51: docs/bench.json network), the
+    all-reduce after backward (the communication core where the plan finds it faster: faster_rows),
+    nothing accumulated."""
     chosen = replace(DEFAULT_LEVERS, express=express)
-    flows = flows_to_fill(network_gbps, flow_cap(chosen, flow_gbps, express_flow_gbps))
-    comm_core = allreduce_mode("auto", cores, 2, "auto") == "comm-core"
-    return replace(chosen, flows=flows, overlap=comm_core, comm_core=comm_core)
+    return replace(chosen, flows=flows_to_fill(network_gbps, flow_cap(chosen, flow_gbps, express_flow_gbps)))
+
+
+def with_comm_core(levers: Levers) -> Levers:
+    return replace(levers, overlap=True, comm_core=True, low_rank=0)
+
+
+def faster_rows(after: list["PlanRow"], kept: list["PlanRow"]) -> list["PlanRow"]:
+    """Per node count, the faster of the all-reduce after backward and the communication core: what
+    ftc's controller chooses for a job's ALLREDUCE auto (runner/plan.exchange_for). Pure."""
+    return [min(a, k, key=lambda row: row.wall_s) for a, k in zip(after, kept)]
 SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce outweighs compute
 
 # The arithmetic PowerSGD's factors (runner/node/recipes.POWERSGD_RANK) cost a node a step (error
@@ -130,15 +139,14 @@ SUGGESTED_ACCUMULATE = 4  # the accumulation the plan offers when the all-reduce
 # docs/bench.json network). It scales with the node, as the plan's compute does.
 LOW_RANK_ROWS = 1.7
 
-# The share of backward's time in which the overlapped all-reduce moves the gradient without slowing
-# backward down, with gloo's threads on a core kept from compute (--allreduce comm-core): what the emulated
-# network measured (docs/bench.json network, flows-comm-core against the ceiling on the same compute cores).
-COMM_CORE_HIDES = 0.9
-# The same with gloo's threads on the compute cores (--allreduce overlap). Measured 0 on 4 emulated c7i
-# nodes of the AMX host: overlapped, 78.2 rows/s; after backward, 81.9 (docs/bench.json network). gloo's
-# threads and the kernel's TCP run on the cores that compute, so what overlap moves during backward,
-# backward pays for.
-OVERLAP_HIDES = 0.0
+# The overlapped exchange (DDP's buckets during backward: --allreduce overlap and comm-core), as 4 emulated
+# nodes of 3 cores measured it against the same nodes exchanging nothing (docs/bench.json network): at
+# c8in's 100 Gbit/s, where the exchange is a small part of the step, the step took OVERLAP_COST more than
+# compute alone (each bucket waits for the slowest rank, in place of the after-backward wait_share); at
+# c7i's 25 Gbit/s it took no more than that, so backward hid the whole exchange: at least OVERLAP_HIDES
+# of backward's time moves the gradient. Overlap pays where the exchange is a large part of the step.
+OVERLAP_COST = 0.34
+OVERLAP_HIDES = 0.75
 
 
 def step_seconds(batch_per_node: int, node_samples_per_s: float, allreduce_s: float, exposure: float,
@@ -152,8 +160,7 @@ def step_seconds(batch_per_node: int, node_samples_per_s: float, allreduce_s: fl
 def exposed_allreduce(allreduce_s: float, micro_s: float, levers: Levers) -> float:
     """What of the all-reduce a step waits for: all of it after backward; overlapped, what outlasts
     the share of the last backward it hides (OVERLAP_HIDES)."""
-    hides = COMM_CORE_HIDES if levers.comm_core else OVERLAP_HIDES if levers.overlap else 0.0
-    hidden = hides * BACKWARD_SHARE * micro_s
+    hidden = OVERLAP_HIDES * BACKWARD_SHARE * micro_s if levers.overlap else 0.0
     return max(0.0, allreduce_s - hidden)
 
 
@@ -197,7 +204,8 @@ def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_pe
         kept = 1 / cores if levers.comm_core and cores and nodes > 1 else 0.0
         node_rate = node_samples_per_s * speedup * (1 - kept)
         allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, node_rate, params)
-        waits = wait_share if nodes > 1 else 0.0
+        # the wait for the slowest node: after backward, the bench's share; overlapped, OVERLAP_COST
+        waits = (OVERLAP_COST if levers.overlap else wait_share) if nodes > 1 else 0.0
         step = step_seconds(batch_per_node, node_rate, allreduce, exposure, waits, levers)
         rate = nodes * batch_per_node * levers.accumulate / step
         train = epochs * train_samples / rate
@@ -256,6 +264,7 @@ class Assumed:
     batch_per_node: int  # rows per node per micro-batch
     network_gbps: float  # the instance's
     lr: float  # the recipe's; scaled with accumulation
+    flow_gbps: float = EC2_FLOW_GBPS  # one flow's cap, as the levers' ENA Express makes it (flow_cap)
 
 
 def lever_flags(levers: Levers, base: Levers) -> str:
@@ -263,8 +272,9 @@ def lever_flags(levers: Levers, base: Levers) -> str:
     flags = []
     if levers.flows != base.flows:
         flags.append(f"--flows {levers.flows}")
-    if levers.overlap != base.overlap:
-        flags.append(f"--allreduce {'overlap' if levers.overlap else 'after-backward'}")
+    if (levers.overlap, levers.comm_core) != (base.overlap, base.comm_core):
+        mode = "comm-core" if levers.comm_core else "overlap" if levers.overlap else "after-backward"
+        flags.append(f"--allreduce {mode}")
     if levers.accumulate != base.accumulate:
         flags.append(f"--accumulate {levers.accumulate}")
     if levers.low_rank != base.low_rank:
@@ -272,27 +282,30 @@ def lever_flags(levers: Levers, base: Levers) -> str:
     return " ".join(flags)
 
 
-def describe_levers(levers: Levers, network_gbps: float) -> str:
+def describe_levers(levers: Levers, network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> str:
     flows = "one TCP flow" if levers.flows == 1 else f"{levers.flows} TCP flows"
     when = "overlapped with backward" if levers.overlap else "after backward"
     every = "no accumulation" if levers.accumulate == 1 else f"one all-reduce per {levers.accumulate} micro-batches"
     what = (f"PowerSGD's rank-{levers.low_rank} factors (an approximate average) all-reduced" if levers.low_rank
             else "the all-reduce")
-    return f"{flows} per peer ({flow_limited_gbps(network_gbps, levers.flows):g} Gbit/s), {what} {when}, {every}"
+    express = ", ENA Express" if levers.express else ""
+    when = "overlapped with backward, gloo's threads on a kept core" if levers.comm_core else when
+    return (f"{flows} per peer ({flow_limited_gbps(network_gbps, levers.flows, flow_gbps):g} Gbit/s{express}), "
+            f"{what} {when}, {every}")
 
 
-def alternative_levers(levers: Levers, network_gbps: float) -> list[Levers]:
-    """What to try when more nodes do not pay: enough flows to fill the instance's link (overlapped
-    with backward only where overlap hides anything: OVERLAP_HIDES); and accumulation (which changes
-    the recipe) where there is none."""
-    flows, overlap = max(levers.flows, flows_to_fill(network_gbps)), levers.overlap or OVERLAP_HIDES > 0
+def alternative_levers(levers: Levers, network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> list[Levers]:
+    """What to try when more nodes do not pay: enough flows to fill the instance's link, with the
+    communication core; accumulation (which changes the recipe) where there is none; PowerSGD (which
+    changes the numerics)."""
+    flows = max(levers.flows, flows_to_fill(network_gbps, flow_gbps))
     options = []
-    if (flows, overlap) != (levers.flows, levers.overlap):
-        options.append(replace(levers, flows=flows, overlap=overlap))
+    if (flows, levers.comm_core) != (levers.flows, True) and not levers.low_rank:
+        options.append(with_comm_core(replace(levers, flows=flows)))
     if levers.accumulate == 1:
         options.append(replace(levers, accumulate=SUGGESTED_ACCUMULATE))
     if not levers.low_rank:
-        options.append(replace(levers, flows=flows, overlap=overlap, low_rank=POWERSGD_RANK))
+        options.append(replace(levers, flows=flows, overlap=False, comm_core=False, low_rank=POWERSGD_RANK))
     return options
 
 
@@ -317,7 +330,7 @@ def recommend(rows: list[PlanRow], levers: Levers, assumed: Assumed,
         verdict = f"{_headline(rows)}: more nodes do not pay: {_why_not(larger, levers, assumed, alternatives)}"
     return (f"{verdict}. Assumed: {assumed.node_samples_per_s:.0f} samples/s per node "
             f"({CLASS_NAMES[assumed.cpu_class]}), {assumed.batch_per_node} rows per node per micro-batch, "
-            f"{describe_levers(levers, assumed.network_gbps)}{_recipe_note(levers, rows, assumed)}.")
+            f"{describe_levers(levers, assumed.network_gbps, assumed.flow_gbps)}{_recipe_note(levers, rows, assumed)}.")
 
 
 def _recipe_note(levers: Levers, rows: list[PlanRow], assumed: Assumed) -> str:
@@ -345,7 +358,7 @@ def _why_not(larger: list[PlanRow], levers: Levers, assumed: Assumed,
     exposed = exposed_allreduce(row.allreduce_s, micro, levers)
     flows = "one flow" if levers.flows == 1 else f"{levers.flows} flows"
     what = (f"the all-reduce on {row.nodes} nodes ({row.allreduce_s * 1000:.0f} ms at "
-            f"{flow_limited_gbps(assumed.network_gbps, levers.flows):g} Gbit/s, {flows}"
+            f"{flow_limited_gbps(assumed.network_gbps, levers.flows, assumed.flow_gbps):g} Gbit/s, {flows}"
             + (f"; {exposed * 1000:.0f} ms of it outlasts backward)" if levers.overlap else ")"))
     relation = "takes longer than" if exposed >= compute else f"takes {exposed / compute:.0%} of"
     tries = [f"{lever_flags(alt, levers)} ({_headline(alt_rows)}{_recipe_note(alt, alt_rows, assumed)})"
@@ -379,3 +392,130 @@ def _verb(nodes: int, verb: str) -> str:
     if nodes != 1:
         return verb
     return verb + ("es" if verb.endswith("sh") else "s")
+
+
+# ---- the plan that picks the cluster ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Offer:
+    """One instance type as the plan weighs it: its node's eager rate on the job, and what it costs and has."""
+    instance_type: str
+    node_samples_per_s: float  # eager, all cores: measured on this type (given) or carried from the bench
+    cores: int  # physical
+    network_gbps: float
+    usd_per_hour: float
+    ena_express: bool  # the type offers it: ftc's clusters turn it on
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job the plan sizes, and the figures it takes as given (the bench's, the setup's)."""
+    train_samples: int
+    epochs: int
+    batch_per_node: int
+    grad_bytes: float
+    exposure: float
+    wait_share: float
+    setup_s: float
+    compiled: Compile
+    params: int = DISTILBERT_PARAMS
+
+
+def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> list[Levers]:
+    """The exact-gradient levers worth weighing on `offer`: ENA Express on (where offered) or off, the
+    communication core or the all-reduce after backward, eager or compiled; each with as many flows as
+    fill the link. Accumulation and PowerSGD change the recipe or the numerics: never chosen for you."""
+    choices = []
+    for express in ((True, False) if offer.ena_express and express_flow_gbps else (False,)):
+        cap = express_flow_gbps if express else flow_gbps
+        flows = flows_to_fill(offer.network_gbps, cap)
+        for comm_core in (True, False):
+            for compiled in (True, False):
+                choices.append(Levers(flows, comm_core, 1, comm_core=comm_core, express=express, compiled=compiled))
+    return choices
+
+
+def search(offers: list[Offer], nodes_list: list[int], job: Job, latency_s: float = EC2_LATENCY_S,
+           flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0) -> list[PlanRow]:
+    """Every offer x node count x lever choice, planned; fastest first. Pure."""
+    rows = []
+    for offer in offers:
+        for levers in lever_choices(offer, express_flow_gbps, flow_gbps):
+            planned = plan(nodes_list, job.train_samples, job.epochs, offer.node_samples_per_s, job.batch_per_node,
+                           job.grad_bytes, offer.network_gbps, job.exposure, job.wait_share, offer.usd_per_hour,
+                           job.setup_s, levers, latency_s, flow_gbps, job.params, offer.cores, express_flow_gbps,
+                           job.compiled)
+            rows += [replace(row, instance_type=offer.instance_type) for row in planned]
+    return sorted(rows, key=lambda row: (row.wall_s, row.usd))
+
+
+@dataclass(frozen=True)
+class Pick:
+    row: PlanRow | None  # None: nothing to build (no rows)
+    meets: bool  # within the deadline and the budget given
+    why: str  # one sentence: the pick and why
+
+
+def pick(rows: list[PlanRow], deadline_s: float | None, budget_usd: float | None) -> Pick:
+    """The cluster to build. With a deadline: the cheapest row that meets it (and the budget); with only a
+    budget: the fastest within it; with neither: the fastest that costs at most PAYS_COST_RATIO x the
+    cheapest row. Where nothing meets both, the nearest: the fastest within the budget, else the
+    cheapest within the deadline, else the fastest; the sentence says by how much it misses. Pure."""
+    if not rows:
+        return Pick(None, False, "nothing to plan")
+    within = [r for r in rows if (deadline_s is None or r.wall_s <= deadline_s) and (budget_usd is None or r.usd <= budget_usd)]
+    asked = _asked(deadline_s, budget_usd)
+    if within:
+        if deadline_s is not None:
+            chosen, rule = min(within, key=lambda r: (r.usd, r.wall_s)), f"the cheapest that meets {asked}"
+        elif budget_usd is not None:
+            chosen, rule = min(within, key=lambda r: (r.wall_s, r.usd)), f"the fastest within {asked}"
+        else:
+            cheapest = min(rows, key=lambda r: (r.usd, r.wall_s))
+            paying = [r for r in rows if r.usd <= PAYS_COST_RATIO * cheapest.usd]
+            chosen = min(paying, key=lambda r: (r.wall_s, r.usd))
+            rule = (f"the fastest at most {PAYS_COST_RATIO:g}x the cost of the cheapest "
+                    f"({_cluster(cheapest)}, {duration(cheapest.wall_s)}, ${cheapest.usd:.2f})")
+        return Pick(chosen, True, f"Pick {_cluster(chosen)}: {_figures(chosen)}: {rule}.")
+    budgeted = [r for r in rows if budget_usd is None or r.usd <= budget_usd]
+    timely = [r for r in rows if deadline_s is None or r.wall_s <= deadline_s]
+    if budgeted:
+        chosen = min(budgeted, key=lambda r: (r.wall_s, r.usd))
+        miss = f"the fastest within ${budget_usd:g}, {duration(chosen.wall_s - deadline_s)} over the deadline"
+    elif timely:
+        chosen = min(timely, key=lambda r: (r.usd, r.wall_s))
+        miss = f"the cheapest within {duration(deadline_s)}, ${chosen.usd - budget_usd:.2f} over the budget"
+    else:
+        chosen = min(rows, key=lambda r: (r.wall_s, r.usd))
+        miss = "the fastest of all, over both"
+    return Pick(chosen, False, f"Nothing planned meets {asked}; nearest: {_cluster(chosen)}: {_figures(chosen)}: {miss}.")
+
+
+def lever_words(levers: Levers) -> str:
+    """"ENA Express, 4 flows, communication core, compiled": the levers as a pick names them."""
+    words = (["ENA Express"] if levers.express else []) + [f"{levers.flows} flow{'s' if levers.flows > 1 else ''}"]
+    words.append("communication core" if levers.comm_core else "overlapped" if levers.overlap else "after backward")
+    return ", ".join(words + (["compiled"] if levers.compiled else ["eager"]))
+
+
+def levers_record(levers: Levers) -> dict:
+    """The levers as `ftc plan --json` and the bench's entries name them."""
+    return {"flows": levers.flows, "ena_express": levers.express, "comm_core": levers.comm_core,
+            "allreduce": "comm-core" if levers.comm_core else "overlap" if levers.overlap else "after-backward",
+            "compile": levers.compiled, "accumulate": levers.accumulate,
+            "grad_compress": "powersgd" if levers.low_rank else "auto"}
+
+
+def _asked(deadline_s: float | None, budget_usd: float | None) -> str:
+    parts = ([f"the {duration(deadline_s)} deadline"] if deadline_s is not None else []) + \
+        ([f"${budget_usd:g}"] if budget_usd is not None else [])
+    return " and ".join(parts) or "nothing"
+
+
+def _cluster(row: PlanRow) -> str:
+    return f"{row.nodes} x {row.instance_type} ({lever_words(row.levers)})"
+
+
+def _figures(row: PlanRow) -> str:
+    return f"{duration(row.wall_s)} with setup, ${row.usd:.2f}, efficiency {row.efficiency:.2f}"
+

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -24,7 +25,9 @@ from provision.ui import answer, console
 from provision.values import boolean, label, number, whole, whole_list, writable_dir
 from runner import plan
 from runner.jobflags import JOB_FLAGS
-from runner.node.recipes import GRAD_COMPRESS, POWERSGD_RANK
+from runner.node.recipes import COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK
+from runner.node.units import duration
+from runner.plan import SETUP_MINUTES
 
 DEFAULT_WORLD = default_world()  # where INSTANCE_TYPE and REGION default from (of the built-ins: AWS)
 SPEC_HELP = {
@@ -181,12 +184,14 @@ def _plan_parser(sub) -> None:
                    help="a local model directory: its size, from its safetensors header, scales the rate and the "
                         "all-reduce (default: distilbert-base-uncased's)")
     p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
-    p.add_argument("--instance-type", default=None, help=f"default: the cluster spec's ({DEFAULT_WORLD.default_instance_type})")
+    p.add_argument("--instance-type", default=None, help=f"default: the cluster spec's ({DEFAULT_WORLD.default_instance_type}); "
+                                                         "auto: every planned type of the catalog, and a pick")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
     p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
-    p.add_argument("--setup-minutes", default="5", help="launch + bootstrap, billed too (default 5)")
+    p.add_argument("--setup-minutes", default=str(SETUP_MINUTES),
+                   help=f"launch + bootstrap, billed too (default {SETUP_MINUTES:g}: docs/performance.md)")
     p.add_argument("--batch-size", default=None, help="rows per node per step (default: the ftc recipe's, 32)")
     p.add_argument("--flows", default=None, help=f"TCP flows per ring peer, {DEFAULT_WORLD.flow_gbps:g} Gbit/s each "
                                                  "in a placement group (default as ftc's jobs: as many as fill the instance's "
@@ -199,6 +204,14 @@ def _plan_parser(sub) -> None:
     p.add_argument("--grad-compress", default=None, metavar="|".join(GRAD_COMPRESS),
                    help="what crosses the network, as a job's GRAD_COMPRESS (default auto: the gradient, in bf16 where "
                         f"training is; none: fp32; powersgd: rank-{POWERSGD_RANK} factors, an approximate average)")
+    p.add_argument("--deadline", default=None, help="pick the cheapest cluster that trains within this, setup included "
+                                                    "(20m, 1h30m); the instance type is then chosen (auto)")
+    p.add_argument("--budget", default=None, help="pick the fastest cluster that costs at most this many dollars, "
+                                                  "setup included; with --deadline, both must hold")
+    p.add_argument("--ena-express", default=None, metavar="1|0",
+                   help="each TCP flow at ENA Express's cap (default: on where the instance type has it, as ftc's clusters)")
+    p.add_argument("--compile", default=None, metavar="auto|on|off",
+                   help=f"torch.compile on every node (default auto: from {COMPILE_MIN_STEPS} steps a job, as ftc's jobs)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 
@@ -519,7 +532,61 @@ def cmd_extend(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """The estimator: a measured per-node rate carried to the instance's cores and CPU class, the
     bench's all-reduce exposure and wait for the slowest rank, the instance's network (flow-limited)
-    and price, the task's size, the levers (provision/estimate.py); then its decision in one sentence."""
+    and price, the task's size, the levers (provision/estimate.py); then its decision in one sentence.
+    With INSTANCE_TYPE auto (the default with --deadline or --budget), every planned type of the
+    catalog, node count and lever is weighed, and the plan picks the cluster."""
+    from provision import estimate
+    job, given = _plan_job(args)
+    if _plan_searches(args):
+        return _plan_search(args, job, given)
+    kind_name, world = _planned_instance_type(args.instance_type)
+    kind = world.instance_types[kind_name]
+    cls = estimate.xeon_class(kind.native_bf16)
+    steps = job.epochs * job.train_samples // (max(given["nodes"]) * job.batch_per_node)
+    levers = plan.plan_levers(args, kind, world, given["compress"], steps)
+    rate, source = plan.plan_rate(args.samples_per_s, given["bench"], kind, cls, job.params)
+
+    def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
+        rows = estimate.plan(given["nodes"], job.train_samples, job.epochs, rate, job.batch_per_node, job.grad_bytes,
+                             kind.network_gbps, job.exposure, job.wait_share, kind.usd_per_hour, job.setup_s, chosen,
+                             world.hop_latency_s, world.flow_gbps, job.params, kind.physical_cores,
+                             world.express_flow_gbps, job.compiled)
+        return [replace(row, instance_type=kind_name) for row in rows]
+
+    rows = plan_with(levers)
+    if args.allreduce is None and not levers.low_rank:  # as the controller chooses for a job (plan.exchange_for)
+        rows = estimate.faster_rows(rows, plan_with(estimate.with_comm_core(levers)))
+        levers = rows[-1].levers
+    cap = estimate.flow_cap(levers, world.flow_gbps, world.express_flow_gbps)
+    alternatives = [(alt, plan_with(alt)) for alt in estimate.alternative_levers(levers, kind.network_gbps, cap)]
+    recommendation = estimate.recommend(rows, levers, estimate.Assumed(rate, cls, job.batch_per_node, kind.network_gbps,
+                                                                       given["lr"], cap), alternatives)
+    if args.json:
+        print(json.dumps({"rows": [plan.row_record(row) for row in rows], "recommendation": recommendation}))
+        return 0
+    plan.print_plan(f"{given['task']} x {job.epochs} epochs, {given['model']}, {kind_name} ({kind.cpu}, "
+                    f"{kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", rows)
+    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce at most "
+                 f"{cap:g} Gbit/s per TCP flow (a placement group's cap{', ENA Express' if levers.express else ''}) and "
+                 f"{kind.network_gbps:g} per instance"
+                 + (f", overlapped: only what outlasts backward ({estimate.BACKWARD_SHARE:.0%} of compute) is exposed"
+                    if levers.overlap else "") +
+                 f", {job.exposure:.2f}x its idle time as measured in training, and a wait for the slowest "
+                 f"node of {job.wait_share * 100:.0f}% of compute (both from the bench). "
+                 f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.", markup=False)
+    answer.print(recommendation, markup=False)
+    return 0
+
+
+def _plan_searches(args: argparse.Namespace) -> bool:
+    """Whether `ftc plan` picks the instance type: INSTANCE_TYPE auto, or a deadline or budget with none given."""
+    settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
+    named = args.instance_type or settings.get("instance_type")
+    return named == "auto" or (named is None and (args.deadline is not None or args.budget is not None))
+
+
+def _plan_job(args: argparse.Namespace) -> tuple:
+    """The job `ftc plan` sizes (estimate.Job) and what it was given besides, each input checked."""
     from provision import estimate
     from runner.jobspec import PARSERS as JOB_PARSERS
     from runner.node import glue
@@ -529,50 +596,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
                          f"{', '.join(glue.TASKS)}") from None
-    nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
-    kind_name, world = _planned_instance_type(args.instance_type)
-    kind = world.instance_types[kind_name]
+    nodes = sorted(set(whole_list(1, MAX_NODES)("nodes", args.nodes)))
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     recipe = RECIPES["ftc"]
     batch = recipe["batch_size"] if args.batch_size is None else JOB_PARSERS["batch_size"]("batch_size", args.batch_size)
     bench = plan.bench_figures(args.bench)
     model, params = plan.plan_model(args.model)
-    cls = estimate.xeon_class(kind.native_bf16)
     compress = plan.plan_compress(args)
-    levers = plan.plan_levers(args, kind.network_gbps, compress)
-    grad_bytes = estimate.gradient_bytes(bf16=plan.wire_bf16(compress, cls), params=params)
-    rate, source = plan.plan_rate(args.samples_per_s, bench, kind, cls, params)
+    deadline = None if args.deadline is None else plan.deadline_seconds("deadline", args.deadline)
+    budget = None if args.budget is None else plan.BUDGET("budget", args.budget)
+    native = bench["precision"] == "bf16"  # the wire as the bench's nodes send it; each type's own below
+    job = estimate.Job(estimate.GLUE_TRAIN_SIZES[task], epochs, batch,
+                       estimate.gradient_bytes(bf16=plan.wire_bf16(compress, estimate.xeon_class(native)), params=params),
+                       bench["exposure"], bench["wait_share"], setup_s,
+                       plan.compile_figures(args.bench) or estimate.NO_COMPILE, params)
+    return job, {"task": task, "nodes": nodes, "bench": bench, "model": model, "compress": compress, "lr": recipe["lr"],
+                 "deadline": deadline, "budget": budget}
 
-    def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
-        return estimate.plan(nodes, estimate.GLUE_TRAIN_SIZES[task], epochs, rate, batch,
-                             grad_bytes, kind.network_gbps,
-                             bench["exposure"], bench["wait_share"], kind.usd_per_hour, setup_s, chosen,
-                             latency_s=world.hop_latency_s, flow_gbps=world.flow_gbps, params=params)
 
-    rows = plan_with(levers)
-    alternatives = [(alt, plan_with(alt)) for alt in estimate.alternative_levers(levers, kind.network_gbps)]
-    recommendation = estimate.recommend(rows, levers, estimate.Assumed(rate, cls, batch, kind.network_gbps,
-                                                                       recipe["lr"]), alternatives)
+def _plan_search(args: argparse.Namespace, job, given: dict) -> int:
+    """Every planned instance type of the catalog x node count x lever, and the pick."""
+    from provision import estimate
+    from provision.providers import catalog, default_world
+    if args.samples_per_s is not None:
+        raise UsageError(f"{label('samples_per_s')} is one instance type's rate; give {label('instance_type')} with it, "
+                         "or leave it out to carry the bench's rate to every type")
+    world = default_world()
+    found = catalog("aws", world.default_region)
+    offers = plan.offers(found, given["bench"], job.params)
+    rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps)
+    chosen = estimate.pick(rows, given["deadline"], given["budget"])
+    rates = (f"each type's rate carried from the bench's ({given['bench']['ftc_samples_per_s']:.1f} samples/s on "
+             f"{given['bench']['cores_per_rank']} cores of {given['bench']['cpu']}) by CPU class and cores: an "
+             "extrapolation, not a measurement on that type")
+    setup = (f"setup {duration(job.setup_s)} a cluster (--setup-minutes), compile "
+             f"{duration(job.compiled.seconds)} on every node where compiled ({job.compiled.speedup:g}x faster steps"
+             " after it: the bench's long jobs)")
     if args.json:
-        print(json.dumps({"rows": [{"nodes": row.nodes, "samples_per_s": round(row.samples_per_s, 1),
-                                    "efficiency": round(row.efficiency, 3),
-                                    "allreduce_ms": round(row.allreduce_s * 1000, 1),
-                                    "training_s": round(row.train_s, 1), "wall_s": round(row.wall_s, 1),
-                                    "cost_usd": round(row.usd, 2)} for row in rows],
-                          "recommendation": recommendation}))
+        print(json.dumps({"rows": [plan.row_record(row) for row in rows],
+                          "pick": plan.row_record(chosen.row) | {"meets": chosen.meets},
+                          "recommendation": chosen.why, "catalog": found.source, "rates": rates, "assumed": setup}))
         return 0
-    plan.print_plan(f"{task} x {epochs} epochs, {model}, {kind_name} ({kind.cpu}, {kind.network_gbps:g} Gbit/s, "
-                f"${kind.usd_per_hour}/h)", rows)
-    answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce at most "
-                 f"{world.flow_gbps:g} Gbit/s per TCP flow (a placement group's cap) and "
-                 f"{kind.network_gbps:g} per instance"
-                 + (f", overlapped: only what outlasts backward ({estimate.BACKWARD_SHARE:.0%} of compute) is exposed"
-                    if levers.overlap else "") +
-                 f", {bench['exposure']:.2f}x its idle time as measured in training, and a wait for the slowest "
-                 f"node of {bench['wait_share'] * 100:.0f}% of compute (both from the bench). "
-                 f"Pass --samples-per-s with a rate measured on one {kind_name} for a real figure.", markup=False)
-    answer.print(recommendation, markup=False)
+    plan.print_search(f"{given['task']} x {job.epochs} epochs, {given['model']}: the best of {len(rows)} plans "
+                      f"({len(offers)} instance types x {len(given['nodes'])} node counts x levers)", rows, chosen.row)
+    answer.print(f"{found.source}; {rates}; {setup}.", markup=False)
+    answer.print(chosen.why, markup=False)
     return 0
 
 

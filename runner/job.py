@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rich.markup import escape
@@ -47,6 +48,7 @@ from .node.protocol import (
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
+from .plan import exchange_for
 from .report import for_terminal, print_results, protocol_line, show_failure
 from .script_job import output_bytes, remove_on_nodes
 from .transfer import (
@@ -86,6 +88,10 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                                   state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))
     on_nodes, data_copies = data_files_on_nodes(job, state.provider, remote_dir)  # run.json keeps your own paths
     on_nodes, folder_copies = folders_on_nodes(on_nodes, state.provider, state.head.workdir)
+    if not on_nodes.allreduce:  # auto: the faster exchange on this cluster's network, where ftc can weigh it
+        spec_now = state.cluster_spec
+        on_nodes = replace(on_nodes, allreduce=exchange_for(state.provider, spec_now.instance_type, len(state.nodes),
+                                                            spec_now.ena_express))
     try:
         what = Path(job.train_file).name if job.train_file else f"GLUE {job.task.upper()}"
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,

@@ -23,7 +23,8 @@ JOB_FLAGS = {
     "max_train_samples": "use the first N training rows (0: all)",
     "max_eval_samples": "evaluate on the first N dev rows (0: all)",
     "precision": "auto (bf16 where the CPU has it natively), bf16 or fp32",
-    "allreduce": "auto (default: comm-core from 16 cores a rank, else after-backward), after-backward (cores idle), "
+    "allreduce": "auto (default: the faster by ftc plan's model on a cloud's instance type, else after-backward), "
+                 "after-backward (cores idle), "
                  "overlap (DDP's buckets during backward) or comm-core (overlap, gloo's threads on a core kept "
                  "from compute)",
     "dropout": "every dropout probability of the model (default: its config's); 0 lets attention run "

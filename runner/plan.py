@@ -9,13 +9,17 @@ from rich.markup import escape
 
 from provision.errors import UsageError
 from provision.ui import answer
-from provision.values import label, number, one_of, whole
-from runner.node.recipes import POWERSGD_RANK, wire_compress
+from provision.values import boolean, label, number, one_of, whole
+from runner.node.recipes import COMPILE_MIN_STEPS, POWERSGD_RANK, wire_compress
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
-RATE = number(0.1, 1e9, lo_included=True)  # samples/s of one node; below 0.1 a plan runs for years
+RATE = number(0.1, 1e9, lo_included=True)
+# A cluster's setup, billed on every node before training: the EC2 emulator's launch and bootstrap of 4
+# nodes (27 s, the image shipping the stack), the stack's install with uv (28 s with an empty cache:
+# docs/install.json) and a minute for EC2 to boot a node, which no machine here can measure.
+SETUP_MINUTES = 2.0  # samples/s of one node; below 0.1 a plan runs for years
 
 
 def bench_figures(path: str) -> dict:
@@ -37,17 +41,53 @@ def bench_figures(path: str) -> dict:
         raise UsageError(f"{label('bench')}={path!r}: {exc}; run `ftc bench --out DIR` for a sound one") from None
 
 
-def plan_levers(args: argparse.Namespace, network_gbps: float, compress: str):
-    """The levers `ftc plan` models: its flags where given, else what ftc's jobs do on such an
-    instance (estimate.default_levers); `compress` is plan_compress's."""
+def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int):
+    """The levers `ftc plan` models on instance type `kind` of `world`: its flags where given, else what
+    ftc's jobs do there (estimate.default_levers; compiled where the job plans COMPILE_MIN_STEPS steps or
+    more, as --compile auto decides without a measurement); `compress` is plan_compress's. The all-reduce
+    is after backward unless --allreduce names another: where it does not, the plan also weighs the
+    communication core, as the controller does (exchange_for)."""
     from provision.estimate import Levers, default_levers
     from runner.jobspec import PARSERS as JOB_PARSERS
-    default = default_levers(network_gbps)
+    express = kind.ena_express if args.ena_express is None else boolean("ena_express", args.ena_express)
+    if express and not kind.ena_express:
+        raise UsageError(f"{label('ena_express')}=1, but this instance type has no ENA Express; allowed: 0, or a type "
+                         "that has it (`ftc plan --json` lists each type's)")
+    default = default_levers(kind.network_gbps, express, world.flow_gbps, world.express_flow_gbps)
     flows = default.flows if args.flows is None else whole(1, 64)("flows", args.flows)
-    overlap = default.overlap if args.allreduce is None \
-        else JOB_PARSERS["allreduce"]("allreduce", args.allreduce) == "overlap"
+    mode = "after-backward" if args.allreduce is None else JOB_PARSERS["allreduce"]("allreduce", args.allreduce)
+    if mode == "auto":
+        mode = "after-backward"
     accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
-    return Levers(flows, overlap, accumulate, POWERSGD_RANK if compress == "powersgd" else 0)
+    compiled = one_of(("auto", "on", "off"))("compile", args.compile) if args.compile else "auto"
+    return Levers(flows, mode in ("overlap", "comm-core"), accumulate, POWERSGD_RANK if compress == "powersgd" else 0,
+                  comm_core=mode == "comm-core", express=express,
+                  compiled=compiled == "on" or (compiled == "auto" and steps >= COMPILE_MIN_STEPS))
+
+
+def exchange_for(provider: str, instance_type: str, nodes: int, express: bool) -> str:
+    """ALLREDUCE auto on a cluster of `nodes` x `instance_type`: comm-core where the plan's model finds it
+    faster than the all-reduce after backward on that network (a large exchange against a step's
+    compute), else after-backward; '' where the provider has no catalog to weigh (the job then runs
+    after backward). A bench.json without planner figures leaves it '' too."""
+    from provision import estimate
+    from provision.providers import world
+    own = world(provider)
+    kind = own.instance_types.get(instance_type)
+    if kind is None or nodes < 2:
+        return ""
+    try:
+        bench = bench_figures(str(DEFAULT_BENCH))
+    except UsageError:
+        return ""
+    cls = estimate.xeon_class(kind.native_bf16)
+    rate, _ = plan_rate(None, bench, kind, cls, estimate.DISTILBERT_PARAMS)
+    after = estimate.default_levers(kind.network_gbps, express and kind.ena_express, own.flow_gbps, own.express_flow_gbps)
+    rows = [estimate.plan([nodes], 1, 1, rate, 32, estimate.gradient_bytes(bf16=cls == "bf16"), kind.network_gbps,
+                          bench["exposure"], bench["wait_share"], 0.0, 0.0, levers, own.hop_latency_s, own.flow_gbps,
+                          cores=kind.physical_cores, express_flow_gbps=own.express_flow_gbps)[0]
+            for levers in (after, estimate.with_comm_core(after))]
+    return "comm-core" if estimate.faster_rows([rows[0]], [rows[1]])[0] is rows[1] else "after-backward"
 
 
 def plan_compress(args: argparse.Namespace) -> str:
@@ -109,3 +149,89 @@ def plan_model(raw: str | None) -> tuple[str, int]:
         raise UsageError(f"{label('model')}={raw!r} has no safetensors weights, whose header gives its size; save it with "
                          "save_pretrained (safetensors is the default)")
     return raw, params
+
+
+def deadline_seconds(key: str, raw: str) -> float:
+    """A deadline as `20m`, `1h30m`, `90s` or plain minutes (`20`): seconds, from 1 minute to 7 days."""
+    import re
+    text = str(raw).strip()
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text, re.ASCII) if text else None
+    if text.isascii() and text.isdecimal():
+        seconds = 60 * int(text)
+    elif match and any(match.groups()):
+        hours, minutes, secs = (int(part or 0) for part in match.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
+    else:
+        seconds = -1
+    if not 60 <= seconds <= 7 * 86400:
+        raise UsageError(f"{label(key)}={raw!r} is not a deadline; allowed: 1m to 7 days, as 20m, 1h30m, 90s or "
+                         "minutes (20)")
+    return float(seconds)
+
+
+BUDGET = number(0, 1e6)  # dollars
+
+
+def compile_figures(path: str):
+    """What compiling does to a long job, from a bench.json's long jobs (`ftc bench --long-jobs`): ftc's
+    compiled rate over its eager one at the same launch, and the cold compile's start cost; None where
+    the bench has no such pair (the plan then offers no compile)."""
+    from provision.estimate import Compile
+    try:
+        shape = json.loads(Path(path).read_text())["long_jobs"]["shapes"][0]
+        launches = shape["launches"]
+        compiled = launches[shape["ftc_launch"]]
+        eager = launches[shape["ftc_launch"].removesuffix(" compiled")]
+        return Compile(round(compiled["later_rows_per_s"] / eager["later_rows_per_s"], 3),
+                       float(compiled["start_cost_s"]["cold"]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+# The size a search weighs: 16xlarge, one socket of 32 cores, the seed recipe's node. A node's rate is
+# carried from the bench linearly in cores, and one rank measured far below linear from 8 to 16 cores
+# (41 and 57 rows/s, docs/bench.json node_shapes): the larger the node, the more that flatters it. A larger
+# size is planned when named (--instance-type).
+SEARCHED_SIZE = "16xlarge"
+
+
+def offers(catalog, bench: dict, params: int) -> list:
+    """Every family's SEARCHED_SIZE in `catalog`, as the plan weighs it: the bench's rate carried to its
+    CPU class and cores (plan_rate)."""
+    from provision import estimate
+    chosen = []
+    for name, kind in sorted(catalog.instance_types.items()):
+        if name.partition(".")[2] != SEARCHED_SIZE:
+            continue
+        rate, _ = plan_rate(None, bench, kind, estimate.xeon_class(kind.native_bf16), params)
+        chosen.append(estimate.Offer(name, rate, kind.physical_cores, kind.network_gbps, kind.usd_per_hour,
+                                     kind.ena_express))
+    return chosen
+
+
+def row_record(row) -> dict:
+    """One plan row as `ftc plan --json` prints it."""
+    from provision.estimate import levers_record
+    return {"instance_type": row.instance_type, "nodes": row.nodes, "levers": levers_record(row.levers),
+            "samples_per_s": round(row.samples_per_s, 1), "efficiency": round(row.efficiency, 3),
+            "allreduce_ms": round(row.allreduce_s * 1000, 1), "training_s": round(row.train_s, 1),
+            "wall_s": round(row.wall_s, 1), "cost_usd": round(row.usd, 2)}
+
+
+def print_search(title: str, rows: list, chosen) -> None:
+    """The search's best rows, one per instance type and node count (its fastest levers), the pick first."""
+    from rich.table import Table
+
+    from provision.estimate import lever_words
+    best: dict = {}
+    for row in sorted(rows, key=lambda r: (r.usd, r.wall_s)):
+        best.setdefault((row.instance_type, row.nodes), row)
+    shown = [chosen] + [r for r in sorted(best.values(), key=lambda r: (r.wall_s, r.usd)) if r is not chosen][:11]
+    table = Table(title=escape(title), title_justify="left")
+    for column in ("instance type", "nodes", "levers", "samples/s", "efficiency", "training", "wall (with setup)", "cost"):
+        table.add_column(column, justify="left" if column in ("instance type", "levers") else "right")
+    for row in shown:
+        table.add_row(("* " if row is chosen else "") + row.instance_type, str(row.nodes), lever_words(row.levers),
+                      f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}", duration(row.train_s),
+                      duration(row.wall_s), f"${row.usd:.2f}")
+    answer.print(table)

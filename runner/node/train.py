@@ -64,7 +64,7 @@ from .protocol import (
     rank_log_path,
     strict_json,
 )
-from .recipes import ALLREDUCE, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, allreduce_mode, wire_compress
+from .recipes import ALLREDUCE, COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, allreduce_mode, wire_compress
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -93,11 +93,6 @@ from .ddp import (  # noqa: E402
 )
 
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
-# --compile auto compiles from this many planned steps on. Issue 13 measured, on 4 AMX cores,
-# 116 s to compile distilbert's training step and steps 21% faster (~17% shorter) after it: that
-# pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
-# 1 rank: 345 steps, no; QQP: thousands, yes).
-COMPILE_MIN_STEPS = 1600
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
 # steps ran 21% faster; 0.18 under the pinned torch 2.13 on 2 cores, where they ran no faster. The
@@ -150,8 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=float, default=25.0, help="gradient all-reduce bucket size")
     p.add_argument("--allreduce", choices=ALLREDUCE, default=None,
                    help="average the gradient after backward, cores idle; overlapped with it in DDP's buckets; or "
-                        "overlapped, gloo's threads on a core kept from compute (comm-core); auto (ftc): comm-core "
-                        "from 16 cores a rank, else after-backward")
+                        "overlapped, gloo's threads on a core kept from compute (comm-core); auto (ftc): what the "
+                        "controller chose for the nodes' network, else after-backward")
     p.add_argument("--gloo-threads", choices=("rank-cores", "inherit"), default=None,
                    help="gloo's threads may run on any of the rank's cores (ftc), or inherit the main thread's one core")
     # Even by default: a split that follows measured speed depends on timing, so a run (and its
@@ -418,8 +413,7 @@ def main(argv=None) -> int:
 
 def start(args, env, log) -> Setup:
     """Threads, the process group (several ranks), and the precision this CPU should train in."""
-    allreduce = allreduce_mode(args.allreduce, len(CORES), env.world_size, args.grad_compress) \
-        if env.world_size > 1 else "none"
+    allreduce = allreduce_mode(args.allreduce) if env.world_size > 1 else "none"
     if allreduce == "comm-core" and len(CORES) < 2:
         raise SystemExit(f"--allreduce comm-core keeps one of a rank's cores for gloo's threads: this rank has "
                          f"one core ({CORES[0]}); give each rank 2 cores or more, or --allreduce overlap")
