@@ -19,7 +19,7 @@ define newline
 endef
 # Every variable a recipe reads: set in the environment instead, each is checked the same way (a
 # recipe reads each through $(value), so Make expands none of them).
-INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER CHECKPOINT_S3 CONFIG DATA_DIR DETACH \
+INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CONFIG DATA_DIR DEADLINE DETACH \
   DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
   MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
   REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
@@ -51,6 +51,9 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,TEXT_COLUMNS,text-columns) $(call flag,LABEL_COLUMN,label-column) $(call flag,RESULTS,results) $(call flag,RECIPE,recipe) \
   $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,FLOWS,flows) $(call flag,SEED,seed) $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
+# INSTANCE_TYPE=auto and NODES=auto: the cluster `ftc plan` picks for TASK, within DEADLINE and BUDGET.
+PICK_FLAGS = $(if $(filter auto,$(value INSTANCE_TYPE) $(value NODES)),$(call flag,TASK,task) $(call flag,EPOCHS,epochs) \
+  $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget))
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
   ec2-emulator aws-catalog
@@ -107,7 +110,7 @@ runs: setup
 	$(FTC) runs $(if $(filter undefined,$(origin ID)),,show $(call quote,$(value ID)))
 
 cluster: setup
-	$(FTC) up $(SPEC_FLAGS) $(call flag,YES,yes) $(call flag,BOOTSTRAP,bootstrap)
+	$(FTC) up $(SPEC_FLAGS) $(call flag,YES,yes) $(call flag,BOOTSTRAP,bootstrap) $(PICK_FLAGS)
 
 bootstrap: setup
 	$(FTC) bootstrap $(NAME_FLAG) --with=$(call given_or,BOOTSTRAPPER,fabric)
@@ -140,7 +143,7 @@ sweep: setup
 plan: setup
 	$(FTC) plan $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
 	  $(call flag,EPOCHS,epochs) $(call flag,BATCH_SIZE,batch-size) $(call flag,FLOWS,flows) $(call flag,ALLREDUCE,allreduce) \
-	  $(call flag,GRAD_COMPRESS,grad-compress)
+	  $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget)
 
 destroy: setup
 	$(FTC) down $(NAME_FLAG) $(call flag,PROVIDER,provider) $(call flag,REGION,region)

@@ -144,12 +144,13 @@ def node_python(state: st.ClusterState, facts: list[NodeFacts], node: st.NodeInf
 
 def default_flows(state: st.ClusterState) -> int:
     """gloo's TCP connections to each peer when the job names none: on catalog instances as many as
-    fill the instance's link, since the cloud caps each flow (estimate.flows_to_fill: 3 at 25 Gbit/s);
-    elsewhere one. Pure."""
+    fill the instance's link, since the cloud caps each flow (estimate.flows_to_fill: 3 at 25 Gbit/s,
+    1 with ENA Express, whose flows go to 25 each); elsewhere one. Pure."""
     if not traits(state.provider).instance_types:
         return 1
     own = world(state.provider)
-    return flows_to_fill(own.instance_types[state.cluster_spec.instance_type].network_gbps, own.flow_gbps)
+    cap = own.express_flow_gbps if state.cluster_spec.ena_express and own.express_flow_gbps else own.flow_gbps
+    return flows_to_fill(own.instance_types[state.cluster_spec.instance_type].network_gbps, cap)
 
 
 def gloo_devices(interface: str, flows: int) -> str:

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="create a cluster (and bootstrap it)")
     _spec_flags(p)
+    p.add_argument("--task", default=None, help="with --instance-type/--nodes auto: the job the plan sizes the cluster for")
+    p.add_argument("--epochs", default=None, help="with auto: the job's epochs (default 3)")
+    p.add_argument("--deadline", default=None, help="with auto: the cheapest cluster that trains within this (20m)")
+    p.add_argument("--budget", default=None, help="with auto: the fastest cluster within this many dollars")
     p.add_argument("--yes", default=None, **SWITCH, help="skip the confirmation (YES=1)")
     p.add_argument("--bootstrap", default=None, **SWITCH, help="1 (default) or 0: stop once nodes are running")
     p.add_argument("--no-bootstrap", dest="bootstrap", action="store_const", const="0", help="same as --bootstrap 0")
@@ -267,6 +271,7 @@ def unwatched_spot(spec: ClusterSpec, env: Mapping[str, str]) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from provision import cluster
+    _plan_the_cluster(args)
     spec = _spec_from(args)
     bootstrap = boolean("bootstrap", args.bootstrap if args.bootstrap is not None else "1")
     yes = _switch(args, "yes", from_env=True)
@@ -578,6 +583,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_the_cluster(args: argparse.Namespace) -> None:
+    """INSTANCE_TYPE auto and NODES auto on `up`: the cluster `ftc plan --deadline/--budget` picks for the
+    job (--task), in their place; the pick is said before anything is asked or made."""
+    if "auto" not in (args.instance_type, args.nodes):
+        return
+    if args.task is None:
+        raise UsageError(f"{label('instance_type')}/{label('nodes')}=auto size the cluster for a job: give "
+                         f"{label('task')} (e.g. qqp), and {label('deadline')} or {label('budget')} if you have one")
+    provider = PARSERS["provider"]("provider", args.provider or os.environ.get("FTC_PROVIDER") or ClusterSpec.provider)
+    from provision.providers import traits
+    if not traits(provider).instance_types:
+        raise UsageError(f"{label('instance_type')}=auto picks from a cloud's catalog; {label('provider')}={provider!r} "
+                         "has none: name the nodes instead")
+    only = None if args.instance_type in (None, "auto") else parsers_for(provider)["instance_type"](
+        "instance_type", args.instance_type)
+    nodes = "1,2,3,4,6,8" if args.nodes in (None, "auto") else args.nodes
+    asked = argparse.Namespace(task=args.task, nodes=nodes, epochs=args.epochs or "3", setup_minutes=str(SETUP_MINUTES),
+                               batch_size=None, bench=str(plan.DEFAULT_BENCH), model=None, grad_compress=None,
+                               deadline=args.deadline, budget=args.budget)
+    job, given = _plan_job(asked)
+    _, chosen, found, _ = _searched(job, given, only)
+    args.instance_type, args.nodes = chosen.row.instance_type, str(chosen.row.nodes)
+    console.print(f"plan for {given['task']} x {job.epochs} epochs: {chosen.why} ({found.source})", markup=False,
+                  soft_wrap=True)
+
+
 def _plan_searches(args: argparse.Namespace) -> bool:
     """Whether `ftc plan` picks the instance type: INSTANCE_TYPE auto, or a deadline or budget with none given."""
     settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
@@ -615,18 +646,24 @@ def _plan_job(args: argparse.Namespace) -> tuple:
                  "deadline": deadline, "budget": budget}
 
 
-def _plan_search(args: argparse.Namespace, job, given: dict) -> int:
-    """Every planned instance type of the catalog x node count x lever, and the pick."""
+def _searched(job, given: dict, only: str | None = None) -> tuple:
+    """Every planned instance type of the catalog (or `only` that one) x node count x lever: the rows, the
+    pick, the catalog and its offers."""
     from provision import estimate
     from provision.providers import catalog, default_world
+    world = default_world()
+    found = catalog("aws", world.default_region)
+    offers = plan.offers(found, given["bench"], job.params, only)
+    rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps)
+    return rows, estimate.pick(rows, given["deadline"], given["budget"]), found, offers
+
+
+def _plan_search(args: argparse.Namespace, job, given: dict) -> int:
+    """Every planned instance type of the catalog x node count x lever, and the pick."""
     if args.samples_per_s is not None:
         raise UsageError(f"{label('samples_per_s')} is one instance type's rate; give {label('instance_type')} with it, "
                          "or leave it out to carry the bench's rate to every type")
-    world = default_world()
-    found = catalog("aws", world.default_region)
-    offers = plan.offers(found, given["bench"], job.params)
-    rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps)
-    chosen = estimate.pick(rows, given["deadline"], given["budget"])
+    rows, chosen, found, offers = _searched(job, given)
     rates = (f"each type's rate carried from the bench's ({given['bench']['ftc_samples_per_s']:.1f} samples/s on "
              f"{given['bench']['cores_per_rank']} cores of {given['bench']['cpu']}) by CPU class and cores: an "
              "extrapolation, not a measurement on that type")

@@ -195,13 +195,13 @@ def compile_figures(path: str):
 SEARCHED_SIZE = "16xlarge"
 
 
-def offers(catalog, bench: dict, params: int) -> list:
-    """Every family's SEARCHED_SIZE in `catalog`, as the plan weighs it: the bench's rate carried to its
-    CPU class and cores (plan_rate)."""
+def offers(catalog, bench: dict, params: int, only: str | None = None) -> list:
+    """Every family's SEARCHED_SIZE in `catalog` (or the one type `only`), as the plan weighs it: the
+    bench's rate carried to its CPU class and cores (plan_rate)."""
     from provision import estimate
     chosen = []
     for name, kind in sorted(catalog.instance_types.items()):
-        if name.partition(".")[2] != SEARCHED_SIZE:
+        if name != only if only else name.partition(".")[2] != SEARCHED_SIZE:
             continue
         rate, _ = plan_rate(None, bench, kind, estimate.xeon_class(kind.native_bf16), params)
         chosen.append(estimate.Offer(name, rate, kind.physical_cores, kind.network_gbps, kind.usd_per_hour,

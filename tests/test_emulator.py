@@ -240,3 +240,24 @@ def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypa
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.1.9:80")
     assert spot.node_endpoint(ec2s) == "http://127.0.1.9:80"
     assert spot.node_endpoint("http://127.0.0.1:4242") == "http://127.0.0.1:4242"  # FTC_IMDS_ENDPOINT's, as given
+
+
+@pytest.mark.slow
+def test_make_cluster_with_instance_type_and_nodes_auto_builds_the_plans_pick_with_ena_express(ec2, emulator,
+                                                                                               ftc_home):
+    plan = subprocess.run([*FTC, "plan", "--task", "qqp", "--deadline", "20m", "--json"], capture_output=True,
+                          text=True, check=True)
+    pick = json.loads(plan.stdout)["pick"]
+    made = subprocess.run(["make", "-s", "cluster", "NAME=picked", "PROVIDER=aws", "TASK=qqp", "INSTANCE_TYPE=auto",
+                           "NODES=auto", "DEADLINE=20m", "YES=1", "SSH_CIDR=203.0.113.7/32", "MAX_HOURS=168"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    said = made.stdout + made.stderr
+    assert f"Pick {pick['nodes']} x {pick['instance_type']}" in said  # the pick, said before it is built
+    described = instances_of(ec2, "picked")
+    assert sorted({i["InstanceType"] for i in described}) == [pick["instance_type"]] and len(described) == pick["nodes"]
+    from provision.providers.aws import ena_express_on
+    assert [ena_express_on(i) for i in described] == [True] * pick["nodes"] and pick["levers"]["ena_express"]
+    down = ftc("down", "--name", "picked")
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left(ec2, "picked")

@@ -118,10 +118,18 @@ def test_local_training_time_grows_with_rows_and_weights_and_shrinks_with_cores(
     assert estimate.local_train_seconds(7336, minilm, 4, "avx2") == pytest.approx(one / 2)
 
 
-def test_overlap_hides_what_was_measured_to_hide(monkeypatch):
+def test_overlap_hides_what_was_measured_to_hide_and_costs_its_measured_share(monkeypatch):
     overlap, after = estimate.Levers(flows=1, overlap=True, accumulate=1), estimate.DEFAULT_LEVERS
-    # as measured (docs/bench.json network): overlapped, backward pays for the transfer; nothing is hidden
-    assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, after)
+    # as measured (docs/bench.json network): overlapped, OVERLAP_HIDES of backward moves the gradient
+    hidden = estimate.OVERLAP_HIDES * estimate.BACKWARD_SHARE
+    assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == pytest.approx(1 + 1.2 * (1 - hidden))
+    assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, after) == pytest.approx(1 + 1.2)
+    # the plan charges an overlapped step OVERLAP_COST of its compute where after backward it charges the wait
+    base = dict(train_samples=32, epochs=1, node_samples_per_s=32.0, batch_per_node=32, grad_bytes=0.0,
+                network_gbps=25.0, exposure=1.2, wait_share=0.05, usd_per_node_hour=1.0, setup_s=0.0)
+    assert estimate.plan([2], levers=overlap, **base)[0].train_s == pytest.approx((1 + estimate.OVERLAP_COST) / 2)
+    assert estimate.plan([2], levers=after, **base)[0].train_s == pytest.approx((1.05 + 2.4 * estimate.EC2_LATENCY_S) / 2)
+    assert estimate.plan([1], levers=overlap, **base)[0].train_s == pytest.approx(1.0)  # one node waits for no one
     # were all of backward free for it: compute 1 s, backward 2/3 s, so a 1 s all-reduce leaves 1/3 s exposed
     monkeypatch.setattr(estimate, "OVERLAP_HIDES", 1.0)
     assert estimate.step_seconds(32, 32.0, 1.0, 1.2, 0.0, overlap) == pytest.approx(1 + 1.2 / 3)
@@ -152,29 +160,35 @@ def test_default_levers_are_what_ftc_jobs_do():
     assert estimate.default_levers(25.0) == estimate.Levers(flows=3, overlap=False, accumulate=1)
     assert [estimate.flows_to_fill(gbps) for gbps in (10.0, 12.5, 25.0, 50.0)] == [1, 2, 3, 5]
     assert RECIPES["ftc"]["allreduce"] == "auto"
-    # a 32-core node keeps a core for gloo's threads and overlaps; with ENA Express one flow fills 25 Gbit/s
-    assert estimate.default_levers(25.0, cores=32, express=True, express_flow_gbps=25.0) == estimate.Levers(
-        flows=1, overlap=True, accumulate=1, comm_core=True, express=True)
-    assert estimate.default_levers(100.0, cores=8, express=True, express_flow_gbps=25.0).comm_core is False
-    # the job decides as the plan does: from 16 cores a rank, where ranks exchange, never with PowerSGD
-    assert [allreduce_mode("auto", cores, 2, "auto") for cores in (1, 8, 15, 16, 32)] == \
-        ["after-backward"] * 3 + ["comm-core"] * 2
-    assert allreduce_mode("auto", 32, 1, "auto") == "after-backward"
-    assert allreduce_mode("auto", 32, 4, "powersgd") == "after-backward"
-    assert allreduce_mode("overlap", 1, 4, "auto") == "overlap"
+    # with ENA Express one flow fills 25 Gbit/s, four fill 100
+    assert estimate.default_levers(25.0, True, 10.0, 25.0) == estimate.Levers(flows=1, overlap=False, accumulate=1,
+                                                                             express=True)
+    assert estimate.default_levers(100.0, True, 10.0, 25.0).flows == 4
+    # auto reaches a rank only where the controller could not weigh the network: after backward
+    assert allreduce_mode("auto") == "after-backward" and allreduce_mode("comm-core") == "comm-core"
+
+
+def test_the_controller_keeps_a_communication_core_where_the_exchange_outweighs_its_cost():
+    from runner.plan import exchange_for
+    # c7i's 25 Gbit/s on 4 nodes: the exchange is 64% of a step, hidden behind backward; c8in's 100: 16%, not worth it
+    assert exchange_for("aws", "c7i.16xlarge", 4, express=True) == "comm-core"
+    assert exchange_for("aws", "c8in.16xlarge", 4, express=True) == "after-backward"
+    assert exchange_for("aws", "c7i.16xlarge", 1, express=True) == ""  # one node exchanges nothing
+    assert exchange_for("local", "c7i.16xlarge", 4, express=False) == ""  # no catalog: the job runs after backward
 
 
 def test_a_communication_core_costs_its_share_of_the_node_and_hides_the_exchange_behind_backward():
     base = dict(train_samples=3200, epochs=1, node_samples_per_s=320.0, batch_per_node=32, grad_bytes=134e6,
                 network_gbps=25.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=1.0, setup_s=0.0, cores=32)
     after = estimate.plan([1, 4], levers=estimate.Levers(3, False, 1), **base)
-    kept = estimate.plan([1, 4], levers=estimate.Levers(3, True, 1, comm_core=True), **base)
+    kept = estimate.plan([1, 4], levers=estimate.with_comm_core(estimate.Levers(3, False, 1)), **base)
     assert kept[0].samples_per_s == after[0].samples_per_s == 320.0  # one node exchanges nothing: no core kept
-    # 4 nodes: the 64 ms exchange after a 100 ms step, or hidden behind its backward on 31 of 32 cores
+    # 4 nodes: the 64 ms exchange after a 100 ms step, or mostly hidden behind its backward on 31 of 32 cores
     assert after[1].samples_per_s == pytest.approx(4 * 32 / (0.1 + after[1].allreduce_s))
     micro = 32 / (320.0 * 31 / 32)
-    hidden = estimate.COMM_CORE_HIDES * estimate.BACKWARD_SHARE * micro
-    assert kept[1].samples_per_s == pytest.approx(4 * 32 / (micro + max(0.0, kept[1].allreduce_s - hidden)))
+    hidden = estimate.OVERLAP_HIDES * estimate.BACKWARD_SHARE * micro
+    step = micro * (1 + estimate.OVERLAP_COST) + max(0.0, kept[1].allreduce_s - hidden)
+    assert kept[1].samples_per_s == pytest.approx(4 * 32 / step)
     assert kept[1].samples_per_s > after[1].samples_per_s
 
 
@@ -203,14 +217,16 @@ def test_class_rates_come_from_the_catalog_and_the_measured_ratio():
 def test_alternatives_fill_the_link_and_offer_accumulation_and_overlap_only_where_it_hides(monkeypatch):
     default = estimate.DEFAULT_LEVERS
     rank = estimate.POWERSGD_RANK
-    assert estimate.alternative_levers(default, 25.0) == [estimate.Levers(3, False, 1), estimate.Levers(1, False, 4),
+    core = estimate.with_comm_core
+    assert estimate.alternative_levers(default, 25.0) == [core(estimate.Levers(3, False, 1)), estimate.Levers(1, False, 4),
                                                           estimate.Levers(3, False, 1, rank)]
-    assert estimate.alternative_levers(estimate.Levers(3, False, 1), 25.0) == [estimate.Levers(3, False, 4),
-                                                                               estimate.Levers(3, False, 1, rank)]
-    assert estimate.alternative_levers(estimate.Levers(3, True, 2, rank), 25.0) == []
-    monkeypatch.setattr(estimate, "OVERLAP_HIDES", 0.5)
-    assert estimate.alternative_levers(default, 25.0)[:2] == [estimate.Levers(3, True, 1), estimate.Levers(1, False, 4)]
+    assert estimate.alternative_levers(core(estimate.Levers(3, False, 1)), 25.0) == [
+        core(estimate.Levers(3, False, 4)), estimate.Levers(3, False, 1, rank)]
+    assert estimate.alternative_levers(estimate.Levers(3, False, 2, rank), 25.0) == []
+    # with ENA Express one flow fills 25 Gbit/s: no more flows to offer, the communication core still
+    assert estimate.alternative_levers(default, 25.0, 25.0)[0] == core(default)
     assert estimate.lever_flags(estimate.Levers(3, True, 4), default) == "--flows 3 --allreduce overlap --accumulate 4"
+    assert estimate.lever_flags(core(default), default) == "--allreduce comm-core"
     assert estimate.lever_flags(estimate.Levers(3, False, 1, rank), default) == "--flows 3 --grad-compress powersgd"
     # what to add to the plan in hand: on a link the defaults fill with 3 flows, not --flows 3 again
     assert estimate.lever_flags(estimate.Levers(3, False, 4), estimate.Levers(3, False, 1)) == "--accumulate 4"
@@ -319,17 +335,23 @@ def plan_json(*flags: str, bench: Path | None = None) -> dict:
 def test_plan_json_prints_the_rows_and_the_recommendation_only(ftc_home):
     plan = plan_json()
     assert [r["nodes"] for r in plan["rows"]] == [1, 2, 4]
-    assert all(set(r) == {"nodes", "samples_per_s", "efficiency", "allreduce_ms", "training_s", "wall_s", "cost_usd"}
-               for r in plan["rows"])
+    assert all(set(r) == {"instance_type", "nodes", "levers", "samples_per_s", "efficiency", "allreduce_ms",
+                          "training_s", "wall_s", "cost_usd"} for r in plan["rows"])
+    assert {r["instance_type"] for r in plan["rows"]} == {"c7i.16xlarge"}
+    assert plan["rows"][2]["levers"]["ena_express"] is True and plan["rows"][2]["levers"]["flows"] == 1
+    assert plan["rows"][0]["levers"]["compile"] is True  # QQP's 3 epochs: thousands of steps, as --compile auto
     assert plan["recommendation"].startswith(f"4 nodes finish {plan['rows'][0]['wall_s'] / plan['rows'][2]['wall_s']:.1f}x")
 
 
 def test_plan_models_the_levers_it_is_given(ftc_home):
-    default, levers = plan_json(), plan_json("--flows", "3", "--allreduce", "overlap")
-    one_flow = plan_json("--flows", "1")
-    assert one_flow["rows"][2]["allreduce_ms"] > default["rows"][2]["allreduce_ms"]  # one flow's 10 Gbit/s, not 25
-    assert levers["rows"][2]["allreduce_ms"] == default["rows"][2]["allreduce_ms"]  # the default fills the link
-    assert levers["rows"][2]["efficiency"] == default["rows"][2]["efficiency"]  # overlap hides nothing, as measured
+    default, plain = plan_json(), plan_json("--ena-express", "0")
+    one_flow = plan_json("--ena-express", "0", "--flows", "1")
+    assert one_flow["rows"][2]["allreduce_ms"] > plain["rows"][2]["allreduce_ms"]  # one flow's 10 Gbit/s, not 25
+    assert plain["rows"][2]["levers"]["flows"] == 3 and plain["rows"][2]["allreduce_ms"] == default["rows"][2]["allreduce_ms"]
+    after, core = plan_json("--allreduce", "after-backward"), plan_json("--allreduce", "comm-core")
+    # by default each node count gets the faster exchange, as the controller chooses a job's
+    assert [r["wall_s"] for r in default["rows"]] == [min(a["wall_s"], c["wall_s"]) for a, c in zip(after["rows"], core["rows"])]
+    assert core["rows"][2]["levers"]["comm_core"] and core["rows"][0]["samples_per_s"] == after["rows"][0]["samples_per_s"]
     accumulated = plan_json("--accumulate", "4")
     assert accumulated["rows"][2]["efficiency"] > default["rows"][2]["efficiency"]
     assert "a global batch of 512" in accumulated["recommendation"] and "lr scaled 4x" in accumulated["recommendation"]
@@ -374,3 +396,67 @@ def test_auto_sends_bf16_only_where_training_is_bf16_and_a_peer_receives_it():
     assert [wire_compress(asked, False, 4) for asked in ("none", "bf16", "powersgd")] == ["none", "bf16", "powersgd"]
     assert plan.wire_bf16("auto", "bf16") and plan.wire_bf16("bf16", "fp32")
     assert not plan.wire_bf16("auto", "fp32") and not plan.wire_bf16("powersgd", "bf16")
+
+
+def offer(name: str, rate: float, gbps: float, usd: float, express: bool = True) -> estimate.Offer:
+    return estimate.Offer(name, rate, 32, gbps, usd, express)
+
+
+SEARCH_JOB = estimate.Job(train_samples=360_000, epochs=3, batch_per_node=32, grad_bytes=134e6, exposure=1.2,
+                          wait_share=0.07, setup_s=120.0, compiled=estimate.Compile(1.6, 170.0))
+
+
+def test_the_search_weighs_every_type_node_count_and_lever_and_the_pick_meets_what_was_asked():
+    offers = [offer("slow.net", 316.0, 25.0, 2.9), offer("fast.net", 316.0, 100.0, 4.4),
+              offer("old.net", 250.0, 25.0, 2.7, False)]
+    rows = estimate.search(offers, [1, 2, 4, 8], SEARCH_JOB, flow_gbps=10.0, express_flow_gbps=25.0)
+    # ENA Express x communication core x compile where the type has ENA Express, else 4 choices: 8 + 8 + 4 per count
+    assert len(rows) == 4 * (8 + 8 + 4)
+    assert not any(r.levers.express for r in rows if r.instance_type == "old.net")
+    assert all(r.levers.flows == 4 for r in rows if r.instance_type == "fast.net" and r.levers.express)
+    by_wall = [r.wall_s for r in rows]
+    assert by_wall == sorted(by_wall)
+    deadline = estimate.pick(rows, 40 * 60, None)
+    assert deadline.meets and deadline.row.wall_s <= 40 * 60
+    assert deadline.row.usd == min(r.usd for r in rows if r.wall_s <= 40 * 60)  # the cheapest in time
+    assert deadline.why.startswith(f"Pick {deadline.row.nodes} x {deadline.row.instance_type} (")
+    budget = estimate.pick(rows, None, 5.0)
+    assert budget.meets and budget.row.wall_s == min(r.wall_s for r in rows if r.usd <= 5.0)  # the fastest in budget
+    both = estimate.pick(rows, 60, 0.5)  # a minute and fifty cents: nothing meets both
+    assert not both.meets and both.why.startswith("Nothing planned meets the 1m00s deadline and $0.5; nearest: ")
+
+
+def test_a_pick_without_a_deadline_or_budget_is_the_fastest_that_pays():
+    rows = estimate.search([offer("a.net", 316.0, 100.0, 4.4)], [1, 2, 4, 8], SEARCH_JOB, flow_gbps=10.0,
+                           express_flow_gbps=25.0)
+    cheapest = min(rows, key=lambda r: r.usd)
+    chosen = estimate.pick(rows, None, None)
+    assert chosen.row.usd <= estimate.PAYS_COST_RATIO * cheapest.usd
+    assert chosen.row.wall_s == min(r.wall_s for r in rows if r.usd <= estimate.PAYS_COST_RATIO * cheapest.usd)
+
+
+def test_plan_with_a_deadline_picks_from_the_catalog_and_says_its_sources(ftc_home):
+    proc = ftc("plan", "--task", "qqp", "--deadline", "20m", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    keys = {"instance_type", "nodes", "levers", "training_s", "wall_s", "cost_usd", "efficiency"}
+    assert all(keys <= set(r) for r in plan["rows"]) and len({r["instance_type"] for r in plan["rows"]}) == 15
+    assert {"flows", "ena_express", "comm_core", "compile"} <= set(plan["rows"][0]["levers"])
+    assert all(r["instance_type"].endswith(".16xlarge") for r in plan["rows"])
+    assert plan["pick"]["instance_type"] in plan["recommendation"] and plan["pick"]["meets"] in (True, False)
+    assert "snapshot bundled with ftc" in plan["catalog"] and "extrapolation" in plan["rates"]
+    meeting = [r for r in plan["rows"] if r["wall_s"] <= 1200]
+    if plan["pick"]["meets"]:
+        assert plan["pick"]["cost_usd"] == min(r["cost_usd"] for r in meeting)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--deadline", "soon"], "--deadline='soon' is not a deadline; allowed: 1m to 7 days, as 20m, 1h30m, 90s or minutes (20)"),
+    (["--deadline", "20s"], "--deadline='20s' is not a deadline"),
+    (["--budget", "-4"], "--budget='-4'"),
+    (["--deadline", "20m", "--samples-per-s", "300"], "--samples-per-s is one instance type's rate"),
+    (["--instance-type", "c7i.16xlarge", "--ena-express", "maybe"], "--ena-express='maybe'"),
+], ids=["words", "under a minute", "negative budget", "one type's rate in a search", "not a switch"])
+def test_plan_refuses_a_bad_deadline_or_budget_in_one_line(ftc_home, flags, named):
+    proc = ftc("plan", "--task", "qqp", *flags)
+    assert proc.returncode == 2 and one_error(proc).startswith(f"error: {named}"), proc.stderr

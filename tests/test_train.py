@@ -336,3 +336,33 @@ def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resume
         assert result[key] == pytest.approx(expected[key], abs=1e-6), (result[key], expected[key])
     assert result["epoch_metrics"][-1]["train_loss"] == pytest.approx(expected["epoch_metrics"][-1]["train_loss"],
                                                                       rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allreduce, kept", [("comm-core", True), ("overlap", False)])
+def test_a_communication_core_starts_gloos_threads_on_the_ranks_last_core_and_computes_on_the_rest(
+        glue_dir, tiny_bert, tmp_path, allreduce, kept):
+    """Two ranks on two cores, each allowed both: comm-core keeps the last for gloo's threads (read back
+    from the threads themselves) and computes on one thread; overlap leaves gloo on both."""
+    from runner.node.distenv import listen_port
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(listen_port()), "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "2", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+    ranks = [subprocess.Popen(["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "runner.node.train",
+                               "--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir), "--max-train-samples",
+                               "64", "--epochs", "1", "--no-eval", "--no-save", "--allreduce", allreduce,
+                               "--output-dir", str(tmp_path / f"rank{rank}")],
+                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    logs = [rank.communicate(timeout=600)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    results = strict_json((tmp_path / "rank0" / "results.json").read_text())
+    assert results["allreduce"] == allreduce and results["world_size"] == 2
+    if kept:
+        assert results["gloo_threads"] == "kept-core" and results["gloo_thread_cores"] == cores[-1:]
+        assert results["threads_per_rank"] == 1
+    else:
+        assert results["gloo_thread_cores"] == cores and results["threads_per_rank"] == 2
+    assert f"allreduce {allreduce} gloo threads on {results['gloo_thread_cores']}" in logs[0]
