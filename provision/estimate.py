@@ -210,8 +210,9 @@ def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_pe
         rate = nodes * batch_per_node * levers.accumulate / step
         train = epochs * train_samples / rate
         wall = train + setup_s + compile_s
+        alone = replace(levers, overlap=False, comm_core=False) if nodes == 1 else levers  # nothing to exchange
         rows.append(PlanRow(nodes, rate, rate / (nodes * node_samples_per_s * speedup), allreduce, train, wall,
-                            nodes * usd_per_node_hour * wall / 3600, levers))
+                            nodes * usd_per_node_hour * wall / 3600, alone))
     return rows
 
 
@@ -446,7 +447,8 @@ def search(offers: list[Offer], nodes_list: list[int], job: Job, latency_s: floa
                            job.setup_s, levers, latency_s, flow_gbps, job.params, offer.cores, express_flow_gbps,
                            job.compiled)
             rows += [replace(row, instance_type=offer.instance_type) for row in planned]
-    return sorted(rows, key=lambda row: (row.wall_s, row.usd))
+    unique = {(row.instance_type, row.nodes, row.levers): row for row in rows}  # one node: the exchange levers alike
+    return sorted(unique.values(), key=lambda row: (row.wall_s, row.usd))
 
 
 @dataclass(frozen=True)

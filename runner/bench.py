@@ -863,20 +863,33 @@ def write_section(out: Path, key: str, section: dict, merge=None) -> Path:
     return path
 
 
+# What makes two `--network` runs the same emulated network: the instance, its per-flow cap, and the machine
+# with its simulated node's cores ("<cpu>, 16 physical cores, 3 per simulated node").
+NETWORK_SETTING = ("instance", "ena_express", "machine")
+
+
 def network_merged(previous: dict | None, report: dict) -> dict:
-    """`report`, keeping from `previous` (an earlier `--network` run into the same OUT) the entries of
-    node counts and levers this run did not measure, and their link checks, when both emulate the
-    same instance on the same machine: what was measured in separate calls lands in one report, each
-    entry with its own links' scale, and every call's command listed."""
-    setting = ("instance", "machine", "ena_express")
-    if not previous or [previous.get(key, False) for key in setting] != [report.get(key, False) for key in setting]:
-        return {**report, "commands": [report["command"]]}
+    """The `network` section after `report` (one emulated network's run) joins `previous` (earlier runs
+    into the same OUT): one report per network in `networks` (its links, scale and commands), every
+    network's entries in `entries`, each naming its instance_type, its levers and its `network` (an index
+    into `networks`). A run of a network measured before keeps that network's entries of other node
+    counts and levers, and its link checks; a run on another host's CPU starts the section anew."""
+    meta = {key: value for key, value in report.items() if key != "entries"}
+    earlier = previous if previous and previous.get("networks") else {"networks": [], "entries": []}
+    if earlier["networks"] and earlier["networks"][0]["machine"].split(",")[0] != meta["machine"].split(",")[0]:
+        earlier = {"networks": [], "entries": []}
+    networks = list(earlier["networks"])
+    index = next((i for i, m in enumerate(networks)
+                  if [m.get(k, False) for k in NETWORK_SETTING] == [meta.get(k, False) for k in NETWORK_SETTING]),
+                 len(networks))
+    same = networks[index] if index < len(networks) else None
+    meta["link_check"] = {**(same["link_check"] if same else {}), **meta["link_check"]}
+    meta["commands"] = [*(same["commands"] if same else []), meta.pop("command")]
+    networks[index:index + 1] = [meta]
     measured = {(e["nodes"], e["lever"]) for e in report["entries"]}
-    kept = [e for e in previous["entries"] if (e["nodes"], e["lever"]) not in measured]
-    checks = {n: c for n, c in previous["link_check"].items() if n not in report["link_check"]}
-    return {**report, "entries": sorted(kept + report["entries"], key=lambda e: e["nodes"]),
-            "link_check": {**checks, **report["link_check"]},
-            "commands": [*previous.get("commands", [previous["command"]]), report["command"]]}
+    kept = [e for e in earlier["entries"] if e["network"] != index or (e["nodes"], e["lever"]) not in measured]
+    fresh = [{**e, "network": index} for e in report["entries"]]
+    return {"networks": networks, "entries": sorted(kept + fresh, key=lambda e: (e["network"], e["nodes"]))}
 
 
 def entry_levers(entry: dict, express: bool) -> dict:

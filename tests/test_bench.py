@@ -165,27 +165,36 @@ def test_network_bench_on_a_machine_without_pyroute2_says_what_is_missing(ftc_ho
     assert not (tmp_path / "bench").exists()
 
 
-def test_network_runs_of_other_node_counts_merge_into_one_report_only_for_the_same_instance_and_machine():
+def test_network_runs_merge_into_one_report_per_network_and_machine():
     from runner.bench import network_merged
 
-    def report(nodes: list[int], machine: str = "16-core host", scale: float = 0.1) -> dict:
-        return {"instance": "c7i.16xlarge", "machine": machine, "command": f"--ranks {nodes}",
-                "entries": [{"nodes": n, "lever": "flows", "scale": scale} for n in nodes],
+    def report(nodes: list[int], machine: str = "16-core host", scale: float = 0.1, instance: str = "c7i.16xlarge",
+               express: bool = True, lever: str = "flows") -> dict:
+        return {"instance": instance, "ena_express": express, "machine": machine, "command": f"--ranks {nodes}",
+                "entries": [{"instance_type": instance, "nodes": n, "lever": lever, "scale": scale,
+                             "levers": {"ena_express": express}} for n in nodes],
                 "link_check": {str(n): {"one_flow_gbit": scale} for n in nodes}}
+
+    def seen(section: dict) -> list[tuple]:
+        return [(e["instance_type"], e["nodes"], e["lever"], e["scale"]) for e in section["entries"]]
     first = network_merged(None, report([4], scale=0.12))
     second = network_merged(first, report([2], scale=0.11))
-    assert [(e["nodes"], e["scale"]) for e in second["entries"]] == [(2, 0.11), (4, 0.12)]
-    assert set(second["link_check"]) == {"2", "4"} and second["commands"] == ["--ranks [4]", "--ranks [2]"]
+    assert seen(second) == [("c7i.16xlarge", 2, "flows", 0.11), ("c7i.16xlarge", 4, "flows", 0.12)]
+    assert len(second["networks"]) == 1 and set(second["networks"][0]["link_check"]) == {"2", "4"}
+    assert second["networks"][0]["commands"] == ["--ranks [4]", "--ranks [2]"]
     again = network_merged(second, report([4], scale=0.13))  # a lever measured again replaces its entry
-    assert [(e["nodes"], e["scale"]) for e in again["entries"]] == [(2, 0.11), (4, 0.13)]
-    other = report([4], scale=0.14)
-    other["entries"][0]["lever"] = "ceiling"  # another lever at the same node count joins them
-    assert [(e["nodes"], e["lever"]) for e in network_merged(again, other)["entries"]] == [
-        (2, "flows"), (4, "flows"), (4, "ceiling")]
-    elsewhere = network_merged(second, report([4], machine="2-core host"))
-    assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["commands"] == ["--ranks [4]"]
-    express = network_merged(second, {**report([4]), "ena_express": True})  # another per-flow cap: a network of its own
-    assert [e["nodes"] for e in express["entries"]] == [4] and express["commands"] == ["--ranks [4]"]
+    assert seen(again) == [("c7i.16xlarge", 2, "flows", 0.11), ("c7i.16xlarge", 4, "flows", 0.13)]
+    ceiling = network_merged(again, report([4], scale=0.14, lever="ceiling"))  # another lever joins them
+    assert [(e["nodes"], e["lever"]) for e in ceiling["entries"]] == [(2, "flows"), (4, "flows"), (4, "ceiling")]
+    other = network_merged(ceiling, report([4], instance="c8in.16xlarge", scale=0.1))  # another network beside it
+    assert [m["instance"] for m in other["networks"]] == ["c7i.16xlarge", "c8in.16xlarge"] and len(other["entries"]) == 4
+    plain = network_merged(other, report([4], express=False))  # another per-flow cap: a network of its own
+    assert len(plain["networks"]) == 3 and len(plain["entries"]) == 5
+    assert [e["network"] for e in plain["entries"]] == [0, 0, 0, 1, 2]
+    smaller = network_merged(plain, report([4], machine="16-core host, 3 per simulated node"))  # the same host
+    assert len(smaller["networks"]) == 4 and len(smaller["entries"]) == 6
+    elsewhere = network_merged(plain, report([4], machine="2-core host"))
+    assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["networks"][0]["commands"] == ["--ranks [4]"]
 
 
 def test_batch_split_keeps_the_global_batch_then_adds_the_larger_one_for_reference():

@@ -411,7 +411,9 @@ def test_the_search_weighs_every_type_node_count_and_lever_and_the_pick_meets_wh
               offer("old.net", 250.0, 25.0, 2.7, False)]
     rows = estimate.search(offers, [1, 2, 4, 8], SEARCH_JOB, flow_gbps=10.0, express_flow_gbps=25.0)
     # ENA Express x communication core x compile where the type has ENA Express, else 4 choices: 8 + 8 + 4 per count
-    assert len(rows) == 4 * (8 + 8 + 4)
+    # above one node; a lone node exchanges nothing, so only ENA Express x compile tell its rows apart
+    assert len(rows) == 3 * (8 + 8 + 4) + (4 + 4 + 2)
+    assert not any(r.levers.comm_core for r in rows if r.nodes == 1)
     assert not any(r.levers.express for r in rows if r.instance_type == "old.net")
     assert all(r.levers.flows == 4 for r in rows if r.instance_type == "fast.net" and r.levers.express)
     by_wall = [r.wall_s for r in rows]
