@@ -185,7 +185,7 @@ def _sh(script: str) -> str:
     return f"/bin/sh -c {shlex.quote(script)}"
 
 
-def _refusal(problems: list[str]) -> UsageError:
+def refusal(problems: list[str]) -> UsageError:
     """One line per problem: the CLI prints the first after 'error: ', so each starts alike."""
     return UsageError("\nerror: ".join(problems))
 
@@ -197,7 +197,7 @@ def _probe_node(host: Host, index: int, host_key: str = "") -> st.NodeInfo:
                        ssh_user=host.user, ssh_port=host.port, host_key=host_key)
 
 
-def _each(items: list, work) -> list:
+def each(items: list, work) -> list:
     """work(item) for every item at once (a thread each); results in order."""
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
         return list(pool.map(work, items))
@@ -214,7 +214,7 @@ def _resolve(host: Host) -> str:
     return str(mapped.ipv4_mapped) if mapped.version == 6 and mapped.ipv4_mapped else address
 
 
-def _read_key(host: Host) -> tuple[str, str]:
+def read_key(host: Host) -> tuple[str, str]:
     """(host key, '') or ('', why it could not be read)."""
     try:
         return fetch_host_key(_probe_node(host, 0)), ""
@@ -239,7 +239,7 @@ def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
             raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
 
 
-def _check(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | None, list[str]]:
+def check_host(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | None, list[str]]:
     spec = state.cluster_spec
     node = _probe_node(host, 0, key)
     try:
@@ -278,19 +278,19 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
         raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key that logs "
                          f"in to your servers, or leave {option('ssh_key')} out to use your ssh agent and ~/.ssh keys")
     hosts = hosts_of(spec, getpass.getuser())
-    twice = same_servers(hosts, _each(hosts, _resolve))
+    twice = same_servers(hosts, each(hosts, _resolve))
     if twice:
         raise UsageError(twice)
-    read = _each(hosts, _read_key)
+    read = each(hosts, read_key)
     problems = [why for _, why in read if why]
     if problems:
-        raise _refusal(problems)
+        raise refusal(problems)
     keys = [key for key, _ in read]
     _trust(hosts, keys, yes)
-    checked = _each(list(zip(hosts, keys)), lambda pair: _check(state, *pair))
+    checked = each(list(zip(hosts, keys)), lambda pair: check_host(state, *pair))
     problems = [line for _, lines in checked for line in lines]
     if problems:
-        raise _refusal(problems)
+        raise refusal(problems)
     resources(state).hosts = [found for found, _ in checked if found]
     resources(state).claim = secrets.token_hex(16)
     console.print(f"checked {len(hosts)} host(s): Linux x86-64, Python, disk, no other ftc cluster")
@@ -316,7 +316,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
         with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
             run(conn, node, "claim", f"umask 077 && {{ [ -d {root} ] || {{ mkdir -p {root} && : > {root}/{MADE_BY_FTC}; "
                                      f"}}; }} && mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
-    _each(state.nodes, claim_dir)
+    each(state.nodes, claim_dir)
 
 
 def wait(state: st.ClusterState, record: Record) -> None:
@@ -347,7 +347,7 @@ def terminate(state: st.ClusterState, record: Record) -> None:
                       f"$HOME/{ROOT}/{state.name} and the authorized_keys line ending 'ftc-{state.name}-internal'",
                       markup=False)
         return
-    outcomes = _each(state.nodes, clean)  # (what is left there, whether a later down can finish it)
+    outcomes = each(state.nodes, clean)  # (what is left there, whether a later down can finish it)
     lines = [line for line, _ in outcomes if line]
     if not lines:
         return
@@ -370,4 +370,4 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
         if there != "yes":
             return NodeStatus(node.id, "missing", f"{node.workdir} is gone")
         return NodeStatus(node.id, "running", "yours: no cost")
-    return _each(state.nodes, look) if state.nodes else []
+    return each(state.nodes, look) if state.nodes else []
