@@ -341,6 +341,8 @@ def _print_status(state: st.ClusterState, nodes) -> None:
         billing = [live for live in nodes if live.state in ("running", "unknown")]  # unknown: it may run
         cost = f", {len(billing)} billed, about ${hours * len(billing) * price:.2f} so far" if price is not None else \
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
+    elif traits(state.provider).scheduler:
+        cost = ", a Slurm allocation"
     elif traits(state.provider).own_hosts:
         cost = ", your servers: no cost"
     table = Table(title=escape(f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}"),

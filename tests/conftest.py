@@ -87,6 +87,7 @@ STARTS_PROCESSES = {
     "stalling",  # test_interrupt_copy.py: an own server and a cluster on it
     "emulator", "ec2",  # test_emulator.py: the EC2 emulator and its sshd nodes
     "real_run",  # test_protocol.py: the training program, run once
+    "slurm_sandbox", "slurm",  # test_slurm.py: a real Slurm, its slurmd nodes in namespaces of their own
 }
 
 
@@ -273,6 +274,28 @@ def cluster_resources(ec2, name: str) -> dict:
 def assert_nothing_left(ec2, name: str) -> None:
     left = {kind: items for kind, items in cluster_resources(ec2, name).items() if items}
     assert not left, f"EC2 still holds resources of {name}: {left}"
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox(tmp_path_factory):
+    """One real Slurm per worker (tests/slurm_sandbox.py: munged, slurmctld, two slurmd nodes in
+    namespaces of their own, each with its sshd); every test that uses it leaves its queue empty."""
+    from slurm_sandbox import Sandbox, missing_tools
+    lacking = missing_tools()
+    if lacking:
+        pytest.fail(f"the Slurm tests need {', '.join(lacking)}: run `make setup` as root")
+    sandbox = Sandbox(tmp_path_factory.mktemp("slurm"), nodes=2).start()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def slurm(slurm_sandbox, ftc_home, monkeypatch):
+    """The sandbox's Slurm for this test's `ftc` (SLURM_CONF) and its settings (FTC_PARTITION, FTC_SSH_KEY,
+    FTC_STACK_PYTHON: the nodes see this machine's files, so the test's Python is their stack)."""
+    for key, value in slurm_sandbox.exports().items():
+        monkeypatch.setenv(key, value)
+    return slurm_sandbox
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from pathlib import Path
 PREFIX = "ftcsl"
 PARTITION = "debug"
 HELD_PARTITION = "held"
-MAX_MINUTES = 60  # debug's time limit: a longer MAX_HOURS is refused by ftc
+MAX_MINUTES = 480  # the partitions' time limit: above ftc's default MAX_HOURS (4), so a longer one is refused
 SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if Path(p).exists()),
             "internal-sftp")
 
@@ -200,6 +200,8 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime={MAX_MINUTES} State=UP
 PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
 """)
         (self.root / "ctl").mkdir(exist_ok=True)
+        (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+            f"{self.address(i)} {name}\n" for i, name in enumerate(self.node_names)))
 
     def _node(self, index: int) -> None:
         name, ns = self.node_names[index], self.namespaces[index]
@@ -218,11 +220,15 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
             "X11Forwarding no", "PrintMotd no", "PrintLastLog no", "MaxStartups 100", "MaxSessions 100",
             "LogLevel ERROR", f"Subsystem sftp {SFTP}", ""]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        # its own hostname (UTS), then slurmd in the background and sshd in the foreground: one process tree
-        inner = (f"hostname {name} && {shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf} & "
+        # its own hostname (UTS) and /etc/hosts (a mount namespace: every node resolves every node's name, as a
+        # site's DNS does; Intel MPI's proxies connect back by name), then slurmd in the background and sshd in
+        # the foreground: one process tree
+        inner = (f"mount --bind {self.root / 'hosts'} /etc/hosts && hostname {name} && "
+                 f"{{ {shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf} & }} && "
                  f"exec /usr/sbin/sshd -D -e -f {config}")
         # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup tree slurmd starts from
-        self._start(["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--", "sh", "-c", inner], f"{name}-out")
+        self._start(["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "--propagation", "private",
+                     "--", "sh", "-c", inner], f"{name}-out")
 
     def _wait_idle(self) -> None:
         def idle() -> bool:

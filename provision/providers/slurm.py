@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option
@@ -155,13 +155,17 @@ def poll_s() -> float:
 # ---- the edge: Slurm's commands, here or on LOGIN ----------------------------------------------
 
 def slurm(spec: ClusterSpec, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    """One Slurm command: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh)."""
+    """One Slurm command: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh).
+    LOGIN's host key: the one your known_hosts has, else the one it showed ftc first (pinned in
+    $FTC_HOME/login_known_hosts, and any other refused from then on)."""
     if spec.login:
         user, host, port = parse_host(spec.login)
         key = ["-i", spec.ssh_key, "-o", "IdentitiesOnly=yes"] if spec.ssh_key else []
         target = f"{user}@{host}" if user else host
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", str(port), *key, target, "--",
-                shlex.join(argv)]
+        st.ftc_home().mkdir(parents=True, exist_ok=True)
+        known = f"-oUserKnownHostsFile={st.ftc_home() / 'login_known_hosts'} ~/.ssh/known_hosts"
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
+                known, "-p", str(port), *key, target, "--", shlex.join(argv)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)  # noqa: S603 - argv
     except FileNotFoundError:
@@ -292,7 +296,8 @@ def _checked(state: st.ClusterState, names: list[str], hosts: list[own.Host]) ->
     problems = [line for _, lines in checked for line in lines]
     if problems:
         raise FtcError("\nerror: ".join(problems) + "\nerror: the allocation is cancelled")
-    resources(state).hosts = [found for found, _ in checked if found]
+    # each node goes by Slurm's name for it (ftc status, messages), reached at its address
+    resources(state).hosts = [replace(found, label=name) for name, (found, _) in zip(names, checked)]
 
 
 def wait(state: st.ClusterState, record: Record) -> None:
@@ -344,5 +349,5 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
     now = _allocation(state.cluster_spec, job_id)
     if now.state != "RUNNING":
         return [NodeStatus(node.id, "dead", ended_line(now)) for node in state.nodes]
-    return [NodeStatus(live.id, live.state, f"{live.detail}; Slurm allocation {job_id}" if live.state == "running"
-                       else live.detail) for live in own.query(state)]
+    return [NodeStatus(live.id, live.state, f"Slurm allocation {job_id}" if live.state == "running" else live.detail)
+            for live in own.query(state)]
