@@ -130,7 +130,7 @@ def test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_an
     assert "nodes reached over ssh" in up.stderr
     assert [line.split()[1:] for line in queue(slurm)] == [["ftc-sl", "RUNNING"]]
     status = ftc("status", "--name", "sl")
-    assert status.returncode == 0 and status.stdout.count("Slurm allocation") == 2, status.stdout + status.stderr
+    assert status.returncode == 0 and status.stdout.count("│ Slurm allocation") == 2, status.stdout + status.stderr
 
     job = make("finetune", "NAME=sl", "TASK=mrpc", "MODEL=auto", "DATA_DIR=auto", "MAX_TRAIN_SAMPLES=32",
                "MAX_EVAL_SAMPLES=32", "EPOCHS=1", home=ftc_home)
