@@ -33,6 +33,25 @@ SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/s
             "internal-sftp")
 
 
+# What a site does when an allocation ends (pam_slurm_adopt, or slurm.epilog.clean): nothing started on the
+# node outlives it, ssh sessions included. Here: every process in the node's network namespace but its
+# slurmd (and the steps it runs), its sshd listener and this script ends.
+EPILOG = """#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin  # slurmd gives an epilog no PATH
+me=$(readlink /proc/$$/ns/net)
+keep=" $$ $(cat {root}/$SLURMD_NODENAME/sshd.pid 2>/dev/null) "
+for dir in /proc/[0-9]*; do
+  pid=${{dir#/proc/}}
+  [ "$(readlink "$dir/ns/net" 2>/dev/null)" = "$me" ] || continue
+  case "$keep" in *" $pid "*) continue;; esac
+  case "$(cat "$dir/comm" 2>/dev/null)" in slurmd|slurmstepd|epilog.sh) continue;; esac
+  [ "$(cut -d' ' -f4 "$dir/stat" 2>/dev/null)" = "$$" ] && continue
+  kill -9 "$pid" 2>/dev/null
+done
+exit 0
+"""
+
+
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, check=check)  # noqa: S603 - fixed argv
 
@@ -193,6 +212,7 @@ SchedulerType=sched/backfill
 SelectType=select/linear
 MpiDefault=none
 ReturnToService=2
+Epilog={self.root / 'epilog.sh'}
 SlurmdTimeout=30
 MinJobAge=600
 {nodes}
@@ -200,6 +220,9 @@ PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime={MAX_MINUTES} State=UP
 PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
 """)
         (self.root / "ctl").mkdir(exist_ok=True)
+        epilog = self.root / "epilog.sh"
+        epilog.write_text(EPILOG.format(root=self.root))
+        epilog.chmod(0o755)
         (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{self.address(i)} {name}\n" for i, name in enumerate(self.node_names)))
 

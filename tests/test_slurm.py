@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import assert_refused, make, only_line, wait_for
+from helpers import assert_refused, held_job, make, only_line, wait_for
 
 from provision.errors import UsageError
 from provision.providers.slurm import (
@@ -219,3 +219,27 @@ def test_an_allocation_cancelled_under_the_cluster_is_named_with_slurms_reason_a
     down = ftc("down", "--name", "gone")
     assert down.returncode == 0, down.stderr
     assert homes(slurm) == before and queue(slurm) == []
+
+
+@pytest.mark.slow
+def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, ftc_home, tiny_bert, glue_dir):
+    before = homes(slurm)
+    up = ftc("up", "--name", "end", "--provider", "slurm", "--max-hours", "1", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    job_id = next(line.split()[0] for line in queue(slurm))
+    proc = subprocess.Popen([*FTC, "finetune", "--name", "end", "--task", "mrpc", "--model", tiny_bert, "--data-dir",
+                             str(glue_dir), "--max-train-samples", "64", "--max-eval-samples", "16", "--epochs", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FTC_HOLD_AT_STEP": "1"})
+    try:
+        held_job(ftc_home, "end", proc)  # the job is held at its first step: the allocation ends under it
+        subprocess.run(["scancel", job_id], check=True, env={**os.environ, **slurm.env()})
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out + err
+    assert f"Slurm allocation {job_id} is CANCELLED" in err, out + err
+    down = ftc("down", "--name", "end")
+    assert down.returncode == 0, down.stderr
+    assert homes(slurm) == before and queue(slurm) == [] and processes_under(slurm.root) == []
