@@ -70,7 +70,8 @@ $(STAMP): pyproject.toml
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq openssh-server >/dev/null; }
 	@command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || { \
 	  echo "installing slurm-wlm and munge (PROVIDER=slurm is tested against a real Slurm)"; \
-	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq slurm-wlm munge >/dev/null; }
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$sudo apt-get install -y -qq slurm-wlm munge >/dev/null \
+	  || { $$sudo apt-get update -qq && $$sudo apt-get install -y -qq slurm-wlm munge >/dev/null; }; }
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	source templates/installer.sh && choose_installer $(VENV) $(UV_VERSION) \
 	  && venv_install $(VENV) -e '.[train,bench,dev]' && venv_install $(VENV) --no-deps $(MINILM)

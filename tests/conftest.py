@@ -35,6 +35,8 @@ LONGEST = {
     "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 50,
     "test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own": 46,
     "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 45,
+    "test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_and_the_nodes_as_they_were": 92,
+    "test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason": 50,
     "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 42,
     "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 35,
     "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 34,
