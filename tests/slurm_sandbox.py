@@ -108,6 +108,7 @@ class Sandbox:
         self.namespaces: list[str] = []
         self.key = root / "user_key"  # what logs in to every node's sshd
         self.conf = root / "slurm.conf"
+        self.home = root / "home"  # every node's $HOME: one, as a site's home over NFS is
 
     @property
     def node_names(self) -> list[str]:
@@ -228,10 +229,11 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
 
     def _node(self, index: int) -> None:
         name, ns = self.node_names[index], self.namespaces[index]
-        home = self.root / name / "home"
+        home = self.home
         (self.root / name / "spool").mkdir(parents=True, exist_ok=True)
         (home / ".ssh").mkdir(parents=True, exist_ok=True)
         shutil.copy(self.key.with_suffix(".pub"), home / ".ssh" / "authorized_keys")
+        (home / "notes.txt").write_text("a file of yours\n")
         host_key = self.root / name / "host_key"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
         config = self.root / name / "sshd_config"

@@ -88,14 +88,12 @@ def queue(sandbox) -> list[str]:
     return out.splitlines()
 
 
-def homes(sandbox) -> dict[str, list[tuple]]:
-    """Every path under each node's $HOME, with its mode and content hash: what 'as it was' means."""
-    found = {}
-    for name in sandbox.node_names:
-        home = sandbox.root / name / "home"
-        found[name] = [(str(p.relative_to(home)), oct(p.lstat().st_mode),
-                        hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "") for p in sorted(home.rglob("*"))]
-    return found
+def homes(sandbox) -> list[tuple]:
+    """Every path under the nodes' $HOME (one, shared, as over NFS), with its mode, inode and content hash:
+    what 'as it was' means."""
+    home = sandbox.home
+    return [(str(p.relative_to(home)), oct(p.lstat().st_mode), p.lstat().st_ino if p.is_file() else 0,
+             hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "") for p in sorted(home.rglob("*"))]
 
 
 def processes_under(directory: Path) -> list[int]:

@@ -7,7 +7,9 @@
                `sleep infinity` until its time limit; its job id is recorded before anything else.
                While it waits: its state and Slurm's reason, on a progress line. Once it runs: its
                nodes (Slurm's names and addresses) are reached over ssh, checked and claimed
-               exactly as your own servers are (providers/ssh.py), one directory each.
+               as your own servers are (providers/ssh.py), in a directory per node,
+               $HOME/.ftc-node/<cluster>.<node> (a site's nodes share one home), and another
+               ftc cluster's directory there is no obstacle (the nodes are this allocation's alone).
     wait       nothing more: launch returns with every node logged in to
     terminate  on each node: what ftc put there removed, as on your servers; then scancel, and
                wait until the queue no longer holds the allocation. A job of this cluster's name
@@ -236,7 +238,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
     user = parse_host(spec.login)[0] if spec.login else ""
     hosts = [own.Host(user or getpass.getuser(), addresses[name], SSH_PORT) for name in names]
     _checked(state, names, hosts)
-    own.launch(state, record)
+    own.launch(state, record, per_node=True)  # the nodes' homes may be one (NFS): a directory per node
 
 
 def _until_running(state: st.ClusterState) -> "Allocation":
@@ -292,7 +294,8 @@ def _checked(state: st.ClusterState, names: list[str], hosts: list[own.Host]) ->
     for name, host, (key, _) in zip(names, hosts, read):
         console.print(f"node {name} ({host.address}): {key.split()[0]} key {fingerprint(key)}, pinned", markup=False)
     console.print("nodes reached over ssh: every allocated node answers it", markup=False)
-    checked = own.each(list(zip(hosts, [key for key, _ in read])), lambda pair: own.check_host(state, *pair))
+    checked = own.each(list(zip(hosts, [key for key, _ in read])),
+                       lambda pair: own.check_host(state, *pair, one_cluster=False))
     problems = [line for _, lines in checked for line in lines]
     if problems:
         raise FtcError("\nerror: ".join(problems) + "\nerror: the allocation is cancelled")

@@ -74,8 +74,10 @@ def hosts_of(spec: ClusterSpec, local_user: str) -> list[Host]:
     return [Host(user or local_user, address, port) for user, address, port in parsed]
 
 
-def workdir_of(home: str, cluster: str) -> str:
-    return f"{home.rstrip('/')}/{ROOT}/{cluster}"
+def workdir_of(home: str, cluster: str, node: str = "") -> str:
+    """The cluster's directory on a host; `node` names it per node (`<cluster>.<node>`: a cluster name has
+    no dot), for nodes that may share one home (a Slurm cluster's, over NFS)."""
+    return f"{home.rstrip('/')}/{ROOT}/{cluster}{'.' + node if node else ''}"
 
 
 def probe_script(label: str, stack_python: str) -> str:
@@ -100,8 +102,10 @@ def _version(text: str) -> tuple[int, ...]:
         return ()
 
 
-def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list[str]:
-    """Every problem that keeps ftc off this host, one line each; [] when it may go ahead."""
+def verdicts(label: str, probe: dict[str, list[str]], stack_python: str, one_cluster: bool = True) -> list[str]:
+    """Every problem that keeps ftc off this host, one line each; [] when it may go ahead. `one_cluster`:
+    another ftc cluster's directory there is one (a server is one cluster's; a node a scheduler lends
+    exclusively is not, whatever its shared home holds)."""
     one = {key: values[-1] for key, values in probe.items()}
     problems = []
     system = f"{one.get('os', '?')} {one.get('arch', '?')}"
@@ -114,7 +118,7 @@ def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list
         install = "" if stack_python else f" to install the stack (or give {option('stack_python')})"
         problems.append(f"host {label}: {free_gb:.1f} GB free in {one.get('home', '$HOME')}, ftc needs {need_gb} GB"
                         f"{install}")
-    for cluster in probe.get("cluster", []):
+    for cluster in probe.get("cluster", []) if one_cluster else []:
         where = workdir_of(one.get("home", "~"), cluster)
         problems.append(f"host {label}: ftc cluster {cluster!r} is already there ({where}); one ftc cluster per "
                         f"server: `{command('down', name=cluster)}` from the controller that made it, or, if that is gone, "
@@ -239,7 +243,8 @@ def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
             raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
 
 
-def check_host(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | None, list[str]]:
+def check_host(state: st.ClusterState, host: Host, key: str, one_cluster: bool = True
+               ) -> tuple[HostCheck | None, list[str]]:
     spec = state.cluster_spec
     node = _probe_node(host, 0, key)
     try:
@@ -252,7 +257,7 @@ def check_host(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck 
     one = {k: v[-1] for k, v in probe.items()}
     found = HostCheck(label=host.label, user=host.user, address=host.address, port=host.port, host_key=key,
                       ip=address, home=one.get("home", ""))
-    return found, verdicts(host.label, probe, spec.stack_python) + no_sftp
+    return found, verdicts(host.label, probe, spec.stack_python, one_cluster) + no_sftp
 
 
 def _sftp_missing(conn, label: str) -> list[str]:
@@ -296,14 +301,16 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
     console.print(f"checked {len(hosts)} host(s): Linux x86-64, Python, disk, no other ftc cluster")
 
 
-def launch(state: st.ClusterState, record: Record) -> None:
-    """Record every node first (so an interruption loses none), then claim its directory."""
+def launch(state: st.ClusterState, record: Record, per_node: bool = False) -> None:
+    """Record every node first (so an interruption loses none), then claim its directory (`per_node`:
+    one named after the node, workdir_of)."""
     for index, found in enumerate(resources(state).hosts):
         home = found.home
         state.nodes.append(st.NodeInfo(
             index=index, name=f"{state.name}-{index}", id=found.label, public_ip=found.address,
             private_ip=found.ip, ssh_user=found.user, ssh_port=found.port,
-            workdir=workdir_of(home, state.name), authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
+            workdir=workdir_of(home, state.name, found.label if per_node else ""),
+            authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
             host_key=found.host_key))
     record()
     claim = resources(state).claim
