@@ -302,6 +302,8 @@ def main(argv: list[str]) -> int:
         print(f"error: NODES={nodes} is not allowed; allowed: 1..16", file=sys.stderr)
         return 2
     sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="ftc-slurm-")), nodes)
+    # Ctrl-C stops it even when started from a script that left SIGINT ignored (a background job's is)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"starting a Slurm of {nodes} node(s) in {sandbox.root}", file=sys.stderr, flush=True)
     try:
@@ -314,6 +316,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C (or make's TERM) must not cut the cleanup short
+            signal.signal(signum, signal.SIG_IGN)
+        print("stopping the Slurm sandbox", file=sys.stderr, flush=True)
         sandbox.stop()
         print("the Slurm sandbox is gone", file=sys.stderr)
     return 0
