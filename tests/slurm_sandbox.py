@@ -14,6 +14,7 @@ start removes what a killed sandbox left (its pid gone) and never a live one's.
     python tests/slurm_sandbox.py 2      # prints export lines, then `ready`; Ctrl-C removes it all
 """
 
+import fcntl
 import os
 import re
 import shutil
@@ -74,7 +75,7 @@ def subnet_for(pid: int, taken: str) -> str:
 def remove_stale() -> None:
     """Namespaces and bridges a killed sandbox left: its pid no longer runs."""
     names = _sh("ip", "netns", "list", check=False).stdout.split()
-    links = re.findall(rf"^\d+: ({PREFIX}\d+b)", _sh("ip", "-o", "link", "show", check=False).stdout, re.M)
+    links = re.findall(rf"^\d+: ({PREFIX}\d+[a-z]b)[:@]", _sh("ip", "-o", "link", "show", check=False).stdout, re.M)
     for name in [n for n in names if n.startswith(PREFIX)] + links:
         pid = int(re.match(rf"{PREFIX}(\d+)", name)[1])
         if not Path(f"/proc/{pid}").exists():
@@ -99,9 +100,15 @@ def _kill_netns(name: str) -> None:
 
 
 class Sandbox:
-    def __init__(self, root: Path, nodes: int = 2):
+    made = 0  # sandboxes this process started
+
+    def __init__(self, root: Path, nodes: int = 2, ssh: bool = True):
         self.root, self.count = root, nodes
-        self.tag = f"{PREFIX}{os.getpid()}"
+        self.ssh = ssh  # False: the nodes run no sshd, as at a site that refuses ssh to allocated nodes
+        # the pid, then a letter per sandbox of this process (a test may start one beside the session's);
+        # an interface's name has at most 15 characters: ftcsl, 7 digits, the letter, v9
+        Sandbox.made += 1
+        self.tag = f"{PREFIX}{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[Sandbox.made % 26]}"
         self.bridge = f"{self.tag}b"
         self.net = ""
         self.procs: list[subprocess.Popen] = []
@@ -132,9 +139,11 @@ class Sandbox:
         remove_stale()
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)  # munged refuses a socket directory others may write
-        self.net = subnet_for(os.getpid(), _sh("ip", "-br", "addr").stdout)
         try:
-            self._network()
+            with open("/run/lock/ftc-slurm-sandbox.lock", "w") as lock:  # two sandboxes never choose one subnet
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self.net = subnet_for(os.getpid(), _sh("ip", "-br", "addr").stdout)
+                self._network()
             self._munge()
             self._config()
             self._start([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(self.conf)], "slurmctld")
@@ -248,9 +257,9 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
         # its own hostname (UTS) and /etc/hosts (a mount namespace: every node resolves every node's name, as a
         # site's DNS does; Intel MPI's proxies connect back by name), then slurmd in the background and sshd in
         # the foreground: one process tree
+        slurmd = f"{shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf}"
         inner = (f"mount --bind {self.root / 'hosts'} /etc/hosts && hostname {name} && "
-                 f"{{ {shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf} & }} && "
-                 f"exec /usr/sbin/sshd -D -e -f {config}")
+                 + (f"{{ {slurmd} & }} && exec /usr/sbin/sshd -D -e -f {config}" if self.ssh else f"exec {slurmd}"))
         # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup tree slurmd starts from
         self._start(["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "--propagation", "private",
                      "--", "sh", "-c", inner], f"{name}-out")
@@ -298,8 +307,8 @@ def main(argv: list[str]) -> int:
         print(f"error: the Slurm sandbox needs {', '.join(lacking)}; run `make setup` as root "
               "(it installs slurm-wlm and munge)", file=sys.stderr)
         return 2
-    if not 1 <= nodes <= 16:
-        print(f"error: NODES={nodes} is not allowed; allowed: 1..16", file=sys.stderr)
+    if not 1 <= nodes <= 9:
+        print(f"error: NODES={nodes} is not allowed; allowed: 1..9", file=sys.stderr)
         return 2
     sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="ftc-slurm-")), nodes)
     # Ctrl-C stops it even when started from a script that left SIGINT ignored (a background job's is)

@@ -241,3 +241,19 @@ def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, 
     down = ftc("down", "--name", "end")
     assert down.returncode == 0, down.stderr
     assert homes(slurm) == before and queue(slurm) == [] and processes_under(slurm.root) == []
+
+
+@pytest.mark.slow
+def test_nodes_that_refuse_ssh_are_named_and_the_allocation_is_cancelled(ftc_home, tmp_path, monkeypatch):
+    from slurm_sandbox import Sandbox
+    closed = Sandbox(tmp_path / "closed", nodes=1, ssh=False).start()  # a site without ssh to its nodes
+    try:
+        for key, value in closed.exports().items():
+            monkeypatch.setenv(key, value)
+        up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1")
+        assert up.returncode == 1, up.stderr
+        assert "Slurm node(s) ftcn1 (" in up.stderr and "do not answer ssh on port 22" in up.stderr, up.stderr
+        assert "Slurm allocation 1 cancelled" in up.stderr and "rolled back" in up.stderr, up.stderr
+        assert queue(closed) == [] and not (ftc_home / "clusters" / "shut").exists()
+    finally:
+        closed.stop()
