@@ -76,6 +76,10 @@ def remove_stale() -> None:
     """Namespaces and bridges a killed sandbox left: its pid no longer runs."""
     names = _sh("ip", "netns", "list", check=False).stdout.split()
     links = re.findall(rf"^\d+: ({PREFIX}\d+[a-z]b)[:@]", _sh("ip", "-o", "link", "show", check=False).stdout, re.M)
+    for left in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):  # a killed sandbox's sockets' directory
+        found = re.fullmatch(rf"{PREFIX}(\d+)[a-z]", left.name)
+        if found and not Path(f"/proc/{found[1]}").exists():
+            shutil.rmtree(left, ignore_errors=True)
     for name in [n for n in names if n.startswith(PREFIX)] + links:
         pid = int(re.match(rf"{PREFIX}(\d+)", name)[1])
         if not Path(f"/proc/{pid}").exists():
@@ -116,6 +120,8 @@ class Sandbox:
         self.key = root / "user_key"  # what logs in to every node's sshd
         self.conf = root / "slurm.conf"
         self.home = root / "home"  # every node's $HOME: one, as a site's home over NFS is
+        # the sockets' directory (slurmstepd's and munged's): a short path, as a unix socket's has at most 107 bytes
+        self.sockets = Path(tempfile.gettempdir()) / self.tag
 
     @property
     def node_names(self) -> list[str]:
@@ -181,10 +187,11 @@ class Sandbox:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self._start(["munged", "-F", "-f", f"--key-file={key}", f"--socket={self.root / 'munge.sock'}",
+        self.sockets.mkdir(mode=0o700)
+        self._start(["munged", "-F", "-f", f"--key-file={key}", f"--socket={self.sockets / 'munge.sock'}",
                      f"--pid-file={self.root / 'munged.pid'}", f"--log-file={self.root / 'munged.log'}",
                      f"--seed-file={self.root / 'munged.seed'}"], "munged-out")
-        _until(lambda: (self.root / "munge.sock").exists(), "munged's socket", self.root / "munged.log")
+        _until(lambda: (self.sockets / "munge.sock").exists(), "munged's socket", self.root / "munged.log")
 
     def _config(self) -> None:
         listen = socket.socket()
@@ -206,9 +213,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.root / 'munge.sock'}
+AuthInfo=socket={self.sockets / 'munge.sock'}
 StateSaveLocation={self.root / 'ctl'}
-SlurmdSpoolDir={self.root}/%n/spool
+SlurmdSpoolDir={self.sockets}/%n
 SlurmctldPidFile={self.root / 'slurmctld.pid'}
 SlurmdPidFile={self.root}/%n/slurmd.pid
 SlurmctldLogFile={self.root / 'slurmctld.log'}
@@ -239,7 +246,8 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
     def _node(self, index: int) -> None:
         name, ns = self.node_names[index], self.namespaces[index]
         home = self.home
-        (self.root / name / "spool").mkdir(parents=True, exist_ok=True)
+        (self.sockets / name).mkdir(parents=True, exist_ok=True)
+        (self.root / name).mkdir(parents=True, exist_ok=True)
         (home / ".ssh").mkdir(parents=True, exist_ok=True)
         shutil.copy(self.key.with_suffix(".pub"), home / ".ssh" / "authorized_keys")
         (home / "notes.txt").write_text("a file of yours\n")
@@ -289,6 +297,7 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
             _kill_netns(ns)  # what the jobs and ssh sessions started there
         _sh("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 def _until(condition, what: str, log: Path, timeout: float = 30) -> None:

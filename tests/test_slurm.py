@@ -250,10 +250,33 @@ def test_nodes_that_refuse_ssh_are_named_and_the_allocation_is_cancelled(ftc_hom
     try:
         for key, value in closed.exports().items():
             monkeypatch.setenv(key, value)
-        up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1")
+        try:
+            up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1",
+                     timeout=300)
+        except subprocess.TimeoutExpired as exc:  # a hang: say where ftc stood and what Slurm said
+            log = (closed.root / "slurmctld.log").read_text(errors="replace")[-3000:]
+            pytest.fail(f"ftc up hung: {exc.stderr}\nqueue: {queue(closed)}\nslurmctld.log: {log}")
         assert up.returncode == 1, up.stderr
         assert "Slurm node(s) ftcn1 (" in up.stderr and "do not answer ssh on port 22" in up.stderr, up.stderr
         assert "Slurm allocation 1 cancelled" in up.stderr and "rolled back" in up.stderr, up.stderr
         assert queue(closed) == [] and not (ftc_home / "clusters" / "shut").exists()
     finally:
         closed.stop()
+
+
+@pytest.mark.slow
+def test_an_allocation_held_while_it_waits_is_cancelled_naming_slurms_reason(slurm, ftc_home):
+    proc = subprocess.Popen([*FTC, "up", "--name", "hold", "--provider", "slurm", "--partition", "held", "--nodes",
+                             "1", "--max-hours", "1"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=os.environ.copy())
+    try:
+        until_line(proc, "PENDING (PartitionDown)")
+        job_id = queue(slurm)[0].split()[0]
+        subprocess.run(["scontrol", "hold", job_id], check=True, env={**os.environ, **slurm.env()})
+        rest = proc.stderr.read()
+        assert proc.wait(120) == 1, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"Slurm allocation {job_id} is PENDING (JobHeldUser): it does not start by waiting" in rest, rest
+    assert queue(slurm) == [] and not (ftc_home / "clusters" / "hold").exists()

@@ -45,6 +45,10 @@ from .records import NodeStatus, Record, SlurmResources
 SSH_PORT = 22  # where a site's compute nodes answer ssh
 LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
         "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED")  # a job that still holds or awaits nodes
+# Reasons a pending job gives that waiting does not change: held (by you, an admin, or after its launch
+# failed on a node), or asking for what this site does not have
+IN_VAIN = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "BadConstraints", "InvalidAccount",
+           "InvalidQOS")
 POLL_VARIABLE = "FTC_SLURM_POLL_S"  # how often the queue is asked while an allocation waits or ends
 GONE_WITHIN_S = 120  # scancel to the queue no longer listing it (the nodes' epilog runs meanwhile)
 
@@ -256,6 +260,9 @@ def _until_running(state: st.ClusterState) -> "Allocation":
             return now
         if not now.live:
             raise FtcError(f"{ended_line(now)} before it ran; `{command('up', name=state.name)}` asks again")
+        if now.reason in IN_VAIN:
+            raise FtcError(f"Slurm allocation {job_id} is {now.state} ({now.reason}): it does not start by waiting, "
+                           f"so ftc cancels it; `scontrol show job {job_id}` and the site's admin say why")
         line = waiting_line(now, time.monotonic() - started)
         if tty:
             print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
