@@ -272,7 +272,7 @@ def test_an_allocation_held_while_it_waits_is_cancelled_naming_slurms_reason(slu
     try:
         until_line(proc, "PENDING (PartitionDown)")
         job_id = queue(slurm)[0].split()[0]
-        subprocess.run(["scontrol", "hold", job_id], check=True, env={**os.environ, **slurm.env()})
+        subprocess.run(["scontrol", "uhold", job_id], check=True, env={**os.environ, **slurm.env()})
         rest = proc.stderr.read()
         assert proc.wait(120) == 1, rest
     finally:
