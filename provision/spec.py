@@ -48,6 +48,11 @@ class ClusterSpec:
     hosts: list[str] = field(default_factory=list)  # ssh: "[user@]host:port" of your own servers, node 0 first
     ssh_key: str = ""  # ssh: the private key that logs in to them; empty: your ssh agent and ~/.ssh keys
     stack_python: str = ""  # ssh: a Python on every host that has the stack already; empty: ftc installs one
+    partition: str = ""  # slurm: the partition the allocation is asked of
+    account: str = ""  # slurm: --account; empty: the site's default
+    qos: str = ""  # slurm: --qos; empty: the site's default
+    constraint: str = ""  # slurm: --constraint (node features, e.g. "sapphirerapids&ib")
+    login: str = ""  # slurm: user@host[:port] whose sbatch, squeue and scancel ftc runs over ssh; empty: this machine's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +155,34 @@ def _remote_python(key: str, raw: Any) -> str:
     return value
 
 
+def _slurm_name(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", value):
+        raise UsageError(f"{label(key)}={raw!r} is not a Slurm name; allowed: up to 64 letters, digits and _.+- "
+                         "(not starting with . + or -)")
+    return value
+
+
+def _constraint(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.&|,:*()\[\]-]{0,199}", value):
+        raise UsageError(f"{label(key)}={raw!r} is not a Slurm constraint; allowed: node features joined by & | , "
+                         "(letters, digits and _.:*()[]-), as sbatch --constraint takes them")
+    return value
+
+
+def _login(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if not value:
+        return ""
+    try:
+        user, host, port = parse_host(value)
+    except ValueError:
+        raise UsageError(f"{label(key)}={raw!r} is not a login node; allowed: user@host[:port] (user and port "
+                         "optional: yours and 22)") from None
+    return host_label(user, host, port)
+
+
 def world_parsers(world: World) -> dict[str, Callable[[str, Any], Any]]:
     """The parsers of the settings whose values a provider owns: its instance types, regions, zones, images."""
     return {"instance_type": one_of(sorted(world.instance_types)), "region": one_of(world.regions),
@@ -173,6 +206,11 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "hosts": _hosts,
     "ssh_key": local_path,
     "stack_python": _remote_python,
+    "partition": _slurm_name,
+    "account": _slurm_name,
+    "qos": _slurm_name,
+    "constraint": _constraint,
+    "login": _login,
 }
 
 
@@ -228,7 +266,7 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     values.setdefault("instance_type", world.default_instance_type)
     values.setdefault("region", world.default_region)
     values.setdefault("ena_express", world.instance_types[values["instance_type"]].ena_express)
-    if traits(provider).own_hosts:  # your servers are the nodes: NODES follows HOSTS
+    if traits(provider).own_hosts and not traits(provider).scheduler:  # your servers are the nodes: NODES follows HOSTS
         hosts = values.get("hosts", [])
         if "nodes" in values and values["nodes"] != len(hosts):
             raise UsageError(f"{label('nodes')}={values['nodes']} but {label('hosts')} names {len(hosts)} server(s); "
@@ -252,14 +290,19 @@ def check_spec(spec: ClusterSpec) -> None:
                          key=lambda n: kinds[n].vcpus) or sorted(n for n, k in kinds.items() if k.ena_express)
         raise UsageError(f"{label('ena_express')}=1, but {label('instance_type')}={spec.instance_type!r} has no ENA "
                          f"Express; allowed: {label('ena_express')}=0, or a type that has it ({', '.join(offered)})")
-    own_hosts = traits(spec.provider).own_hosts
+    own_hosts, scheduler = traits(spec.provider).own_hosts, traits(spec.provider).scheduler
+    _check_scheduler(spec, scheduler)
+    if scheduler and spec.hosts:
+        raise UsageError(f"{label('hosts')} is for your own servers, not {label('provider')}={spec.provider!r}: the "
+                         f"scheduler names the nodes; leave {label('hosts')} out and give {label('nodes')}")
+    own_hosts = own_hosts and not scheduler
     if own_hosts and not spec.hosts:
         raise UsageError(f"{label('provider')}={spec.provider!r} needs {label('hosts')}: your servers as a comma list "
                          "of user@host[:port]")
     if own_hosts and len(spec.hosts) > MAX_NODES:
         raise UsageError(f"{label('hosts')} names {len(spec.hosts)} servers; allowed: 1..{MAX_NODES}")
     for key in ("hosts", "ssh_key", "stack_python"):
-        if getattr(spec, key) and not own_hosts:
+        if getattr(spec, key) and not own_hosts and not scheduler:
             provider, theirs = label("provider"), next(p for p in names() if traits(p).own_hosts)
             raise UsageError(f"{label(key)} is for your own servers ({provider}={theirs}), not "
                              f"{provider}={spec.provider!r}; add {provider}={theirs} or leave {label(key)} out")
@@ -267,3 +310,21 @@ def check_spec(spec: ClusterSpec) -> None:
         if not zone.startswith(spec.region):
             raise UsageError(f"{label('zones')}={','.join(spec.zones)!r}: {zone!r} is not in "
                              f"{label('region')}={spec.region!r}")
+
+
+SCHEDULER_KEYS = ("partition", "account", "qos", "constraint", "login")
+
+
+def _check_scheduler(spec: ClusterSpec, scheduler: bool) -> None:
+    """A scheduler's settings: PARTITION needed there, and none of them anywhere else."""
+    if not scheduler:
+        for key in SCHEDULER_KEYS:
+            if getattr(spec, key):
+                theirs = next(p for p in names() if traits(p).scheduler)
+                raise UsageError(f"{label(key)} is for a Slurm cluster ({label('provider')}={theirs}), not "
+                                 f"{label('provider')}={spec.provider!r}; add {label('provider')}={theirs} or leave "
+                                 f"{label(key)} out")
+        return
+    if not spec.partition:
+        raise UsageError(f"{label('provider')}={spec.provider!r} needs {label('partition')}: the Slurm partition to "
+                         "ask for nodes (`sinfo -s` lists them)")

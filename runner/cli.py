@@ -43,12 +43,17 @@ SPEC_HELP = {
     "ena_express": "AWS: 1 or 0, ENA Express (SRD) on the nodes' network interfaces (default: 1 where the type has it)",
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
     "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
-    "max_hours": "AWS: the nodes power off after this many hours (default 4)",
+    "max_hours": "AWS: the nodes power off after this many hours; slurm: the allocation's time limit (default 4)",
     "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
     "owner": "AWS: the ftc:owner tag (default: your user name)",
     "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
-    "ssh_key": "ssh: the private key that logs in to HOSTS (default: your agent and ~/.ssh keys)",
-    "stack_python": "ssh: a Python on every host that already has the stack (default: ftc installs one)",
+    "ssh_key": "ssh, slurm: the private key that logs in to the nodes (default: your agent and ~/.ssh keys)",
+    "stack_python": "ssh, slurm: a Python on every node that already has the stack (default: ftc installs one)",
+    "partition": "slurm: the partition to ask for an allocation of NODES nodes",
+    "account": "slurm: the account the allocation is charged to (default: the site's)",
+    "qos": "slurm: the quality of service of the allocation (default: the site's)",
+    "constraint": "slurm: node features the allocation needs, as sbatch --constraint takes them",
+    "login": "slurm: user@host[:port] of a login node whose sbatch ftc runs (default: this machine's)",
 }
 
 
@@ -355,6 +360,8 @@ def _print_status(state: st.ClusterState, nodes) -> None:
         billing = [live for live in nodes if live.state in ("running", "unknown")]  # unknown: it may run
         cost = f", {len(billing)} billed, about ${hours * len(billing) * price:.2f} so far" if price is not None else \
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
+    elif traits(state.provider).scheduler:
+        cost = ", a Slurm allocation"
     elif traits(state.provider).own_hosts:
         cost = ", your servers: no cost"
     table = Table(title=escape(f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}"),

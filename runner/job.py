@@ -292,11 +292,16 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
         job = state.jobs[-1]
         with connect(state, state.head) as conn:
             code = job_exit_code(conn, state, job)
-        if code is None:
+        # an allocation that ended took the job with it, whatever its processes have yet to notice
+        ended = nodes_ended_under(state) if code != 0 else []
+        if code is None and not ended:
             raise FtcError(f"job {job.id} is still running; `ftc logs --name {name} -f` follows it")
+        code = -1 if code is None else code
         if job.state == "running":
             job.state = {0: "finished", EXIT_PREEMPTED: "preempted"}.get(code, "failed")
             st.save(state)
+        for line in ended if job.state == "failed" else []:
+            console.print(f"[red]job {job.id}: {escape(line)}[/]", soft_wrap=True)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
         results = fetch(state, job)
         if job.kind == "script":
@@ -323,6 +328,16 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
     print_results(results)
     console.print(f"its report and plot: `ftc runs show {job.id}`; every run: `ftc runs`", markup=False)
     return 0
+
+
+def nodes_ended_under(state: st.ClusterState) -> list[str]:
+    """Where a scheduler lends the nodes, why they went from under a failed job: the scheduler's own words
+    for the allocation's end (Slurm: its state and reason, TIMEOUT (TimeLimit)), once each; [] elsewhere,
+    and while the allocation still runs."""
+    from provision import providers
+    if not providers.traits(state.provider).scheduler:
+        return []
+    return list(dict.fromkeys(live.detail for live in providers.query(state) if live.state != "running"))
 
 
 def ranks_per_node(results: Path) -> int:

@@ -35,6 +35,8 @@ LONGEST = {
     "test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was": 50,
     "test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own": 46,
     "test_runs_stay_listed_after_a_destroy_and_show_writes_a_report_and_a_plot": 45,
+    "test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_and_the_nodes_as_they_were": 92,
+    "test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason": 50,
     "test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores": 42,
     "test_sweep_over_1_and_2_local_nodes_writes_the_2021_table": 35,
     "test_up_ssh_by_name_finetune_status_and_down_one_by_one": 34,
@@ -87,6 +89,7 @@ STARTS_PROCESSES = {
     "stalling",  # test_interrupt_copy.py: an own server and a cluster on it
     "emulator", "ec2",  # test_emulator.py: the EC2 emulator and its sshd nodes
     "real_run",  # test_protocol.py: the training program, run once
+    "slurm_sandbox", "slurm",  # test_slurm.py: a real Slurm, its slurmd nodes in namespaces of their own
 }
 
 
@@ -273,6 +276,28 @@ def cluster_resources(ec2, name: str) -> dict:
 def assert_nothing_left(ec2, name: str) -> None:
     left = {kind: items for kind, items in cluster_resources(ec2, name).items() if items}
     assert not left, f"EC2 still holds resources of {name}: {left}"
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox(tmp_path_factory):
+    """One real Slurm per worker (tests/slurm_sandbox.py: munged, slurmctld, two slurmd nodes in
+    namespaces of their own, each with its sshd); every test that uses it leaves its queue empty."""
+    from slurm_sandbox import Sandbox, missing_tools
+    lacking = missing_tools()
+    if lacking:
+        pytest.fail(f"the Slurm tests need {', '.join(lacking)}: run `make setup` as root")
+    sandbox = Sandbox(tmp_path_factory.mktemp("slurm"), nodes=2).start()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def slurm(slurm_sandbox, ftc_home, monkeypatch):
+    """The sandbox's Slurm for this test's `ftc` (SLURM_CONF) and its settings (FTC_PARTITION, FTC_SSH_KEY,
+    FTC_STACK_PYTHON: the nodes see this machine's files, so the test's Python is their stack)."""
+    for key, value in slurm_sandbox.exports().items():
+        monkeypatch.setenv(key, value)
+    return slurm_sandbox
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ OTHER_MEANINGS = {
     ("runner/jobspec.py", p.DATA_DIR): "../shared/data/glue, the GLUE copy beside the repository",
     ("runner/model_files.py", p.MODEL_DIR): "the packaged MiniLM's folder in its Python package",
     ("provision/bootstrap.py", p.REQUIREMENTS_FAILED): "the node board's word for a failed bootstrap step",
+    ("provision/providers/slurm.py", p.JOB_RUNNING): "Slurm's JobState of an allocation that runs",
 }
 MAX_PARAMETERS = 4
 

@@ -1,10 +1,11 @@
 """The provider interface, declared once: each verb below is the only full description of what a
 provider does, and routes to the provider the state names. `aws` (EC2, boto3), `local` (sshd nodes on
-this machine) and `ssh` (servers you already have) implement them as plain functions with these
-signatures (Verbs, OptionalVerbs); what they can do and need beside the verbs is their Traits, what they
-own (catalog, regions, prices, spot notices, checkpoint store) their World (records.py).
+this machine), `ssh` (servers you already have) and `slurm` (the nodes of a Slurm allocation, then
+treated as your servers) implement them as plain functions with these signatures (Verbs,
+OptionalVerbs); what they can do and need beside the verbs is their Traits, what they own (catalog,
+regions, prices, spot notices, checkpoint store) their World (records.py).
 
-The registry (records.py) holds every provider by name: the three built-ins, registered here, and any
+The registry (records.py) holds every provider by name: the four built-ins, registered here, and any
 FTC_PROVIDERS names (module:attribute of a Provider), so a provider can live outside this package.
 
 Only the orchestrator (provision/cluster.py) calls launch, wait and terminate; it owns rollback and
@@ -25,6 +26,7 @@ from .records import (
     NodeStatus,
     Provider,
     Record,
+    SlurmResources,
     SshResources,
     Traits,
     World,
@@ -93,6 +95,10 @@ for _built_in in (
     Provider("ssh", f"{__name__}.ssh",
              Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
                     own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False)),
+    Provider("slurm", f"{__name__}.slurm",
+             Traits(resources=SlurmResources, instance_types=False, billed=False, shares_this_machine=False,
+                    own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False, scheduler=True),
+             World(title="Slurm")),
 ):
     register(_built_in)
 

@@ -70,11 +70,17 @@ class SshResources:
 
 
 @dataclass
+class SlurmResources(SshResources):
+    """The allocation's nodes are checked and claimed as your servers are (hosts, claim), once Slurm names them."""
+    job_id: str = ""  # the allocation's Slurm job, recorded as soon as sbatch answers
+
+
+@dataclass
 class LocalResources:
     """Nothing beyond the nodes: each node's sshd pid, port and files are in its NodeInfo."""
 
 
-Resources = AwsResources | SshResources | LocalResources
+Resources = AwsResources | SlurmResources | SshResources | LocalResources
 
 
 # ---- what each provider can do and needs -------------------------------------------------------
@@ -92,6 +98,7 @@ class Traits:
     user_stack_python: bool  # STACK_PYTHON may name a Python there that already has the stack
     found_by_tag: bool  # terminate finds what a cluster created by its tags, with no state: `down` searches
     # there whenever this machine can ask it (has_credentials)
+    scheduler: bool = False  # a scheduler lends the nodes (PARTITION, NODES and MAX_HOURS ask for them), not HOSTS
 
 
 # ---- what each provider owns ---------------------------------------------------------------------

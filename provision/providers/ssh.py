@@ -74,8 +74,10 @@ def hosts_of(spec: ClusterSpec, local_user: str) -> list[Host]:
     return [Host(user or local_user, address, port) for user, address, port in parsed]
 
 
-def workdir_of(home: str, cluster: str) -> str:
-    return f"{home.rstrip('/')}/{ROOT}/{cluster}"
+def workdir_of(home: str, cluster: str, node: str = "") -> str:
+    """The cluster's directory on a host; `node` names it per node (`<cluster>.<node>`: a cluster name has
+    no dot), for nodes that may share one home (a Slurm cluster's, over NFS)."""
+    return f"{home.rstrip('/')}/{ROOT}/{cluster}{'.' + node if node else ''}"
 
 
 def probe_script(label: str, stack_python: str) -> str:
@@ -100,8 +102,10 @@ def _version(text: str) -> tuple[int, ...]:
         return ()
 
 
-def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list[str]:
-    """Every problem that keeps ftc off this host, one line each; [] when it may go ahead."""
+def verdicts(label: str, probe: dict[str, list[str]], stack_python: str, one_cluster: bool = True) -> list[str]:
+    """Every problem that keeps ftc off this host, one line each; [] when it may go ahead. `one_cluster`:
+    another ftc cluster's directory there is one (a server is one cluster's; a node a scheduler lends
+    exclusively is not, whatever its shared home holds)."""
     one = {key: values[-1] for key, values in probe.items()}
     problems = []
     system = f"{one.get('os', '?')} {one.get('arch', '?')}"
@@ -114,7 +118,7 @@ def verdicts(label: str, probe: dict[str, list[str]], stack_python: str) -> list
         install = "" if stack_python else f" to install the stack (or give {option('stack_python')})"
         problems.append(f"host {label}: {free_gb:.1f} GB free in {one.get('home', '$HOME')}, ftc needs {need_gb} GB"
                         f"{install}")
-    for cluster in probe.get("cluster", []):
+    for cluster in probe.get("cluster", []) if one_cluster else []:
         where = workdir_of(one.get("home", "~"), cluster)
         problems.append(f"host {label}: ftc cluster {cluster!r} is already there ({where}); one ftc cluster per "
                         f"server: `{command('down', name=cluster)}` from the controller that made it, or, if that is gone, "
@@ -185,7 +189,7 @@ def _sh(script: str) -> str:
     return f"/bin/sh -c {shlex.quote(script)}"
 
 
-def _refusal(problems: list[str]) -> UsageError:
+def refusal(problems: list[str]) -> UsageError:
     """One line per problem: the CLI prints the first after 'error: ', so each starts alike."""
     return UsageError("\nerror: ".join(problems))
 
@@ -197,7 +201,7 @@ def _probe_node(host: Host, index: int, host_key: str = "") -> st.NodeInfo:
                        ssh_user=host.user, ssh_port=host.port, host_key=host_key)
 
 
-def _each(items: list, work) -> list:
+def each(items: list, work) -> list:
     """work(item) for every item at once (a thread each); results in order."""
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
         return list(pool.map(work, items))
@@ -214,7 +218,7 @@ def _resolve(host: Host) -> str:
     return str(mapped.ipv4_mapped) if mapped.version == 6 and mapped.ipv4_mapped else address
 
 
-def _read_key(host: Host) -> tuple[str, str]:
+def read_key(host: Host) -> tuple[str, str]:
     """(host key, '') or ('', why it could not be read)."""
     try:
         return fetch_host_key(_probe_node(host, 0)), ""
@@ -239,7 +243,8 @@ def _trust(hosts: list[Host], keys: list[str], yes: bool) -> None:
             raise UsageError(f"host {host.label}: its key was not trusted; nothing changed")
 
 
-def _check(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | None, list[str]]:
+def check_host(state: st.ClusterState, host: Host, key: str, one_cluster: bool = True
+               ) -> tuple[HostCheck | None, list[str]]:
     spec = state.cluster_spec
     node = _probe_node(host, 0, key)
     try:
@@ -252,7 +257,7 @@ def _check(state: st.ClusterState, host: Host, key: str) -> tuple[HostCheck | No
     one = {k: v[-1] for k, v in probe.items()}
     found = HostCheck(label=host.label, user=host.user, address=host.address, port=host.port, host_key=key,
                       ip=address, home=one.get("home", ""))
-    return found, verdicts(host.label, probe, spec.stack_python) + no_sftp
+    return found, verdicts(host.label, probe, spec.stack_python, one_cluster) + no_sftp
 
 
 def _sftp_missing(conn, label: str) -> list[str]:
@@ -278,32 +283,34 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
         raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key that logs "
                          f"in to your servers, or leave {option('ssh_key')} out to use your ssh agent and ~/.ssh keys")
     hosts = hosts_of(spec, getpass.getuser())
-    twice = same_servers(hosts, _each(hosts, _resolve))
+    twice = same_servers(hosts, each(hosts, _resolve))
     if twice:
         raise UsageError(twice)
-    read = _each(hosts, _read_key)
+    read = each(hosts, read_key)
     problems = [why for _, why in read if why]
     if problems:
-        raise _refusal(problems)
+        raise refusal(problems)
     keys = [key for key, _ in read]
     _trust(hosts, keys, yes)
-    checked = _each(list(zip(hosts, keys)), lambda pair: _check(state, *pair))
+    checked = each(list(zip(hosts, keys)), lambda pair: check_host(state, *pair))
     problems = [line for _, lines in checked for line in lines]
     if problems:
-        raise _refusal(problems)
+        raise refusal(problems)
     resources(state).hosts = [found for found, _ in checked if found]
     resources(state).claim = secrets.token_hex(16)
     console.print(f"checked {len(hosts)} host(s): Linux x86-64, Python, disk, no other ftc cluster")
 
 
-def launch(state: st.ClusterState, record: Record) -> None:
-    """Record every node first (so an interruption loses none), then claim its directory."""
+def launch(state: st.ClusterState, record: Record, per_node: bool = False) -> None:
+    """Record every node first (so an interruption loses none), then claim its directory (`per_node`:
+    one named after the node, workdir_of)."""
     for index, found in enumerate(resources(state).hosts):
         home = found.home
         state.nodes.append(st.NodeInfo(
             index=index, name=f"{state.name}-{index}", id=found.label, public_ip=found.address,
             private_ip=found.ip, ssh_user=found.user, ssh_port=found.port,
-            workdir=workdir_of(home, state.name), authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
+            workdir=workdir_of(home, state.name, found.label if per_node else ""),
+            authorized_keys=f"{home.rstrip('/')}/.ssh/authorized_keys",
             host_key=found.host_key))
     record()
     claim = resources(state).claim
@@ -316,7 +323,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
         with connect(state, node, attempts=CHECK_ATTEMPTS) as conn:
             run(conn, node, "claim", f"umask 077 && {{ [ -d {root} ] || {{ mkdir -p {root} && : > {root}/{MADE_BY_FTC}; "
                                      f"}}; }} && mkdir {wd} && mkdir {wd}/.ftc && echo {claim} > {wd}/.ftc/claim")
-    _each(state.nodes, claim_dir)
+    each(state.nodes, claim_dir)
 
 
 def wait(state: st.ClusterState, record: Record) -> None:
@@ -347,7 +354,7 @@ def terminate(state: st.ClusterState, record: Record) -> None:
                       f"$HOME/{ROOT}/{state.name} and the authorized_keys line ending 'ftc-{state.name}-internal'",
                       markup=False)
         return
-    outcomes = _each(state.nodes, clean)  # (what is left there, whether a later down can finish it)
+    outcomes = each(state.nodes, clean)  # (what is left there, whether a later down can finish it)
     lines = [line for line, _ in outcomes if line]
     if not lines:
         return
@@ -370,4 +377,4 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
         if there != "yes":
             return NodeStatus(node.id, "missing", f"{node.workdir} is gone")
         return NodeStatus(node.id, "running", "yours: no cost")
-    return _each(state.nodes, look) if state.nodes else []
+    return each(state.nodes, look) if state.nodes else []

@@ -1,0 +1,363 @@
+"""The slurm provider: the nodes of a Slurm allocation, `PROVIDER=slurm PARTITION=p NODES=n`.
+
+    confirm    before anything is queued: Slurm answers (this machine's sbatch, or LOGIN's over
+               ssh), the partition exists, has NODES nodes and allows MAX_HOURS. Any problem: one
+               line, exit 2, nothing submitted.
+    launch     sbatch an exclusive allocation of NODES nodes named ftc-<cluster>, holding them with
+               `sleep infinity` until its time limit; its job id is recorded before anything else.
+               While it waits: its state and Slurm's reason, on a progress line. Once it runs: its
+               nodes (Slurm's names and addresses) are reached over ssh, checked and claimed
+               as your own servers are (providers/ssh.py), in a directory per node,
+               $HOME/.ftc-node/<cluster>.<node> (a site's nodes share one home), and another
+               ftc cluster's directory there is no obstacle (the nodes are this allocation's alone).
+    wait       nothing more: launch returns with every node logged in to
+    terminate  on each node: what ftc put there removed, as on your servers; then scancel, and
+               wait until the queue no longer holds the allocation. A job of this cluster's name
+               that was queued but never recorded (ftc stopped inside sbatch) is cancelled too.
+    query      the allocation's state; each node's directory while it runs
+
+Only ssh reaches the nodes: where the site refuses ssh to allocated nodes, `up` stops, says so and
+cancels the allocation (ftc does not yet bootstrap through `srun --overlap`). The decisions (the
+sbatch command line, what Slurm's answers mean, the refusals) are pure functions; Slurm is called at
+the edges below, through `slurm()`.
+"""
+
+import getpass
+import math
+import os
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from .. import state as st
+from ..errors import FtcError, UsageError, command, option
+from ..spec import ClusterSpec, parse_host
+from ..ssh import fingerprint, key_problem
+from ..ui import console
+from ..values import from_env, number
+from . import ssh as own
+from .records import NodeStatus, Record, SlurmResources
+
+SSH_PORT = 22  # where a site's compute nodes answer ssh
+LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+        "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED")  # a job that still holds or awaits nodes
+# Reasons a pending job gives that waiting does not change: held (by you, an admin, or after its launch
+# failed on a node), or asking for what this site does not have
+IN_VAIN = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "BadConstraints", "InvalidAccount",
+           "InvalidQOS")
+POLL_VARIABLE = "FTC_SLURM_POLL_S"  # how often the queue is asked while an allocation waits or ends
+GONE_WITHIN_S = 120  # scancel to the queue no longer listing it (the nodes' epilog runs meanwhile)
+
+
+# ---- pure: what to ask Slurm, and what its answers mean --------------------------------------
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: int  # TotalNodes
+    max_minutes: int | None  # MaxTime; None: UNLIMITED
+    state: str  # UP, DOWN, DRAIN, INACTIVE
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    state: str  # JobState: PENDING, RUNNING, TIMEOUT, ...
+    reason: str  # Slurm's Reason: Priority, Resources, PartitionDown, TimeLimit, None
+    nodes: str  # NodeList as Slurm writes it (ftcn[1-2]); "" while pending
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+
+def job_name(cluster: str) -> str:
+    return f"ftc-{cluster}"
+
+
+def minutes_of(hours: float) -> int:
+    return max(1, math.ceil(hours * 60 - 1e-9))
+
+
+def sbatch_argv(spec: ClusterSpec) -> list[str]:
+    """The allocation as one sbatch: exclusive nodes, held by a `sleep` until its time limit."""
+    argv = ["sbatch", "--parsable", "--exclusive", f"--nodes={spec.nodes}", f"--job-name={job_name(spec.name)}",
+            f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.partition}", "--output=/dev/null"]
+    argv += [f"--{key}={getattr(spec, key)}" for key in ("account", "qos", "constraint") if getattr(spec, key)]
+    return argv + ["--wrap", "exec sleep infinity"]
+
+
+def fields_of(line: str) -> dict[str, str]:
+    """`scontrol show ... -o`'s Key=Value words (a value runs to the next space). Pure."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
+def minutes(limit: str) -> int | None:
+    """A Slurm time ([days-]hours:minutes:seconds, minutes, UNLIMITED) in whole minutes; None: no limit. Pure."""
+    if limit.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        return int(days or 0) * 1440 + parts[0]
+    hours, mins, secs = ([0] * (3 - len(parts)) + parts) if len(parts) < 3 else parts
+    return int(days or 0) * 1440 + hours * 60 + mins + (1 if secs else 0)
+
+
+def partition_of(line: str) -> Partition:
+    found = fields_of(line)
+    return Partition(found.get("PartitionName", ""), int(found.get("TotalNodes", "0")),
+                     minutes(found.get("MaxTime", "UNLIMITED")), found.get("State", "UP"))
+
+
+def allocation_of(job_id: str, line: str) -> Allocation:
+    found = fields_of(line)
+    nodes = found.get("NodeList", "")
+    return Allocation(job_id, found.get("JobState", "UNKNOWN"), found.get("Reason", "None"),
+                      "" if nodes == "(null)" else nodes)
+
+
+def refusals(spec: ClusterSpec, partition: Partition) -> list[str]:
+    """Every reason the partition cannot give this allocation, one line each; [] when it can."""
+    problems = []
+    if spec.nodes > partition.nodes:
+        problems.append(f"{option('nodes')}={spec.nodes} is more than {option('partition')}={partition.name!r} has "
+                        f"({partition.nodes}); allowed: 1..{partition.nodes}")
+    if partition.max_minutes is not None and minutes_of(spec.max_hours) > partition.max_minutes:
+        problems.append(f"{option('max_hours')}={spec.max_hours:g} is more than {option('partition')}="
+                        f"{partition.name!r} allows ({partition.max_minutes} min); allowed: up to "
+                        f"{partition.max_minutes / 60:g}")
+    if partition.state == "INACTIVE":
+        problems.append(f"{option('partition')}={partition.name!r} is INACTIVE: it takes no jobs; ask its admin, or "
+                        "give another (`sinfo -s` lists them)")
+    return problems
+
+
+def waiting_line(allocation: Allocation, waited_s: float) -> str:
+    """What a pending allocation shows: its state, Slurm's reason, how long so far. Pure."""
+    return (f"allocation {allocation.job_id}: {allocation.state} ({allocation.reason}), waiting {waited_s:.0f} s; "
+            "Ctrl-C cancels it")
+
+
+def ended_line(allocation: Allocation) -> str:
+    """An allocation that is over, by name and with Slurm's reason. Pure."""
+    return f"Slurm allocation {allocation.job_id} is {allocation.state} ({allocation.reason})"
+
+
+def resources(state: st.ClusterState) -> SlurmResources:
+    if not isinstance(state.resources, SlurmResources):
+        raise TypeError(f"cluster {state.name}: {type(state.resources).__name__} is not a Slurm cluster's record")
+    return state.resources
+
+
+def poll_s() -> float:
+    return from_env(os.environ, POLL_VARIABLE, number(0, 60), 1.0)
+
+
+# ---- the edge: Slurm's commands, here or on LOGIN ----------------------------------------------
+
+def slurm(spec: ClusterSpec, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """One Slurm command: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh).
+    LOGIN's host key: the one your known_hosts has, else the one it showed ftc first (pinned in
+    $FTC_HOME/login_known_hosts, and any other refused from then on)."""
+    if spec.login:
+        user, host, port = parse_host(spec.login)
+        key = ["-i", spec.ssh_key, "-o", "IdentitiesOnly=yes"] if spec.ssh_key else []
+        target = f"{user}@{host}" if user else host
+        st.ftc_home().mkdir(parents=True, exist_ok=True)
+        known = f"-oUserKnownHostsFile={st.ftc_home() / 'login_known_hosts'} ~/.ssh/known_hosts"
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
+                known, "-p", str(port), *key, target, "--", shlex.join(argv)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)  # noqa: S603 - argv
+    except FileNotFoundError:
+        raise FtcError(f"{argv[0]} is not on this machine's PATH; run ftc where Slurm's commands are, or give "
+                       f"{option('login')}=user@login-node") from None
+    if check and done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise FtcError(f"`{' '.join(argv[:2])}` failed: {said[-1] if said else f'exit {done.returncode}'}")
+    return done
+
+
+def check_settings() -> None:
+    from_env(os.environ, POLL_VARIABLE, number(0, 60), 1.0)
+
+
+def _reachable(spec: ClusterSpec) -> None:
+    """Slurm answers: this machine has sbatch, or LOGIN logs in and has it there."""
+    if not spec.login:
+        if not shutil.which("sbatch"):
+            raise UsageError(f"no sbatch on this machine's PATH and no {option('login')}; run ftc where Slurm's "
+                             f"commands are, or give {option('login')}=user@login-node")
+        return
+    problem = key_problem(spec.ssh_key) if spec.ssh_key else ""
+    if problem:
+        raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key")
+    done = slurm(spec, ["sh", "-c", "command -v sbatch"], check=False)
+    if done.returncode == 255:
+        said = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise UsageError(f"{option('login')}={spec.login!r} refused ftc's login ({said}); check {option('ssh_key')} "
+                         f"or your ssh agent, and that `ssh {spec.login.rsplit(':', 1)[0]}` works")
+    if done.returncode != 0:
+        raise UsageError(f"{option('login')}={spec.login!r} has no sbatch on its PATH; give a Slurm login node")
+
+
+def confirm(state: st.ClusterState, yes: bool) -> None:
+    """Before anything is queued: Slurm answers, and the partition can give this allocation."""
+    spec = state.cluster_spec
+    if spec.ssh_key and not spec.login:
+        problem = key_problem(spec.ssh_key)
+        if problem:
+            raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key that "
+                             "logs in to the nodes, or leave it out to use your ssh agent and ~/.ssh keys")
+    _reachable(spec)
+    found = slurm(spec, ["scontrol", "show", "partition", "-o", spec.partition], check=False)
+    if found.returncode != 0 or not found.stdout.strip():
+        known = slurm(spec, ["sinfo", "-h", "-o", "%R"], check=False).stdout.split()
+        raise UsageError(f"{option('partition')}={spec.partition!r} is not a partition of this Slurm; allowed: "
+                         f"{', '.join(sorted(set(known))) or '(sinfo lists none)'}")
+    partition = partition_of(found.stdout.strip().splitlines()[0])
+    problems = refusals(spec, partition)
+    if problems:
+        raise own.refusal(problems)
+    resources(state).claim = secrets.token_hex(16)
+    where = f"through {spec.login}" if spec.login else "on this machine"
+    console.print(f"Slurm ({where}): partition {partition.name} ({partition.state}, {partition.nodes} node(s)), "
+                  f"asking for {spec.nodes} exclusive node(s) for {minutes_of(spec.max_hours)} min", markup=False)
+
+
+def launch(state: st.ClusterState, record: Record) -> None:
+    spec = state.cluster_spec
+    job_id = slurm(spec, sbatch_argv(spec)).stdout.strip().split(";")[0]
+    resources(state).job_id = job_id
+    record()
+    console.print(f"queued Slurm allocation {job_id} ({job_name(state.name)})", markup=False)
+    running = _until_running(state)
+    names = slurm(spec, ["scontrol", "show", "hostnames", running.nodes]).stdout.split()
+    addresses = _addresses(spec, names)
+    user = parse_host(spec.login)[0] if spec.login else ""
+    hosts = [own.Host(user or getpass.getuser(), addresses[name], SSH_PORT) for name in names]
+    _checked(state, names, hosts)
+    own.launch(state, record, per_node=True)  # the nodes' homes may be one (NFS): a directory per node
+
+
+def _until_running(state: st.ClusterState) -> "Allocation":
+    """Poll the allocation until it runs, showing its state and reason on change (a tty: one line,
+    redrawn); one that ends first is a failure naming Slurm's reason."""
+    spec, job_id = state.cluster_spec, resources(state).job_id
+    started, shown = time.monotonic(), ""
+    tty = sys.stderr.isatty()
+    while True:
+        now = _allocation(spec, job_id)
+        if now.state == "RUNNING":
+            if tty and shown:
+                print(file=sys.stderr)
+            console.print(f"allocation {job_id} runs on {now.nodes}", markup=False)
+            return now
+        if not now.live:
+            raise FtcError(f"{ended_line(now)} before it ran; `{command('up', name=state.name)}` asks again")
+        if now.reason in IN_VAIN:
+            raise FtcError(f"Slurm allocation {job_id} is {now.state} ({now.reason}): it does not start by waiting, "
+                           f"so ftc cancels it; `scontrol show job {job_id}` and the site's admin say why")
+        line = waiting_line(now, time.monotonic() - started)
+        if tty:
+            print(f"\r{line}\033[K", end="", file=sys.stderr, flush=True)
+        elif (now.state, now.reason) != shown:
+            console.print(line, markup=False)
+        shown = (now.state, now.reason) if not tty else line
+        time.sleep(poll_s())
+
+
+def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
+    done = slurm(spec, ["scontrol", "show", "job", "-o", job_id], check=False)
+    if done.returncode != 0 or not done.stdout.strip():  # past MinJobAge Slurm forgets it: it is over
+        return Allocation(job_id, "GONE", "no longer known to Slurm", "")
+    return allocation_of(job_id, done.stdout.strip().splitlines()[0])
+
+
+def _addresses(spec: ClusterSpec, names: list[str]) -> dict[str, str]:
+    """Each node's NodeAddr: where Slurm itself reaches it, so where ssh does."""
+    out = slurm(spec, ["scontrol", "show", "node", "-o", ",".join(names)]).stdout
+    found = {}
+    for line in out.splitlines():
+        words = fields_of(line)
+        if words.get("NodeName"):
+            found[words["NodeName"]] = words.get("NodeAddr") or words["NodeName"]
+    return {name: found.get(name, name) for name in names}
+
+
+def _checked(state: st.ClusterState, names: list[str], hosts: list[own.Host]) -> None:
+    """Reach every allocated node over ssh, pin its key (the scheduler named it), check it as a server."""
+    read = own.each(hosts, own.read_key)
+    refused = [f"{name} ({host.address})" for name, host, (_, why) in zip(names, hosts, read) if why]
+    if refused:
+        raise FtcError(f"Slurm node(s) {', '.join(refused)} do not answer ssh on port {SSH_PORT} from here; ftc reaches "
+                       "allocated nodes over ssh only (the site must allow ssh to the nodes of your job; ftc does not "
+                       "yet bootstrap through srun): the allocation is cancelled")
+    for name, host, (key, _) in zip(names, hosts, read):
+        console.print(f"node {name} ({host.address}): {key.split()[0]} key {fingerprint(key)}, pinned", markup=False)
+    console.print("nodes reached over ssh: every allocated node answers it", markup=False)
+    checked = own.each(list(zip(hosts, [key for key, _ in read])),
+                       lambda pair: own.check_host(state, *pair, one_cluster=False))
+    problems = [line for _, lines in checked for line in lines]
+    if problems:
+        raise FtcError("\nerror: ".join(problems) + "\nerror: the allocation is cancelled")
+    # each node goes by Slurm's name for it (ftc status, messages), reached at its address
+    resources(state).hosts = [replace(found, label=name) for name, (found, _) in zip(names, checked)]
+
+
+def wait(state: st.ClusterState, record: Record) -> None:
+    """launch returns with every node logged in to and claimed: nothing to wait for."""
+
+
+def terminate(state: st.ClusterState, record: Record) -> None:
+    """What ftc put on the nodes first (while the allocation still lets ssh in), then the allocation."""
+    spec = state.cluster_spec
+    left = None
+    try:
+        if state.nodes:
+            own.terminate(state, lambda: None)  # the nodes stay recorded until the allocation is gone too
+    except FtcError as exc:
+        left = exc
+    job_ids = ({resources(state).job_id} - {""}) | set(_queued_by_name(spec, state.name))
+    for job_id in sorted(job_ids):
+        _cancel(spec, job_id)
+    if left:
+        record()
+        raise left
+    state.nodes = []
+
+
+def _queued_by_name(spec: ClusterSpec, cluster: str) -> list[str]:
+    """This user's jobs named after the cluster: one sbatch queued and ftc stopped before it was recorded."""
+    try:
+        done = slurm(spec, ["squeue", "-h", "--me", f"--name={job_name(cluster)}", "-o", "%i"], check=False)
+    except FtcError:  # no Slurm here: nothing of it can be queued from here either
+        return []
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def _cancel(spec: ClusterSpec, job_id: str) -> None:
+    slurm(spec, ["scancel", job_id], check=False)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while _allocation(spec, job_id).live:
+        if time.monotonic() > deadline:
+            raise FtcError(f"Slurm allocation {job_id} is still in the queue {GONE_WITHIN_S} s after scancel; "
+                           f"`squeue -j {job_id}` shows why; `scancel {job_id}` again, or ask the site's admin")
+        time.sleep(poll_s())
+    console.print(f"Slurm allocation {job_id} cancelled", markup=False)
+
+
+def query(state: st.ClusterState) -> list[NodeStatus]:
+    job_id = resources(state).job_id
+    if not job_id:
+        return [NodeStatus(node.id, "unknown", "no allocation recorded") for node in state.nodes]
+    now = _allocation(state.cluster_spec, job_id)
+    if now.state != "RUNNING":
+        return [NodeStatus(node.id, "dead", ended_line(now)) for node in state.nodes]
+    return [NodeStatus(live.id, live.state, f"Slurm allocation {job_id}" if live.state == "running" else live.detail)
+            for live in own.query(state)]

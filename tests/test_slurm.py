@@ -1,0 +1,282 @@
+"""PROVIDER=slurm against a real Slurm (tests/slurm_sandbox.py: slurm-wlm 22.05 and munge, two slurmd nodes
+each in its own network and UTS namespace with its own sshd): no scheduler is mocked. The pure decisions
+(the sbatch line, Slurm's answers read, the refusals) run in the fast lane."""
+
+import hashlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FTC, ftc
+from helpers import assert_refused, held_job, make, only_line, wait_for
+
+from provision.errors import UsageError
+from provision.providers.slurm import (
+    Partition,
+    allocation_of,
+    ended_line,
+    minutes,
+    partition_of,
+    refusals,
+    sbatch_argv,
+    waiting_line,
+)
+from provision.spec import resolve_spec
+
+# ---- pure ---------------------------------------------------------------------------------------
+
+
+def test_the_allocation_is_one_exclusive_sbatch_named_after_the_cluster_with_the_time_limit_rounded_up():
+    spec = resolve_spec({"provider": "slurm", "name": "big", "partition": "cpu", "nodes": "4", "max_hours": "1.01",
+                         "account": "lab", "qos": "normal", "constraint": "spr&ib"}, {})
+    assert sbatch_argv(spec) == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
+                                 "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
+                                 "--qos=normal", "--constraint=spr&ib", "--wrap", "exec sleep infinity"]
+    plain = resolve_spec({"provider": "slurm", "partition": "cpu"}, {})
+    assert "--account" not in " ".join(sbatch_argv(plain)) and "--time=240" in sbatch_argv(plain)
+
+
+def test_slurms_answers_are_read_into_records():
+    assert [minutes(t) for t in ("1:00:00", "2-00:00:00", "30", "05:30", "UNLIMITED", "1-02:03:00")] == \
+        [60, 2880, 30, 6, None, 1563]
+    part = partition_of("PartitionName=debug AllowGroups=ALL Default=YES MaxTime=08:00:00 State=UP TotalCPUs=4 "
+                        "TotalNodes=2 Nodes=ftcn[1-2]")
+    assert part == Partition("debug", 2, 480, "UP")
+    pending = allocation_of("7", "JobId=7 JobName=ftc-a JobState=PENDING Reason=PartitionDown Dependency=(null) "
+                                 "NodeList=(null) BatchHost=(null)")
+    assert (pending.state, pending.reason, pending.nodes, pending.live) == ("PENDING", "PartitionDown", "", True)
+    assert "allocation 7: PENDING (PartitionDown), waiting 3 s" in waiting_line(pending, 3.2)
+    over = allocation_of("7", "JobId=7 JobState=TIMEOUT Reason=TimeLimit NodeList=ftcn[1-2]")
+    assert not over.live and ended_line(over) == "Slurm allocation 7 is TIMEOUT (TimeLimit)"
+
+
+def test_a_partition_too_small_or_too_short_is_refused_one_line_each():
+    spec = resolve_spec({"provider": "slurm", "partition": "debug", "nodes": "3", "max_hours": "9"}, {})
+    lines = refusals(spec, Partition("debug", 2, 480, "UP"))
+    assert lines == ["--nodes=3 is more than --partition='debug' has (2); allowed: 1..2",
+                     "--max-hours=9 is more than --partition='debug' allows (480 min); allowed: up to 8"]
+    assert refusals(spec, Partition("debug", 4, None, "DOWN")) == []  # a DOWN partition queues: the job waits
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"provider": "slurm"}, "--provider='slurm' needs --partition"),
+    ({"provider": "slurm", "partition": "-x"}, "--partition='-x' is not a Slurm name"),
+    ({"provider": "slurm", "partition": "p", "hosts": "h"}, "--hosts is for your own servers"),
+    ({"provider": "slurm", "partition": "p", "login": "a b"}, "--login='a b' is not a login node"),
+    ({"provider": "local", "partition": "p"}, "--partition is for a Slurm cluster"),
+    ({"provider": "slurm", "partition": "p", "constraint": "a;b"}, "--constraint='a;b' is not a Slurm constraint"),
+])
+def test_slurm_settings_are_checked_before_anything_is_asked(flags, named):
+    with pytest.raises(UsageError, match=named.replace("(", r"\(")):
+        resolve_spec(flags, {})
+
+
+def test_no_sbatch_and_no_login_is_refused_in_one_line(ftc_home, tmp_path):
+    proc = ftc("up", "--name", "nos", "--provider", "slurm", "--partition", "debug", "--yes", "1",
+               env={"PATH": str(tmp_path)})
+    assert_refused(proc, "no sbatch on this machine's PATH and no --login", ftc_home)
+
+
+# ---- against the real Slurm ------------------------------------------------------------------------
+
+def queue(sandbox) -> list[str]:
+    """Every job the sandbox's Slurm still holds or awaits, as squeue lists them."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, check=True,
+                         env={**os.environ, **sandbox.env()}).stdout
+    return out.splitlines()
+
+
+def homes(sandbox) -> list[tuple]:
+    """Every path under the nodes' $HOME (one, shared, as over NFS), with its mode, inode and content hash:
+    what 'as it was' means."""
+    home = sandbox.home
+    return [(str(p.relative_to(home)), oct(p.lstat().st_mode), p.lstat().st_ino if p.is_file() else 0,
+             hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "") for p in sorted(home.rglob("*"))]
+
+
+def processes_under(directory: Path) -> list[int]:
+    """Processes whose environment names a node directory of ftc's under `directory` (a job's ranks, mpirun)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"FTC_NODE_DIR={directory}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+RANK_SCRIPT = """\
+import os, socket
+out = os.environ["FTC_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+with open(os.path.join(out, f"rank{os.environ['RANK']}.txt"), "w") as f:
+    f.write(socket.gethostname() + " " + " ".join(f"{k}={os.environ.get(k, '')}" for k in keys))
+"""
+
+
+@pytest.mark.slow
+def test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_and_the_nodes_as_they_were(
+        slurm, ftc_home, tmp_path):
+    before = homes(slurm)
+    up = make("cluster", "NAME=sl", "PROVIDER=slurm", "PARTITION=debug", "NODES=2", "MAX_HOURS=1", home=ftc_home)
+    assert up.returncode == 0, up.stderr
+    assert "asking for 2 exclusive node(s) for 60 min" in up.stderr and "runs on ftcn[1-2]" in up.stderr
+    assert "nodes reached over ssh" in up.stderr
+    assert [line.split()[1:] for line in queue(slurm)] == [["ftc-sl", "RUNNING"]]
+    status = ftc("status", "--name", "sl")
+    assert status.returncode == 0 and status.stdout.count("│ Slurm allocation") == 2, status.stdout + status.stderr
+
+    job = make("finetune", "NAME=sl", "TASK=mrpc", "MODEL=auto", "DATA_DIR=auto", "MAX_TRAIN_SAMPLES=32",
+               "MAX_EVAL_SAMPLES=32", "EPOCHS=1", home=ftc_home)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "2 (2 node(s) x 1)" in job.stdout + job.stderr
+
+    script = tmp_path / "work" / "ranks.py"
+    script.parent.mkdir()
+    script.write_text(RANK_SCRIPT)
+    launch = make("launch", "NAME=sl", f"SCRIPT={script}", home=ftc_home)
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    outputs = sorted((ftc_home / "runs" / "sl").glob("script-*/output/rank0.txt"))
+    assert len(outputs) == 1
+    seen = outputs[0].read_text()
+    assert seen.startswith("ftcn1 ") and "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=" in seen and "OMP_NUM_THREADS=" \
+        in seen, seen
+
+    down = make("destroy", "NAME=sl", home=ftc_home)
+    assert down.returncode == 0, down.stderr
+    assert queue(slurm) == []
+    assert homes(slurm) == before
+    assert processes_under(slurm.root) == []
+
+
+def until_line(proc: subprocess.Popen, wanted: str) -> list[str]:
+    """Read ftc's stderr until a line holds `wanted` (the pending allocation is held there by its partition)."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if wanted in line:
+            return lines
+    raise AssertionError(f"ftc ended without {wanted!r}: {''.join(lines)}")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_allocation_waits_shows_slurms_reason_then_cancels_it(slurm, ftc_home):
+    # the held partition is DOWN: Slurm queues the allocation and keeps it pending, "PartitionDown", until we act
+    proc = subprocess.Popen([*FTC, "up", "--name", "wait", "--provider", "slurm", "--partition", "held", "--nodes",
+                             "2", "--max-hours", "1"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=os.environ.copy())
+    try:
+        seen = until_line(proc, "PENDING (PartitionDown)")
+        assert any("queued Slurm allocation" in line for line in seen), seen
+        assert [line.split()[1:] for line in queue(slurm)] == [["ftc-wait", "PENDING"]]
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(120) == 130, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "cancelled" in rest and "rolled back" in rest, rest
+    assert queue(slurm) == []
+    assert not (ftc_home / "clusters" / "wait").exists()
+
+
+@pytest.mark.slow
+def test_bad_slurm_input_is_refused_in_one_line_with_nothing_queued(slurm, ftc_home, tmp_path):
+    flags = ["up", "--name", "bad", "--provider", "slurm", "--yes", "1"]
+    assert_refused(ftc(*flags, "--partition", "nosuch"), "--partition='nosuch' is not a partition of this Slurm; "
+                   "allowed: debug, held", ftc_home)
+    assert_refused(ftc(*flags, "--nodes", "3"), "--nodes=3 is more than --partition='debug' has (2)", ftc_home)
+    assert_refused(ftc(*flags, "--max-hours", "9"), "--max-hours=9 is more than --partition='debug' allows", ftc_home)
+    no_partition = ftc(*flags, env={"FTC_PARTITION": ""})
+    assert_refused(no_partition, "--provider='slurm' needs --partition", ftc_home)
+    # LOGIN: Slurm driven through a login node (here node 1, whose sshd sets SLURM_CONF), then one that refuses
+    login = f"root@{slurm.address(0)}"
+    assert_refused(ftc(*flags, "--partition", "nosuch", "--login", login), "is not a partition of this Slurm", ftc_home)
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    refused = ftc(*flags, "--login", login, "--ssh-key", str(other))
+    assert_refused(refused, f"--login='{login}:22' refused ftc's login", ftc_home)
+    assert "Permission denied" in only_line(refused)
+    assert queue(slurm) == []
+
+
+@pytest.mark.slow
+def test_an_allocation_cancelled_under_the_cluster_is_named_with_slurms_reason_and_down_still_cleans(slurm, ftc_home):
+    before = homes(slurm)
+    up = ftc("up", "--name", "gone", "--provider", "slurm", "--max-hours", "1", "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    job_id = next(line.split()[0] for line in queue(slurm))
+    subprocess.run(["scancel", job_id], check=True, env={**os.environ, **slurm.env()})
+    wait_for(lambda: queue(slurm) == [], "the allocation to leave the queue", timeout=120)
+    status = ftc("status", "--name", "gone")
+    assert f"Slurm allocation {job_id} is CANCELLED" in status.stdout, status.stdout + status.stderr
+    down = ftc("down", "--name", "gone")
+    assert down.returncode == 0, down.stderr
+    assert homes(slurm) == before and queue(slurm) == []
+
+
+@pytest.mark.slow
+def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, ftc_home, tiny_bert, glue_dir):
+    before = homes(slurm)
+    up = ftc("up", "--name", "end", "--provider", "slurm", "--max-hours", "1", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    job_id = next(line.split()[0] for line in queue(slurm))
+    proc = subprocess.Popen([*FTC, "finetune", "--name", "end", "--task", "mrpc", "--model", tiny_bert, "--data-dir",
+                             str(glue_dir), "--max-train-samples", "64", "--max-eval-samples", "16", "--epochs", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FTC_HOLD_AT_STEP": "1"})
+    try:
+        held_job(ftc_home, "end", proc)  # the job is held at its first step: the allocation ends under it
+        subprocess.run(["scancel", job_id], check=True, env={**os.environ, **slurm.env()})
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out + err
+    assert f"Slurm allocation {job_id} is CANCELLED" in err, out + err
+    down = ftc("down", "--name", "end")
+    assert down.returncode == 0, down.stderr
+    assert homes(slurm) == before and queue(slurm) == [] and processes_under(slurm.root) == []
+
+
+@pytest.mark.slow
+def test_nodes_that_refuse_ssh_are_named_and_the_allocation_is_cancelled(ftc_home, tmp_path, monkeypatch):
+    from slurm_sandbox import Sandbox
+    closed = Sandbox(tmp_path / "closed", nodes=1, ssh=False).start()  # a site without ssh to its nodes
+    try:
+        for key, value in closed.exports().items():
+            monkeypatch.setenv(key, value)
+        try:
+            up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1",
+                     timeout=300)
+        except subprocess.TimeoutExpired as exc:  # a hang: say where ftc stood and what Slurm said
+            log = (closed.root / "slurmctld.log").read_text(errors="replace")[-3000:]
+            pytest.fail(f"ftc up hung: {exc.stderr}\nqueue: {queue(closed)}\nslurmctld.log: {log}")
+        assert up.returncode == 1, up.stderr
+        assert "Slurm node(s) ftcn1 (" in up.stderr and "do not answer ssh on port 22" in up.stderr, up.stderr
+        assert "Slurm allocation 1 cancelled" in up.stderr and "rolled back" in up.stderr, up.stderr
+        assert queue(closed) == [] and not (ftc_home / "clusters" / "shut").exists()
+    finally:
+        closed.stop()
+
+
+@pytest.mark.slow
+def test_an_allocation_held_while_it_waits_is_cancelled_naming_slurms_reason(slurm, ftc_home):
+    proc = subprocess.Popen([*FTC, "up", "--name", "hold", "--provider", "slurm", "--partition", "held", "--nodes",
+                             "1", "--max-hours", "1"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env=os.environ.copy())
+    try:
+        until_line(proc, "PENDING (PartitionDown)")
+        job_id = queue(slurm)[0].split()[0]
+        subprocess.run(["scontrol", "uhold", job_id], check=True, env={**os.environ, **slurm.env()})
+        rest = proc.stderr.read()
+        assert proc.wait(120) == 1, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"Slurm allocation {job_id} is PENDING (JobHeldUser): it does not start by waiting" in rest, rest
+    assert queue(slurm) == [] and not (ftc_home / "clusters" / "hold").exists()
