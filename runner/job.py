@@ -48,7 +48,7 @@ from .node.protocol import (
 )
 from .node.script_rank import STOP_GRACE_S
 from .report import for_terminal, print_results, protocol_line, show_failure
-from .script_job import output_bytes, remove_on_nodes
+from .script_job import output_bytes, remove_on_nodes, stop_run_processes
 from .transfer import (
     content_digest,
     copy_checkpoint,
@@ -292,6 +292,8 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
             job.state = {0: "finished", EXIT_PREEMPTED: "preempted"}.get(code, "failed")
             st.save(state)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
+        if job.kind == "script":  # what its script left running in a session of its own ends with it
+            stop_run_processes(state, job.id)
         results = fetch(state, job)
         if job.kind == "script":
             remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}")  # home now: the copies go
@@ -374,6 +376,8 @@ def cancel(name: str) -> int:
             # a script's ranks get the time to stop what it started (script_rank.STOP_GRACE_S) before SIGKILL
             grace = 2 if job.kind != "script" else STOP_GRACE_S + 5
             run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start, grace))
+        if job.kind == "script":
+            stop_run_processes(state, job.id)
         job.state = "cancelled"
         st.save(state)
         runs.record_end(job.results_dir, job.state)

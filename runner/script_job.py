@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from provision import procs
 from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import FtcError, UsageError, via_make
 from provision.launch import cluster_launch, node_path, node_python, render_launch
 from provision.providers import traits
-from provision.ssh import connect, run
+from provision.ssh import connect, interruptible, run
+from provision.stacks import STACKS
 from provision.ui import console
 from provision.values import label, local_path, refuse_control_character, whole
 
@@ -29,11 +31,13 @@ from .node.facts import NodeFacts
 from .node.protocol import (
     LOGS_DIR,
     REQUIREMENTS_DONE,
+    REQUIREMENTS_ENV,
     REQUIREMENTS_FAILED,
     REQUIREMENTS_FILE,
     REQUIREMENTS_LOG,
     REQUIREMENTS_SKIPPED,
     SCRIPT_WORKDIR,
+    requirements_layer,
 )
 from .transfer import send_tree
 
@@ -43,7 +47,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
-                "FTC_WORLD_SIZE", "FTC_SELF_PIN", "PYTHONPATH", "LD_PRELOAD",
+                "FTC_WORLD_SIZE", "FTC_SELF_PIN", REQUIREMENTS_ENV, "FTC_NODE_DIR", "PYTHONPATH", "LD_PRELOAD",
                 "PATH", "LD_LIBRARY_PATH")  # the stack's mpirun and Python are found through these
 
 
@@ -55,7 +59,7 @@ class ScriptJob:
     args: list[str] = field(default_factory=list)  # passed to the script as given, never through a shell
     output: str = "output"  # rank 0's output folder, relative to the workdir: fetched home
     ppn: int = 0  # ranks per node; 0: the node facts' default, as for ftc's own jobs
-    requirements: Path | None = None  # installed into the stack's venv on every node, once per content
+    requirements: Path | None = None  # installed on every node into a venv layered on the stack, once per content
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
     max_workdir_mb: int = MAX_WORKDIR_MB
 
@@ -221,42 +225,94 @@ def remove_on_nodes(state: st.ClusterState, path: str) -> None:
             pass
 
 
-PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the requirement|Invalid requirement:|"
-                        r"Failed to build|does not exist\.|Could not install packages due to an \w+:?)\s*(.*)")
+# pip's lines that say what failed, quoted whole; ERROR: and the like taken off
+PIP_FAILED = re.compile(r"^(?:ERROR: )?(.*(?:No matching distribution found for|satisfies the requirement|"
+                        r"Invalid requirement:|Failed to build|does not exist\.|Could not install packages due to|"
+                        r"Cannot install).*)$")
+STACK_PINNED = re.compile(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)")
+LAYER_DONE = ".ftc-installed"  # in a requirements layer: its install finished
 
 
-def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str) -> None:
-    """pip install -r into the stack's venv on every node (each node's own), skipped where this file's
-    content was already installed (a marker in the venv, named by its hash). pip runs in the node's copy
-    of the workdir, so a relative path in the file names a file of your workdir. A failure names the
-    node and the package."""
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    for node in state.nodes:
-        python = node_python(state, facts, node)
-        venv = str(PurePosixPath(python).parent.parent)
-        marker = shlex.quote(f"{venv}/.ftc-requirements/{digest}")
+def digest_of(requirements: Path) -> str:
+    return hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+
+
+def layer_command(python: str, node_dir: str, digest: str, job_dir: str, pins: dict[str, str], run_id: str) -> str:
+    """Shell, run on a node: the requirements' own venv (a layer whose Python reads the stack's
+    site-packages after its own), made and pip-installed unless done before; the stack's pins are
+    constraints, so no requirement moves them. Its processes carry the node's directory and the run's
+    id, so `down` and an interrupted launch find them. Echoes SKIPPED, DONE, or FAILED and the log's
+    last lines. Pure."""
+    layer = str(requirements_layer(PurePosixPath(node_dir), digest))
+    log = f"{layer}.{REQUIREMENTS_LOG}"
+    q = shlex.quote
+    stack_sites = ("import site; print('import site; ' + '; '.join(f'site.addsitedir({p!r})' "
+                   "for p in site.getsitepackages()))")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    constraints = " ".join(q(f"{name}=={version}") for name, version in pins.items())
+    return (f"export FTC_NODE_DIR={q(node_dir)} FTC_RUN_ID={q(run_id)}; L={q(layer)}; PY={q(python)}; "
+            f'if [ -e "$L/{LAYER_DONE}" ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; '
+            f'rm -rf "$L" && mkdir -p "$L" && cd {q(job_dir)}/{SCRIPT_WORKDIR} || exit 1; '
+            f'{{ "$PY" -m venv --without-pip "$L" '
+            f'&& "$PY" -c {q(stack_sites)} > "$("$L/bin/python" -c {q(purelib)})/_ftc_stack.pth" '
+            f'&& printf "%s\\n" {constraints} > "$L/constraints.txt" '
+            f'&& "$PY" -m pip --python "$L/bin/python" install --disable-pip-version-check --no-input '
+            f'-c "$L/constraints.txt" -r ../{REQUIREMENTS_FILE}; }} > {q(log)} 2>&1; code=$?; '
+            f'if [ $code = 0 ]; then touch "$L/{LAYER_DONE}"; echo {REQUIREMENTS_DONE}; '
+            f'else rm -rf "$L"; echo {REQUIREMENTS_FAILED}; tail -n 40 {q(log)}; fi')
+
+
+def pip_failure(lines: list[str], pins: dict[str, str]) -> str:
+    """What a failed install's output says went wrong, in one line. Pure."""
+    for line in lines:
+        pinned = STACK_PINNED.search(line)
+        if pinned:
+            name = pinned.group(1)
+            version = next((v for k, v in pins.items() if k.replace("_", "-").lower() == name.lower()), "")
+            return (f"{name} is the stack's own ({name}=={version}), which a script's requirements keep: drop it "
+                    "from the file, or ask for that version")
+    quoted = next((m.group(1).strip() for line in lines for m in [PIP_FAILED.search(line.strip())] if m), "")
+    return quoted or next((line for line in reversed(lines) if line.strip()), "no output")
+
+
+def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str,
+                         run_id: str) -> None:
+    """Your requirements into a venv of the cluster's own on every node (one on nodes that share this
+    machine), layered on the stack: the stack's Python is never changed, and `down` removes the layer.
+    Skipped where this file's content was installed before. pip runs in the node's copy of the workdir,
+    so a relative path in the file names a file of your workdir. Ctrl-C stops it at once. A failure names
+    the node and the package, and where pip's whole output is."""
+    digest = digest_of(requirements)
+    pins = STACKS[state.cluster_spec.stack]
+    for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
         job_dir = node_path(state, node, remote_dir)
-        in_dir = shlex.quote(job_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
+        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, run_id)
         with connect(state, node) as conn:
-            out = run(conn, node, "requirements",
-                      f"if [ -e {marker} ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; cd {in_dir}/{SCRIPT_WORKDIR} && "
-                      f"{{ {shlex.quote(python)} -m pip install --disable-pip-version-check -q -r ../{REQUIREMENTS_FILE} "
-                      f"> ../{REQUIREMENTS_LOG} 2>&1; code=$?; }}; "
-                      f"if [ $code = 0 ]; then mkdir -p {shlex.quote(venv + '/.ftc-requirements')} && touch {marker}; "
-                      f"echo {REQUIREMENTS_DONE}; else echo {REQUIREMENTS_FAILED}; tail -n 20 ../{REQUIREMENTS_LOG}; fi")
+            out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
         lines = out.splitlines()
         if lines[:1] == [REQUIREMENTS_SKIPPED]:
             console.print(f"requirements {requirements.name} on {node.name}: already installed (skipped)", markup=False)
             continue
         if lines[:1] != [REQUIREMENTS_DONE]:
-            why = next((m.group(0).strip() for line in lines for m in [PIP_FAILED.search(line)] if m), "") or \
-                next((line for line in reversed(lines) if line.strip()), "no output")
-            raise FtcError(f"requirements {requirements} failed on {node.name}: {why}; fix the file and launch again "
-                           f"(pip's whole output: {job_dir}/{REQUIREMENTS_LOG} on {node.name})")
+            log = f"{requirements_layer(PurePosixPath(node.workdir), digest)}.{REQUIREMENTS_LOG}"
+            raise FtcError(f"requirements {requirements} failed on {node.name}: {pip_failure(lines[1:], pins)}; fix the "
+                           f"file and launch again (pip's whole output: {log} on {node.name})")
         console.print(f"requirements {requirements.name} on {node.name}: installed in {time.monotonic() - clock:.1f}s",
                       markup=False)
+
+
+def stop_run_processes(state: st.ClusterState, run_id: str) -> None:
+    """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
+    behind), found by the run's id in its environment, stopped."""
+    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
+    for node in nodes:
+        try:
+            with connect(state, node, attempts=1) as conn:
+                run(conn, node, "stop", procs.stop_carrying_command([f"FTC_RUN_ID={run_id}"]))
+        except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
+            pass
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -275,6 +331,8 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     env = {**job.env, "FTC_RUN_ID": job_id}
+    if job.requirements:
+        env[REQUIREMENTS_ENV] = digest_of(job.requirements)
     if state.cluster_spec.spot:
         from .jobspec import metadata_endpoint
         env["FTC_METADATA_ENDPOINT"] = metadata_endpoint(state.provider)
@@ -297,8 +355,9 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
         try:
             send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
             if job.requirements:
-                install_requirements(locked_state, facts, job.requirements, remote_dir)
-        except BaseException:  # nothing starts: no copy of the workdir is left on the nodes
+                install_requirements(locked_state, facts, job.requirements, remote_dir, job_id)
+        except BaseException:  # nothing starts: nothing of it runs on, and no copy of the workdir is left
+            stop_run_processes(locked_state, job_id)
             remove_on_nodes(locked_state, remote_dir)
             raise
 

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, ftc, processes_under
+from conftest import FTC, REPO, ftc, processes_under
 from helpers import gloo_script, last_job, make, one_error, state_of, up_local, wait_for
 
 from runner import script_job
@@ -247,37 +247,120 @@ def _wheel(folder: Path, name: str, value: str) -> Path:
 
 
 @pytest.mark.slow
-def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ftc_home, cluster, tmp_path):
+def test_requirements_go_into_a_layer_of_the_clusters_own_once_never_into_the_stack(ftc_home, cluster, tmp_path):
     import sys
-    package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's marker applies
+    package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's layer applies
     workdir = tmp_path / "work"
     wheel = _wheel(workdir / "wheels", package, "installed")
-    (workdir / "use.py").write_text(f"import {package}\nprint('probe says', {package}.VALUE, flush=True)\n")
+    (workdir / "use.py").write_text(f"import sys, {package}\nprint('probe says', {package}.VALUE, flush=True)\n")
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(f"--no-index\n./wheels/{wheel.name}\n")
-    try:
-        first = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert f"requirements requirements.txt ({hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]}) on " \
-            f"{cluster}-0: installing" in first.stderr
-        assert f"on {cluster}-0: installed in" in first.stderr
-        assert "probe says installed" in first.stdout
-        second = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert f"requirements requirements.txt on {cluster}-0: already installed (skipped)" in second.stderr
-        assert "installed in" not in second.stderr
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    first = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"requirements requirements.txt ({digest}) on {cluster}-0: installing" in first.stderr
+    assert f"on {cluster}-0: installed in" in first.stderr
+    assert first.stdout.count("probe says installed") == 2
+    # the stack (here ftc's own venv, which local nodes reuse) is as it was: the package is only in the layer
+    assert subprocess.run([sys.executable, "-c", f"import {package}"], capture_output=True).returncode != 0
+    layer = ftc_home / "clusters" / cluster / "nodes" / "0" / "requirements" / digest
+    assert (layer / "bin" / "python").exists()
+    second = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"requirements requirements.txt on {cluster}-0: already installed (skipped)" in second.stderr
+    assert "installed in" not in second.stderr
 
-        bad = tmp_path / "bad.txt"
-        bad.write_text(f"--no-index\n{package}-missing-dependency==9.9\n")
-        refused = ftc("launch", "--name", cluster, "--requirements", str(bad), "--", str(workdir / "use.py"))
-        assert refused.returncode == 1
-        line = refused.stderr.strip().splitlines()[-1]
-        assert f"failed on {cluster}-0" in line and f"{package}-missing-dependency==9.9" in line, line
-        assert last_job(ftc_home, cluster)["id"] != "" and len(state_of(ftc_home, cluster)["jobs"]) == 2
-    finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", package], capture_output=True)
-        venv_marker = Path(sys.prefix) / ".ftc-requirements" / hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-        venv_marker.unlink(missing_ok=True)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"--no-index\n{package}-missing-dependency==9.9\n")
+    refused = ftc("launch", "--name", cluster, "--requirements", str(bad), "--", str(workdir / "use.py"))
+    assert refused.returncode == 1
+    line = refused.stderr.strip().splitlines()[-1]
+    assert f"failed on {cluster}-0" in line and f"{package}-missing-dependency==9.9" in line, line
+    log = Path(line.split("pip's whole output: ")[1].split(" on ")[0])
+    assert f"{package}-missing-dependency" in log.read_text()  # the log it names is there to read
+    assert last_job(ftc_home, cluster)["id"] != "" and len(state_of(ftc_home, cluster)["jobs"]) == 2
+
+    # a package the stack pins keeps the stack's version: a requirement to move it is refused, naming it
+    moves_torch = tmp_path / "torch.txt"
+    moves_torch.write_text("--no-index\ntorch==2.14.1\n")
+    refused = ftc("launch", "--name", cluster, "--requirements", str(moves_torch), "--", str(workdir / "use.py"))
+    assert refused.returncode == 1
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "torch is the stack's own (torch==2.13.0)" in line, line
+    assert ftc("down", "--name", cluster).returncode == 0
+    assert not layer.exists()
+
+
+BUILD_BACKEND = """
+import os, time
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    with open({reached!r}, "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+"""
+
+
+@pytest.mark.slow
+def test_one_ctrl_c_during_the_requirements_install_stops_it_and_its_build_on_the_node(ftc_home, cluster, tmp_path):
+    import signal
+    workdir = tmp_path / "work"
+    package = workdir / "slowpkg"
+    package.mkdir(parents=True)
+    reached = tmp_path / "build-reached"
+    (package / "backend.py").write_text(BUILD_BACKEND.replace("{reached!r}", repr(str(reached))))
+    (package / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                            'backend-path = ["."]\n[project]\nname = "slowpkg"\nversion = "1.0"\n')
+    (workdir / "use.py").write_text("print('never reached')\n")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n./slowpkg\n# {uuid.uuid4().hex}\n")
+    proc = subprocess.Popen([*FTC, "launch", "--name", cluster, "--requirements", str(requirements), "--",
+                             str(workdir / "use.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: reached.exists() and reached.read_text() or proc.poll() is not None,
+             "the build to be held in build_wheel", timeout=300)
+    build = int(reached.read_text())
+    proc.send_signal(signal.SIGINT)  # once: no second Ctrl-C is needed
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    wait_for(lambda: not Path(f"/proc/{build}").exists(), "the node's build to be stopped", timeout=60)
+    assert state_of(ftc_home, cluster)["jobs"] == []
+    assert list((ftc_home / "clusters" / cluster / "nodes" / "0" / "jobs").glob("script-*")) == []
+
+
+DAEMONIZES = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(f"daemon-{os.environ['RANK']}", "w").close()
+        os.execvp("sleep", ["sleep", "{tag}"])
+    os._exit(0)
+while not all(os.path.exists(f"daemon-{rank}") for rank in range(int(os.environ["WORLD_SIZE"]))):
+    time.sleep(0.1)  # local nodes share one copy of the workdir: every rank's daemon runs
+os.kill(os.getppid(), 9)  # the rank's launcher (script_rank), which would have stopped the daemon
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_daemon_the_script_leaves_ends_with_the_job_and_with_down(ftc_home, cluster, tmp_path):
+    tag = str(8000 + os.getpid() % 1000)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "daemon.py").write_text(DAEMONIZES.replace("{tag}", tag))
+    proc = ftc("launch", "--name", cluster, "--", str(workdir / "daemon.py"))
+    assert proc.returncode != 0  # its launchers were killed
+    assert _sleeping(tag) == [], "the script's daemons outlived the job"
+
+    started = ftc("launch", "--name", cluster, "--detach", "--", str(workdir / "daemon.py"))
+    assert started.returncode == 0, started.stderr
+    job = last_job(ftc_home, cluster)
+    wait_for(lambda: (Path(job["remote_dir"]) / "exit_code").exists(), "the detached job to end", timeout=300)
+    assert len(_sleeping(tag)) == 2  # one per rank, left by a job nobody fetched
+    assert ftc("down", "--name", cluster).returncode == 0
+    wait_for(lambda: not _sleeping(tag), "`down` to stop the daemons", timeout=60)
 
 
 @pytest.mark.slow

@@ -373,11 +373,20 @@ SCRIPT_WORKDIR = "workdir"  # in the job's directory: the node's copy of your wo
 SCRIPT_OUTPUT_HOME = "output"  # in the results directory: rank 0's output folder, fetched
 PREEMPTED_NOTE = "preempted.env"  # in the job's directory: `FTC_PREEMPTED=1` once a spot notice came
 REQUIREMENTS_FILE = "requirements.txt"  # in the job's directory: your requirements, beside the workdir's copy
-REQUIREMENTS_LOG = "requirements.log"  # in the job's directory: pip's output installing them
+REQUIREMENTS_LOG = "requirements.log"  # beside each layer (<digest>.log): pip's output installing them
+# In the node's own directory: a venv per requirements content, layered on the stack (its site-packages
+# read after the layer's own), so a script's requirements never change the stack's Python; `down` removes it.
+REQUIREMENTS_LAYERS = "requirements"
+REQUIREMENTS_ENV = "FTC_REQUIREMENTS"  # the layer's name (its content's digest) for a script's ranks, when it has one
 # The words the install of your requirements on a node (script_job.install_requirements) echoes.
 REQUIREMENTS_SKIPPED = "SKIP"  # installed before: the stack's venv holds this file's content's marker
 REQUIREMENTS_DONE = "DONE"
 REQUIREMENTS_FAILED = "FAILED"  # the last lines of REQUIREMENTS_LOG follow
+
+
+def requirements_layer(node_dir: Path, digest: str) -> Path:
+    """The venv of a requirements content on a node (node_dir: the node's own directory)."""
+    return Path(node_dir) / REQUIREMENTS_LAYERS / digest
 
 
 @dataclass

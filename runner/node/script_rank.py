@@ -24,7 +24,16 @@ import time
 from pathlib import Path
 
 from .distenv import pin_self, read_env
-from .protocol import LOGS_DIR, PREEMPTED_NOTE, SCRIPT_WORKDIR, RankExit, rank_log_path, write_rank_exit
+from .protocol import (
+    LOGS_DIR,
+    PREEMPTED_NOTE,
+    REQUIREMENTS_ENV,
+    SCRIPT_WORKDIR,
+    RankExit,
+    rank_log_path,
+    requirements_layer,
+    write_rank_exit,
+)
 from .spot import Watcher
 
 
@@ -55,7 +64,7 @@ def main(argv: list[str]) -> int:
     # stdin: nothing (a rank's inherited one is mpirun's socket, where a read would wait for ever); a
     # process group of its own, so that what it leaves running is found and stopped; killed with this
     # process if mpirun kills this one outright
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("script_main.py")), script, *args],
+    child = subprocess.Popen([script_python(job_dir), str(Path(__file__).with_name("script_main.py")), script, *args],
                              cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
@@ -77,6 +86,13 @@ def main(argv: list[str]) -> int:
     code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
     write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time()))
     return code
+
+
+def script_python(job_dir: Path) -> str:
+    """The Python the script runs on: its requirements' layer over the stack when it has one (the job's
+    directory is <node dir>/jobs/<id>), else the stack's own."""
+    layer = os.environ.get(REQUIREMENTS_ENV, "")
+    return str(requirements_layer(job_dir.parent.parent, layer) / "bin" / "python") if layer else sys.executable
 
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2)
