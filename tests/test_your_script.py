@@ -149,6 +149,52 @@ def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_hom
     assert "python hf_trainer_glue.py" in shown.stdout and "rank 0's log" in shown.stdout
 
 
+# On PYTHONPATH under plain torchrun: rank 0 is held inside save_model until rank 1 is either waiting to
+# leave the process group with it (its barrier) or has exited (the abort the example must not have).
+HOLD_SAVE = """
+import atexit, os, pathlib, time
+signal_file = pathlib.Path(os.environ["FTC_TEST_RANK1"])
+if os.environ.get("RANK") == "1":
+    import torch.distributed
+    barrier = torch.distributed.barrier
+    def at_barrier(*args, **kwargs):
+        signal_file.write_text("barrier")
+        return barrier(*args, **kwargs)
+    torch.distributed.barrier = at_barrier
+    atexit.register(lambda: signal_file.exists() or signal_file.write_text(f"exit {os.getpid()}"))
+elif os.environ.get("RANK") == "0":
+    import transformers
+    save = transformers.Trainer.save_model
+    def held_save(self, *args, **kwargs):
+        while not signal_file.exists():
+            time.sleep(0.1)
+        said = signal_file.read_text().split()
+        while said[0] == "exit" and pathlib.Path(f"/proc/{said[1]}/cmdline").exists():  # until rank 1 has gone
+            time.sleep(0.1)
+        return save(self, *args, **kwargs)
+    transformers.Trainer.save_model = held_save
+"""
+
+
+@pytest.mark.slow
+def test_the_example_leaves_its_process_group_together_under_plain_torchrun(minilm, glue_dir, tmp_path):
+    import sys
+    (tmp_path / "hold" / "sitecustomize.py").parent.mkdir()
+    (tmp_path / "hold" / "sitecustomize.py").write_text(HOLD_SAVE)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--model", minilm,
+                           "--train-file", str(glue_dir / "mrpc" / "train.tsv"), "--validation-file",
+                           str(glue_dir / "mrpc" / "dev.tsv"), "--max-train-samples", "16", "--max-eval-samples", "16",
+                           "--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "output")],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "hold"), "OMP_NUM_THREADS": "1",
+                               "FTC_TEST_RANK1": str(tmp_path / "rank1"), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (tmp_path / "rank1").read_text() == "barrier"  # rank 1 waited for rank 0 to finish writing the model
+    assert "terminate called" not in proc.stderr
+    assert json.loads((tmp_path / "output" / "result.json").read_text())["world_size"] == 2
+
+
 @pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
     # A workdir and a script whose names would run commands if any shell read them unquoted.
