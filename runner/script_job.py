@@ -47,8 +47,11 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
-                "FTC_WORLD_SIZE", "FTC_SELF_PIN", REQUIREMENTS_ENV, "FTC_NODE_DIR", "PYTHONPATH", "LD_PRELOAD",
+                "FTC_WORLD_SIZE", "FTC_SELF_PIN", REQUIREMENTS_ENV, "FTC_NODE_DIR", "HOME", "USER", "LOGNAME",
+                "PYTHONPATH", "LD_PRELOAD", "GLOO_SOCKET_IFNAME",
+                "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV",  # would change the Python or shell ftc's launch runs in
                 "PATH", "LD_LIBRARY_PATH")  # the stack's mpirun and Python are found through these
+RESERVED_PREFIXES = ("I_MPI_", "OMPI_", "PMI_", "HYDRA_")  # mpirun's own settings: the launch's pinning and ranks
 
 
 @dataclass
@@ -132,11 +135,23 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         if not sep or not ENV_NAME.match(key):
             raise UsageError(f"{label('env')}={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. "
                              "HF_HOME=/data")
-        if key in RESERVED_ENV:
+        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
             raise UsageError(f"{label('env')}={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
         refuse_control_character("env", pair)
         env[key] = value
     return env
+
+
+PASSED_ON = ("HF_", "TRANSFORMERS_")  # your shell's variables of these prefixes reach every rank on local nodes
+
+
+def passed_on(environ: dict[str, str], provider: str) -> dict[str, str]:
+    """Your shell's Hugging Face variables (HF_HUB_OFFLINE, HF_HOME, ...), which torchrun's ranks would
+    inherit: for nodes on this machine, where torchrun would run; another machine has its own (`--env`
+    sets them there). Pure."""
+    if not traits(provider).shares_this_machine:
+        return {}
+    return {k: v for k, v in environ.items() if k.startswith(PASSED_ON) and ENV_NAME.match(k)}
 
 
 # ---- the workdir: what is copied -----------------------------------------------------------------------
@@ -330,7 +345,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     refuse_oversized(job.workdir, files, job.max_workdir_mb)
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"
-    env = {**job.env, "FTC_RUN_ID": job_id}
+    env = {**passed_on(dict(os.environ), state.provider), **job.env, "FTC_RUN_ID": job_id}
     if job.requirements:
         env[REQUIREMENTS_ENV] = digest_of(job.requirements)
     if state.cluster_spec.spot:

@@ -77,6 +77,20 @@ def test_an_output_folder_outside_the_workdir_is_refused(raw):
         script_job._relative_inside("OUTPUT", raw)
 
 
+@pytest.mark.parametrize("pair", ["PYTHONHOME=/x", "PYTHONSTARTUP=/x", "BASH_ENV=/x", "GLOO_SOCKET_IFNAME=lo",
+                                  "I_MPI_PIN=0", "OMPI_MCA_btl=tcp", "HOME=/x", "USER=x"])
+def test_an_env_that_would_change_ftcs_own_launch_or_the_nodes_account_is_refused(pair):
+    from provision.errors import UsageError
+    with pytest.raises(UsageError, match=f"ftc sets {pair.split('=')[0]} for every rank"):
+        script_job._env_pairs([pair])
+
+
+def test_your_shells_hugging_face_variables_reach_ranks_on_this_machine_only():
+    shell = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HOME": "/home/me", "HFX": "no"}
+    assert script_job.passed_on(shell, "local") == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    assert script_job.passed_on(shell, "ssh") == {}
+
+
 # ---- bad input: one line, exit code 2, nothing started ----------------------------------------------------
 
 @pytest.mark.slow
@@ -227,6 +241,29 @@ def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_ho
     assert job["state"] == "failed"
     listed = json.loads(ftc("runs", "--json").stdout)
     assert next(r for r in listed if r["id"] == job["id"])["exit_code"] == 3
+
+
+ACCOUNT = """
+import json, os
+keys = ("HOME", "USER", "LOGNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY", "MINE")
+print("rank", os.environ["RANK"], "sees", json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_each_rank_gets_its_accounts_home_and_your_shells_hugging_face_settings(ftc_home, cluster, tmp_path):
+    import pwd
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "account.py").write_text(ACCOUNT)
+    proc = ftc("launch", "--name", cluster, "--env", "MINE=x", "--", str(tmp_path / "work" / "account.py"),
+               env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    account = pwd.getpwuid(os.getuid())
+    seen = [json.loads(line.split(" sees ", 1)[1]) for line in proc.stdout.splitlines() if " sees " in line]
+    assert len(seen) == 2
+    for env in seen:  # as under torchrun on this machine
+        assert env == {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "MINE": "x"}
 
 
 @pytest.mark.slow

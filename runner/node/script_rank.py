@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     workdir = job_dir / SCRIPT_WORKDIR
     note = job_dir / PREEMPTED_NOTE
     env = {**os.environ, **torchrun_env(dist.rank, dist.world_size, dist.local_rank, dist.local_world_size),
-           "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note)}
+           **own_account(), "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note)}
     # ftc's own package stays out of the script's import path: its runner/ must not hide the user's
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
@@ -86,6 +86,14 @@ def main(argv: list[str]) -> int:
     code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
     write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time()))
     return code
+
+
+def own_account() -> dict[str, str]:
+    """HOME, USER and LOGNAME of the account this rank runs as, on its own node: mpirun hands every rank
+    the head node's, and a node's home may differ (your servers), or be ftc's folder (local nodes)."""
+    import pwd
+    account = pwd.getpwuid(os.getuid())
+    return {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name}
 
 
 def script_python(job_dir: Path) -> str:
