@@ -157,13 +157,14 @@ def passed_on(environ: dict[str, str], provider: str) -> dict[str, str]:
 # ---- the workdir: what is copied -----------------------------------------------------------------------
 
 def workdir_files(root: Path) -> list[Path]:
-    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT and what a .gitignore (at
-    any level) ignores, as git reads it. A link to a file is copied as the file; a link to a folder is
+    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT, private_folders() and what a
+    .gitignore (at any level) ignores, as git reads it. A link to a file is copied as the file; a link to a folder is
     left out (said on stderr): followed, a link to `.` or `/` would copy without end. A name that is
     not UTF-8, or a folder that cannot be read, is refused naming it."""
     import pathspec
 
     found: list[Path] = []
+    private = private_folders()
 
     def walk(folder: Path, rules: list[tuple[Path, "pathspec.PathSpec"]]) -> None:
         ignore = folder / ".gitignore"
@@ -184,6 +185,10 @@ def workdir_files(root: Path) -> list[Path]:
                 raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
                                  "the fetch need; rename it, or list it in .gitignore") from None
             is_dir = entry.is_dir()
+            if is_dir and entry.resolve() in private:
+                console.print(f"left out of the copy: {entry.relative_to(root)} ({private[entry.resolve()]})",
+                              markup=False, soft_wrap=True)
+                continue
             if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
                 continue
             if is_dir and entry.is_symlink():
@@ -195,6 +200,14 @@ def workdir_files(root: Path) -> list[Path]:
                 found.append(entry)
     walk(root, [])
     return found
+
+
+def private_folders() -> dict[Path, str]:
+    """Folders never copied to the nodes, wherever they lie in a workdir: FTC_HOME (every cluster's
+    private keys) and your own ssh and AWS credentials."""
+    home = Path.home()
+    return {st.ftc_home().resolve(): "FTC_HOME: every cluster's private keys",
+            (home / ".ssh").resolve(): "your ssh keys", (home / ".aws").resolve(): "your AWS credentials"}
 
 
 def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:

@@ -48,6 +48,19 @@ def test_the_workdir_copy_leaves_out_git_venv_caches_and_what_gitignore_ignores(
     assert copied == [".gitignore", "data/a.tsv", "sub/.gitignore", "sub/keep.txt", "train.py"]
 
 
+def test_the_workdir_copy_never_takes_ftc_home_or_your_ssh_and_aws_folders(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the workdir is your home
+    monkeypatch.setenv("FTC_HOME", str(tmp_path / "state"))
+    for name in ("train.py", "state/clusters/c/access_key", ".ssh/id_ed25519", ".aws/credentials", "data/a.tsv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert copied == ["data/a.tsv", "train.py"]
+    said = capsys.readouterr().err
+    assert "left out of the copy: state (FTC_HOME: every cluster's private keys)" in said
+    assert "left out of the copy: .ssh (your ssh keys)" in said and ".aws (your AWS credentials)" in said
+
+
 def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "huge.bin").write_bytes(b"\0" * (3 * 2**20))
