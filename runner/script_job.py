@@ -104,6 +104,7 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                     env=_env_pairs(env or []),
                     max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
                     else MAX_WORKDIR_MB)
+    refuse_output_on_a_file(root, job.output, output or "output")
     if requirements:
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
@@ -115,6 +116,17 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                              "requirements file pip can read") from None
         job.requirements = path
     return job
+
+
+def refuse_output_on_a_file(root: Path, output: str, raw: str) -> None:
+    """The output folder, or a folder on its way, may not be a file of the workdir: every rank would fail
+    making it."""
+    path = root
+    for part in output.split("/"):
+        path = path / part
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{label('output')}={raw!r}: {path.relative_to(root)} is a file of the workdir; give a "
+                             "folder name that is free, or a folder")
 
 
 def _relative_inside(key: str, raw: str) -> str:
@@ -157,49 +169,74 @@ def passed_on(environ: dict[str, str], provider: str) -> dict[str, str]:
 # ---- the workdir: what is copied -----------------------------------------------------------------------
 
 def workdir_files(root: Path) -> list[Path]:
-    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT, private_folders() and what a
-    .gitignore (at any level) ignores, as git reads it. A link to a file is copied as the file; a link to a folder is
-    left out (said on stderr): followed, a link to `.` or `/` would copy without end. A name that is
-    not UTF-8, or a folder that cannot be read, is refused naming it."""
-    import pathspec
-
+    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT, private_folders() and what its
+    .gitignore files ignore, as git reads them (git itself decides: negations across levels, every pattern
+    git takes). A link to a file is copied as the file; a link to a folder is left out (said on stderr):
+    followed, a link to `.` or `/` would copy without end. A name that is not UTF-8, or a path that cannot
+    be read, is refused naming it."""
     found: list[Path] = []
     private = private_folders()
-
-    def walk(folder: Path, rules: list[tuple[Path, "pathspec.PathSpec"]]) -> None:
-        ignore = folder / ".gitignore"
-        if ignore.is_file():
-            rules = [*rules, (folder, pathspec.PathSpec.from_lines("gitwildmatch",
-                                                                   ignore.read_text(errors="replace").splitlines()))]
-        try:
-            entries = sorted(folder.iterdir())
-        except OSError as exc:
-            raise UsageError(f"{label('workdir')}: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
-                             ".gitignore") from None
+    level, with_rules = [root], False
+    while level:
+        entries = [entry for folder in level for entry in _listing(folder)]
+        with_rules = with_rules or any(entry.name == ".gitignore" for entry in entries)
+        ignored = _ignored_by_git(root, entries) if with_rules else set()
+        level = []
         for entry in entries:
-            if entry.name in ALWAYS_LEFT_OUT:
+            if entry in ignored:
                 continue
             try:
-                entry.name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
-                                 "the fetch need; rename it, or list it in .gitignore") from None
-            is_dir = entry.is_dir()
-            if is_dir and entry.resolve() in private:
-                console.print(f"left out of the copy: {entry.relative_to(root)} ({private[entry.resolve()]})",
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError as exc:
+                raise UsageError(f"{label('workdir')}: {entry} cannot be read ({exc.strerror}); make it readable, or "
+                                 "list it in .gitignore") from None
+            why = private.get(entry.resolve()) if is_dir else None
+            if why or (is_dir and entry.is_symlink()):
+                console.print(f"left out of the copy: {entry.relative_to(root)} ({why or 'a link to a folder'})",
                               markup=False, soft_wrap=True)
-                continue
-            if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
-                continue
-            if is_dir and entry.is_symlink():
-                console.print(f"left out of the copy: {entry.relative_to(root)} (a link to a folder)", markup=False,
-                              soft_wrap=True)
             elif is_dir:
-                walk(entry, rules)
-            elif entry.is_file():
+                level.append(entry)
+            elif is_file:
                 found.append(entry)
-    walk(root, [])
-    return found
+    return sorted(found)
+
+
+def _listing(folder: Path) -> list[Path]:
+    """A folder's entries to consider, ALWAYS_LEFT_OUT aside; refused naming it when it cannot be read or
+    an entry's name is not UTF-8."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise UsageError(f"{label('workdir')}: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
+                         ".gitignore") from None
+    for entry in entries:
+        try:
+            entry.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
+                             "the fetch need; rename it, or list it in .gitignore") from None
+    return [entry for entry in entries if entry.name not in ALWAYS_LEFT_OUT]
+
+
+def _ignored_by_git(root: Path, entries: list[Path]) -> set[Path]:
+    """Which of `entries` the .gitignore files under `root` ignore, as `git check-ignore` says, against an
+    empty repository of its own (the workdir need not be one; your global excludes do not apply)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="ftc-gitignore-") as repo:
+        try:
+            subprocess.run(["git", "init", "-q", repo], check=True, capture_output=True)
+            answer = subprocess.run(["git", f"--git-dir={repo}/.git", f"--work-tree={root}", "-c",
+                                     "core.excludesFile=/dev/null", "check-ignore", "--no-index", "--stdin", "-z"],
+                                    input=b"".join(os.fsencode(e.relative_to(root)) + b"\0" for e in entries),
+                                    capture_output=True, cwd=root)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise FtcError(f"git could not be run ({exc}): ftc reads the workdir's .gitignore files with git; "
+                           "install git") from None
+    if answer.returncode not in (0, 1):
+        raise UsageError(f"{label('workdir')}: git cannot read its .gitignore files "
+                         f"({(answer.stderr.decode(errors='replace').strip().splitlines() or ['no message'])[-1]}); fix them")
+    return {root / os.fsdecode(path) for path in answer.stdout.split(b"\0") if path}
 
 
 def private_folders() -> dict[Path, str]:

@@ -61,6 +61,21 @@ def test_the_workdir_copy_never_takes_ftc_home_or_your_ssh_and_aws_folders(tmp_p
     assert "left out of the copy: .ssh (your ssh keys)" in said and ".aws (your AWS credentials)" in said
 
 
+def test_the_workdir_copy_follows_gitignore_as_git_does_across_levels_and_odd_lines(tmp_path):
+    for name in ("train.py", "a.txt", "sub/keep.txt", "sub/x.txt", "sub/deep/keep.txt", "foo\\", "z"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    # lines git takes: a lone "!", an empty range, a trailing backslash; the last matching rule wins, across levels
+    (tmp_path / ".gitignore").write_text("!\n[z-a]\nfoo\\\n*.txt\n")
+    (tmp_path / "sub" / ".gitignore").write_text("!keep.txt\n")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert {"sub/keep.txt", "sub/deep/keep.txt", "train.py"} <= set(copied) and "a.txt" not in copied
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # what git itself would keep
+    kept = subprocess.run(["git", "-c", "core.excludesFile=/dev/null", "ls-files", "-o", "--exclude-standard", "-z"],
+                          cwd=tmp_path, capture_output=True, check=True).stdout.decode().split("\0")
+    assert copied == sorted(k for k in kept if k)
+
+
 def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "huge.bin").write_bytes(b"\0" * (3 * 2**20))
@@ -121,6 +136,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "--requirements="),
         (["--name", "nb", "--requirements", str(workdir), "--", str(script)], "is a directory"),
         (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "--output='../elsewhere' is not a folder"),
+        (["--name", "nb", "--output", "gloo_job.py", "--", str(script)], "--output='gloo_job.py': gloo_job.py is a file"),
+        (["--name", "nb", "--output", "big.bin/out", "--", str(script)], "--output='big.bin/out': big.bin is a file"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "--env='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
