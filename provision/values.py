@@ -110,6 +110,15 @@ def refuse_control_character(key: str, raw: str) -> None:
                          "give a value without one")
 
 
+def refuse_not_utf8(key: str, raw: str) -> None:
+    """A value that is not UTF-8 (bytes Python kept as surrogates) is refused, naming it: the nodes'
+    scripts, logs and the runs history are UTF-8."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{label(key)}={os.fsencode(raw)!r} is not UTF-8; give a value that is") from None
+
+
 def writable_dir(key: str, raw: str) -> str:
     """A directory ftc can write results into, now or once made, as an absolute path: found before
     launch, not after the training. Tried for real (a probe file made and removed in the nearest

@@ -24,7 +24,7 @@ from provision.providers import traits
 from provision.ssh import connect, interruptible, run
 from provision.stacks import STACKS
 from provision.ui import console
-from provision.values import label, local_path, refuse_control_character, whole
+from provision.values import label, local_path, refuse_control_character, refuse_not_utf8, whole
 
 from . import runs
 from .node.facts import NodeFacts
@@ -83,6 +83,7 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                          + ("" if via_make() else ": `ftc launch -- train.py [ARGS...]`"))
     for key, value in (("script", script), ("workdir", workdir or ""), ("output", output or ""),
                        ("requirements", requirements or ""), *(("arg", a) for a in args)):
+        refuse_not_utf8(key, value)
         refuse_control_character(key, value)
     for key, value in (("script", script), ("workdir", workdir or ""), ("requirements", requirements or "")):
         if value != value.strip():  # read as given: ' lead.py' is not lead.py
@@ -149,6 +150,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
                              "HF_HOME=/data")
         if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
             raise UsageError(f"{label('env')}={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
+        refuse_not_utf8("env", pair)
         refuse_control_character("env", pair)
         env[key] = value
     return env

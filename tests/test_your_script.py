@@ -144,6 +144,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
         (["--name", "nb", "--", f" {script}"], "begins or ends with a space"),
         (["--name", "nb", "--env", "PATH=/x", "--", str(script)], "ftc sets PATH"),
+        (["--name", "nb", "--", str(script), os.fsdecode(b"caf\xe9")], "argument=b'caf\\xe9' is not UTF-8"),
+        (["--name", "nb", "--workdir", os.fsdecode(os.fsencode(workdir) + b"\xff"), "--", str(script)], "is not UTF-8"),
         (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "--max-workdir-mb=''"),
         (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "--args="),
         (["--name", "no-such-cluster", "--", str(script)], "--name='no-such-cluster'"),
