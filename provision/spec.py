@@ -235,10 +235,18 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     return spec
 
 
+def too_open(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """SSH open to more than a /16 of IPv4 (65,536 addresses: a site's or VPN's range at most) or a /48 of
+    IPv6 (one site's allocation) needs ALLOW_OPEN_SSH: 0.0.0.0/1 is half the internet. Pure."""
+    return network.prefixlen < (16 if network.version == 4 else 48)
+
+
 def check_spec(spec: ClusterSpec) -> None:
     """Rules that involve more than one field."""
-    if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
-        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to the whole internet; give your own "
+    if spec.ssh_cidr and too_open(ipaddress.ip_network(spec.ssh_cidr)) and not spec.allow_open_ssh:
+        whole = ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0
+        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to "
+                         f"{'the whole internet' if whole else 'more than a /16 of addresses'}; give your own "
                          f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
     own_hosts = traits(spec.provider).own_hosts
     if own_hosts and not spec.hosts:

@@ -84,6 +84,25 @@ def test_open_ssh_needs_explicit_opt_in():
     assert resolve_spec({"ssh_cidr": "0.0.0.0/0", "allow_open_ssh": "1"}, {}, {}).ssh_cidr == "0.0.0.0/0"
 
 
+@pytest.mark.parametrize("cidr", ["0.0.0.0/1", "10.0.0.0/8", "2001:db8::/32"])
+def test_ssh_open_to_more_than_a_site_needs_explicit_opt_in(cidr):
+    with pytest.raises(UsageError, match=f"--ssh-cidr='{cidr}' opens SSH to more than a /16 .*--allow-open-ssh=1"):
+        resolve_spec({"ssh_cidr": cidr}, {}, {})
+    assert resolve_spec({"ssh_cidr": cidr, "allow_open_ssh": "1"}, {}, {}).ssh_cidr == cidr
+    assert resolve_spec({"ssh_cidr": "203.0.113.0/24"}, {}, {}).ssh_cidr == "203.0.113.0/24"
+
+
+def test_job_settings_follow_the_same_precedence_flag_then_ftc_variable():
+    from argparse import Namespace
+
+    from runner.jobspec import job_from_args
+    assert job_from_args(Namespace(task="mrpc", epochs=None), env={"FTC_EPOCHS": "1"}).epochs == 1
+    assert job_from_args(Namespace(task="mrpc", epochs="2"), env={"FTC_EPOCHS": "1"}).epochs == 2
+    assert job_from_args(Namespace(task=None, epochs=None), env={"FTC_TASK": "rte"}).task == "rte"
+    with pytest.raises(UsageError, match="abc"):
+        job_from_args(Namespace(task="mrpc"), env={"FTC_EPOCHS": "abc"})
+
+
 def test_zone_outside_region_is_refused():
     with pytest.raises(UsageError, match="not in --region"):
         resolve_spec({"zones": "eu-west-1a", "region": "us-east-1"}, {}, {})
