@@ -43,6 +43,7 @@ from .transfer import send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
 MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
+MAX_REQUIREMENTS_BYTES = 2**20  # a requirements file is lines of names; more is not one
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
@@ -110,6 +111,11 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
             raise UsageError(f"{label('requirements')}={requirements!r} is a directory; give a requirements file")
+        if path.exists() and not path.is_file():  # a device or a FIFO: read without end, or never
+            raise UsageError(f"{label('requirements')}={requirements!r} is not a regular file; give a requirements file")
+        if path.is_file() and path.stat().st_size > MAX_REQUIREMENTS_BYTES:
+            raise UsageError(f"{label('requirements')}={requirements!r} is over {MAX_REQUIREMENTS_BYTES // 2**20} MB; "
+                             "give a requirements file")
         try:
             path.read_bytes()
         except OSError as exc:

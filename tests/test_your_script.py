@@ -127,6 +127,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
     script = gloo_script(workdir)
     (tmp_path / "outside.py").write_text("print(1)\n")
     (workdir / "big.bin").write_bytes(b"\0" * (2 * 2**20))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     up_local("nb", nodes=1)  # up, not bootstrapped
     before = state_of(ftc_home, "nb")
     cases = [
@@ -135,6 +137,9 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--", str(script), "--requirements", "x"], None),  # after the script: its own argument
         (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "--requirements="),
         (["--name", "nb", "--requirements", str(workdir), "--", str(script)], "is a directory"),
+        (["--name", "nb", "--requirements", "/dev/zero", "--", str(script)], "'/dev/zero' is not a regular file"),
+        (["--name", "nb", "--requirements", str(fifo), "--", str(script)], "is not a regular file"),
+        (["--name", "nb", "--requirements", str(workdir / "big.bin"), "--", str(script)], "is over 1 MB"),
         (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "--output='../elsewhere' is not a folder"),
         (["--name", "nb", "--output", "gloo_job.py", "--", str(script)], "--output='gloo_job.py': gloo_job.py is a file"),
         (["--name", "nb", "--output", "big.bin/out", "--", str(script)], "--output='big.bin/out': big.bin is a file"),
