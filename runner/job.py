@@ -238,7 +238,21 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
     except (ClusterBusy, UsageError):
         if destroyed(name):  # `ftc down` holds the lock, or took the state away
             raise gone from None
+        if cancelled(name, job.id):  # `ftc cancel` stopped it, and brings its files home itself
+            console.print(f"job {job.id} was cancelled (`ftc cancel`); what it wrote comes home with the cancel: "
+                          f"`ftc runs show {job.id}`", markup=False, soft_wrap=True)
+            return 0
         raise
+
+
+def cancelled(name: str, job_id: str) -> bool:
+    """The job was cancelled, or `ftc cancel` is at work on the cluster now."""
+    if "`ftc cancel`" in st.lock_holder(name):
+        return True
+    try:
+        return any(j.id == job_id and j.state == "cancelled" for j in st.load(name).jobs)
+    except (UsageError, st.CorruptState):
+        return False
 
 
 def destroyed(name: str) -> bool:
@@ -382,7 +396,7 @@ def cancel(name: str) -> int:
         st.save(state)
         runs.record_end(job.results_dir, job.state)
     console.print(f"job {job.id} cancelled")
-    return 0
+    return finish(state)  # what it wrote before, its logs included, comes home now: `down` would delete it
 
 
 def fetch_last(name: str) -> int:

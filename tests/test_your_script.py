@@ -312,9 +312,17 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     held = Path(job["remote_dir"]) / "workdir" / "held"
     wait_for(held.exists, "the script to reach its hold point", timeout=300)
     assert len(processes_under(Path(job["remote_dir"]))) >= 3  # launch script, mpirun, ranks
+    follower = subprocess.Popen([*FTC, "logs", "--name", cluster, "-f"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     cancel = ftc("cancel", "--name", cluster)
     assert cancel.returncode == 0, cancel.stderr
     assert last_job(ftc_home, cluster)["state"] == "cancelled"
+    # what it wrote comes home with the cancel, its logs included
+    assert "holding" in (Path(job["results_dir"]) / "logs" / "rank0.log").read_text()
+    shown = ftc("runs", "show", job["id"])
+    assert "no log of rank 0 home" not in shown.stdout + shown.stderr
+    _, said = follower.communicate(timeout=120)  # a follower elsewhere is told the job was cancelled
+    assert follower.returncode == 0 and "cancelled" in said and "busy" not in said, said
     # the launch script, mpirun and every rank (their command lines or folders are the job's) are gone
     wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the script's processes to end", timeout=60)
 
