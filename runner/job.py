@@ -61,6 +61,7 @@ from .transfer import (
 )
 
 TAIL_LINES = 15  # of a failed script rank's log, shown when the job ends
+FOREGROUND = "Ctrl-C stops it, as under torchrun (`--detach` starts one that runs on)"  # said as a job starts
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
@@ -111,11 +112,12 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         record = state.jobs[-1]
         runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                  + ("it runs on without this command" if detach else FOREGROUND))
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
-    return follow(state, one_shot=one_shot)
+    return follow(state, one_shot=one_shot, started_here=True)
 
 
 def refuse_dead_nodes(state: st.ClusterState) -> None:
@@ -165,10 +167,10 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
     the exit code of the job recorded running, when it has in fact ended (its results not home yet)."""
     running = [j for j in state.jobs if j.state == "running"]
     if running and ended is not None:
-        raise UsageError(f"cluster {state.name!r}: job {running[-1].id} ended (exit code {ended}) but its results are "
+        raise ClusterBusy(f"cluster {state.name!r}: job {running[-1].id} ended (exit code {ended}) but its results are "
                          f"not home yet; `ftc fetch --name {state.name}` collects them, then start the next job")
     if running:
-        raise UsageError(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
+        raise ClusterBusy(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
@@ -201,15 +203,17 @@ def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, resume_
     return state
 
 
-def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False) -> int:
-    """Print the output of the state's last job until it ends; then fetch. Ctrl-C detaches, the job runs
-    on (in a one-shot run it stops the run instead). A cluster destroyed meanwhile ends the follower with
-    that said."""
+def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False, started_here: bool = False) -> int:
+    """Print the output of the state's last job until it ends; then fetch. Ctrl-C in the command that
+    started the job (`started_here`) stops it, as Ctrl-C stops torchrun, and exits 130; in a follower
+    (`ftc logs -f`) it detaches, the job runs on; in a one-shot run it stops the run. A cluster destroyed
+    meanwhile ends the follower with that said."""
     name, job = state.name, state.jobs[-1]
     conn = connect(state, state.head, within_s=follow_silence_s(),
                    next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
                              f"`ftc status --name {name}` says what is up")
     colour, mark = sys.stdout.isatty(), line_mark(job.id)
+    interrupted = False
 
     def on_line(line: str) -> None:
         print(for_terminal(line, colour), flush=True)
@@ -226,11 +230,15 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
     except KeyboardInterrupt:
         if one_shot:
             raise
-        console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
-                      f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
-        return 0
+        if not started_here:
+            console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
+                          f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
+            return 0
+        interrupted = True
     finally:
         conn.close()
+    if interrupted:
+        return stop_on_interrupt(state, job)
     gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
                     f"is in {job.results_dir}")
     try:
@@ -243,6 +251,15 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
                           f"`ftc runs show {job.id}`", markup=False, soft_wrap=True)
             return 0
         raise
+
+
+def stop_on_interrupt(state: st.ClusterState, job: st.JobInfo) -> int:
+    """Ctrl-C in the command that started the job: the job is stopped as `ftc cancel` stops it (what it
+    wrote so far comes home), and the command exits 130, as torchrun does."""
+    console.print(f"\ninterrupted: stopping job {job.id} (Ctrl-C stops a job started in the foreground, as under "
+                  "torchrun; `--detach` starts one that runs on)", markup=False, soft_wrap=True)
+    cancel(state.name)
+    return 130
 
 
 def cancelled(name: str, job_id: str) -> bool:

@@ -28,11 +28,13 @@ from runner.node.protocol import (
     Logged,
     TrainResults,
     ended,
+    first_failure,
     line_mark,
     parse_dev,
     parse_progress,
     rank_log_path,
     rank_logs,
+    read_rank_exits,
     split_logged,
 )
 from runner.node.units import duration
@@ -360,10 +362,14 @@ def show(run: dict) -> tuple[Path, Path]:
     results = Path(run["results_dir"])
     epochs, steps = epoch_rows(results, run["id"])
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
-    if run["kind"] == "script":  # your script's own output: the tail of rank 0's log
-        log = results / rank_log_path(0)
-        tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else ["(no log of rank 0 home)"]
-        answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
+    if run["kind"] == "script":  # your script's own output: the tail of the first failing rank's log, else rank 0's
+        failed = first_failure(read_rank_exits(results))
+        rank = failed.rank if failed else 0
+        log = results / rank_log_path(rank)
+        tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else \
+            [f"(no log of rank {rank} home)"]
+        which = f"rank {rank}'s log (it failed first, exit code {failed.code})" if failed else "rank 0's log"
+        answer.print(f"{which}, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
                      soft_wrap=True)
     if epochs:
         keys = epoch_columns(epochs)

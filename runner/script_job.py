@@ -91,6 +91,8 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
             raise UsageError(f"{label(key)}={value!r} begins or ends with a space; give the path without it")
     script_path = Path(local_path("script", script))
     root = Path(local_path("workdir", workdir)) if workdir else script_path.parent
+    if workdir and not Path(script).is_absolute() and (root / script).is_file():
+        script_path = root / script  # a path inside the workdir, as the nodes will run it
     if not root.is_dir():
         raise UsageError(f"{label('workdir')}={workdir!r} is not a directory; give the folder your script runs from")
     if not script_path.is_file():
@@ -440,12 +442,13 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     record = state.jobs[-1]
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)", markup=False)
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                  + ("it runs on without this command" if detach else jobs.FOREGROUND), markup=False)
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
                       markup=False)
         return 0
-    return jobs.follow(state)
+    return jobs.follow(state, started_here=True)
 
 
 def output_bytes(results: Path) -> int:

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from provision import state as st
-from provision.errors import UsageError
+from provision.errors import ClusterBusy, UsageError
 from provision.spec import ClusterSpec
 from runner.bench import rank_layout
 from runner.job import job_settings, refuse_if_busy
@@ -163,8 +163,9 @@ def test_refuse_if_busy_names_the_running_job_and_how_to_follow_or_stop_it():
     state.jobs = [st.JobInfo(id="old", task="mrpc", remote_dir="/r", results_dir="/y", state="finished")]
     refuse_if_busy(state)  # a finished job does not make the cluster busy
     state.jobs.append(st.JobInfo(id="mrpc-2", task="mrpc", remote_dir="/r", results_dir="/y"))
-    with pytest.raises(UsageError) as refused:
+    with pytest.raises(ClusterBusy) as refused:  # busy, exit code 3: not bad input
         refuse_if_busy(state)
+    assert refused.value.exit_code == 3
     assert str(refused.value) == ("cluster 'c' is already running job mrpc-2; `ftc logs --name c -f` follows it, "
                                   "`ftc cancel --name c` stops it")
 

@@ -340,6 +340,26 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
              "everything the stubborn script started to end", timeout=120)
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_a_foreground_launch_stops_the_job_as_under_torchrun(ftc_home, cluster, tmp_path):
+    import signal
+    script = gloo_script(tmp_path / "work")
+    proc = subprocess.Popen([*FTC, "launch", "--name", cluster, "--", str(script), "--hold"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (state_of(ftc_home, cluster)["jobs"] and
+                      (Path(last_job(ftc_home, cluster)["remote_dir"]) / "workdir" / "held").exists())
+             or proc.poll() is not None, "the script to reach its hold point", timeout=300)
+    job = last_job(ftc_home, cluster)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Ctrl-C stops it, as under torchrun (`--detach` starts one that runs on)" in err  # said as it started
+    assert f"interrupted: stopping job {job['id']}" in err and "Traceback" not in err
+    assert last_job(ftc_home, cluster)["state"] == "cancelled"
+    assert "holding" in (Path(job["results_dir"]) / "logs" / "rank0.log").read_text()  # its files came home
+    wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the job's processes to end", timeout=60)
+
+
 STUBBORN = """
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
