@@ -44,6 +44,7 @@ from .node.protocol import (
     line_mark,
     parse_checkpoint,
     rank_log_path,
+    ranks_alone,
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
@@ -113,7 +114,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
-                  + ("it runs on without this command" if detach else FOREGROUND))
+                  + ("it runs on without this command" if detach else FOREGROUND), markup=False, soft_wrap=True)
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
@@ -334,10 +335,16 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
                           soft_wrap=True)
             return 0
         if job.kind == "script":
-            failed = first_failure(read_rank_exits(results))
+            exits = read_rank_exits(results)
+            failed = first_failure(exits)
             code = failed.code if failed and code != 0 else code
             runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results))
             where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
+            if ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
+                console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
+                              "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
+                              "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "
+                              "TrainingArguments)", soft_wrap=True)
             return script_outcome(results, code, failed, where)
         runs.record_end(results, job.state)
     if code == EXIT_PREEMPTED:

@@ -443,7 +443,7 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
                   f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
-                  + ("it runs on without this command" if detach else jobs.FOREGROUND), markup=False)
+                  + ("it runs on without this command" if detach else jobs.FOREGROUND), markup=False, soft_wrap=True)
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
                       markup=False)

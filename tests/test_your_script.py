@@ -278,6 +278,16 @@ def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_ho
     assert job["state"] == "failed"
     listed = json.loads(ftc("runs", "--json").stdout)
     assert next(r for r in listed if r["id"] == job["id"])["exit_code"] == 3
+    shown = ftc("runs", "show", job["id"])  # the log of the rank that failed, not rank 0's
+    assert "rank 1's log (it failed first, exit code 3)" in shown.stdout and "rank 1 gives up with 3" in shown.stdout
+
+
+def test_with_a_workdir_a_relative_script_is_looked_up_in_it(tmp_path, monkeypatch):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "probe.py").write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)  # no probe.py here: only the workdir has it
+    job = script_job.validate("probe.py", [], workdir=str(tmp_path / "w"))
+    assert (job.workdir, job.script) == (tmp_path / "w", "probe.py")
 
 
 ACCOUNT = """
@@ -301,6 +311,35 @@ def test_each_rank_gets_its_accounts_home_and_your_shells_hugging_face_settings(
     for env in seen:  # as under torchrun on this machine
         assert env == {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "MINE": "x"}
+
+
+TRAINER_ON_CPU = """
+import os, sys, torch
+from transformers import Trainer, TrainingArguments
+class Line(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(2, 1)
+    def forward(self, x, labels):
+        return {"loss": ((self.w(x).squeeze(-1) - labels) ** 2).mean()}
+rows = [{"x": torch.ones(2) * i, "labels": torch.tensor(float(i))} for i in range(16)]
+args = TrainingArguments(output_dir=os.environ["FTC_OUTPUT_DIR"], per_device_train_batch_size=4, report_to="none",
+                         save_strategy="no", use_cpu=sys.argv[1] == "1")
+Trainer(model=Line(), args=args, train_dataset=rows).train()
+"""
+
+
+@pytest.mark.slow
+def test_a_trainer_script_whose_ranks_each_train_alone_is_named(ftc_home, cluster, tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "trainer.py").write_text(TRAINER_ON_CPU)
+    alone = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "0")
+    assert alone.returncode == 0, alone.stderr[-3000:]  # as under torchrun: it ran, each rank on all the rows
+    assert "warning: none of the 2 ranks exchanged anything with the others" in alone.stderr
+    assert "use_cpu=True" in alone.stderr
+    together = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "1")
+    assert together.returncode == 0, together.stderr[-3000:]
+    assert "exchanged anything" not in together.stderr
 
 
 @pytest.mark.slow

@@ -29,8 +29,10 @@ from .protocol import (
     PREEMPTED_NOTE,
     REQUIREMENTS_ENV,
     SCRIPT_WORKDIR,
+    SYNCED_ENV,
     RankExit,
     rank_log_path,
+    rank_synced_path,
     requirements_layer,
     write_rank_exit,
 )
@@ -54,7 +56,8 @@ def main(argv: list[str]) -> int:
     workdir = job_dir / SCRIPT_WORKDIR
     note = job_dir / PREEMPTED_NOTE
     env = {**os.environ, **torchrun_env(dist.rank, dist.world_size, dist.local_rank, dist.local_world_size),
-           **own_account(), "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note)}
+           **own_account(), "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note),
+           SYNCED_ENV: str(job_dir / rank_synced_path(dist.rank))}
     # ftc's own package stays out of the script's import path: its runner/ must not hide the user's
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
@@ -84,7 +87,8 @@ def main(argv: list[str]) -> int:
     if watcher:
         watcher.stop()
     code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
-    write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time()))
+    write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time(),
+                                      (job_dir / rank_synced_path(dist.rank)).exists()))
     return code
 
 
