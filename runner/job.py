@@ -1,8 +1,8 @@
 """A fine-tuning job's processes on the cluster: start it, follow it, finish it, cancel it.
 
 The job runs detached on the head node (setsid + nohup), so it outlives the controller:
-`ftc finetune` follows its output, Ctrl-C only detaches, `ftc logs -f` reattaches,
-`ftc cancel` stops it, `ftc fetch` copies the results once it is done.
+`ftc finetune` follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
+reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results.
 """
 
 import shlex
