@@ -23,10 +23,18 @@ def label(key: str) -> str:
     return option(key)
 
 
+def ascii_digits(text: str) -> str:
+    """The text, if a number in it is written as typed on a command line: ASCII digits, no `_` between
+    them (Python's int() and float() read `1_6` as 16 and other scripts' digits as these). Pure."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def whole(lo: int, hi: int) -> Parser:
     def parse(key: str, raw: Any) -> int:
         try:
-            value = int(str(raw).strip())
+            value = int(ascii_digits(str(raw).strip()))
         except ValueError:
             raise UsageError(f"{label(key)}={raw!r} is not a whole number; allowed: {lo}..{hi}") from None
         if not lo <= value <= hi:
@@ -41,7 +49,7 @@ def number(lo: float, hi: float, lo_included: bool = False, hi_included: bool = 
 
     def parse(key: str, raw: Any) -> float:
         try:
-            value = float(str(raw).strip())
+            value = float(ascii_digits(str(raw).strip()))
         except ValueError:
             raise UsageError(f"{label(key)}={raw!r} is not a number; allowed: {allowed}") from None
         above = value >= lo if lo_included else value > lo

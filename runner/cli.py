@@ -411,8 +411,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         try:
             words = [args.script, *shlex.split(args.args or "")]
         except ValueError as exc:
-            raise UsageError(f"{label('args')}={args.args!r} cannot be split into words ({exc}); close its quotes") \
-                from None
+            fix = ("its last backslash escapes nothing: drop it, or write \\\\ for a backslash"
+                   if "escaped" in str(exc) else "close its quotes")
+            raise UsageError(f"{label('args')}={args.args!r} cannot be split into words ({exc}); {fix}") from None
     if words[:1] and words[0].startswith("-"):
         if args.script is not None:
             raise UsageError(f"{label('script')}={words[0]!r} looks like an option; give your script's path")

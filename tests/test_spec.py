@@ -309,3 +309,20 @@ def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_
                          check=True).stdout
     for key in ("task", "model", "epochs", "batch_size", "flows", "allreduce", "grad_compress"):  # what ftc plan models
         assert f"--{key.replace('_', '-')}='{given[key]}'" in dry
+
+
+@pytest.mark.parametrize("raw", ["1_6", "١٦", "１６"])
+def test_a_whole_number_is_ascii_digits_as_typed_not_what_int_also_reads(raw):
+    from provision.values import number, whole, whole_list
+    with pytest.raises(UsageError, match="is not a whole number"):
+        resolve_spec({"nodes": raw}, {}, {})
+    with pytest.raises(UsageError, match="is not a whole number"):
+        whole_list(1, 64)("batch_split", f"1,{raw}")
+    with pytest.raises(UsageError, match="is not a number"):
+        number(0, 100)("max_hours", raw)
+    assert whole(1, 64)("nodes", " 16 ") == 16
+
+
+def test_plan_refuses_an_underscored_node_count_in_one_line(ftc_home):
+    proc = ftc("plan", "--nodes", "1_6")
+    assert proc.returncode == 2 and one_error(proc) == "error: --nodes='1_6' is not a whole number; allowed: 1..64"

@@ -152,7 +152,9 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--", str(script), os.fsdecode(b"caf\xe9")], "argument=b'caf\\xe9' is not UTF-8"),
         (["--name", "nb", "--workdir", os.fsdecode(os.fsencode(workdir) + b"\xff"), "--", str(script)], "is not UTF-8"),
         (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "--max-workdir-mb=''"),
-        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "--args="),
+        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "close its quotes"),
+        (["--name", "nb", "--script", str(script), "--args", "x \\"], "its last backslash escapes nothing: drop it, "
+                                                                     "or write \\\\ for a backslash"),
         (["--name", "no-such-cluster", "--", str(script)], "--name='no-such-cluster'"),
         (["--name", "nb", "--", str(script)], "is not bootstrapped"),
     ]
