@@ -621,11 +621,15 @@ def _sigterm_as_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
-        from runner import bench
-        return bench.main(argv[1:])
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
+    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
+        from runner import bench
+        try:
+            return bench.main(argv[1:])
+        except KeyboardInterrupt:
+            print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
+            return 130
     try:
         args = build_parser().parse_args(argv)  # its help lists the registry: a bad FTC_PROVIDERS is refused here
         refuse_undecodable_home()

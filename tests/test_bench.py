@@ -313,3 +313,20 @@ def test_accuracy_bench_refuses_a_bad_model_and_too_few_cores_in_one_line(ftc_ho
     assert one_error(one_core) == ("error: --accuracy runs 3 programs side by side, a core each at least; this host has "
                                    "1 physical core(s): run it on a host with 3 or more")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_bench_says_interrupted_and_exits_130(ftc_home, tmp_path):
+    import signal
+    import subprocess
+
+    from conftest import FTC
+    from helpers import wait_for
+    out = tmp_path / "bench"
+    proc = subprocess.Popen([*FTC, "bench", "--quick", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: out.is_dir() or proc.poll() is not None, "the bench to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after"), err[-3000:]
