@@ -71,6 +71,9 @@ def _provider(key: str, raw: Any) -> str:
 
 def _zones(form: NameForm, key: str, raw: Any) -> list[str]:
     items = raw if isinstance(raw, list) else [z for z in str(raw).replace(" ", "").split(",") if z]
+    if not items and str(raw).strip():  # ',' is no zone, not every zone (leave the setting out for that)
+        raise UsageError(f"{label(key)}={raw!r} names no zone; give a comma list of zones, or leave it out for every "
+                         "zone of the region")
     for zone in items:
         if not form.matches(str(zone)):
             raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not {form.what} ({form.allowed})")

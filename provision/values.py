@@ -81,13 +81,18 @@ def one_of(choices: tuple[str, ...] | list[str]) -> Parser:
     return parse
 
 
-def whole_list(lo: int, hi: int) -> Parser:
-    """A comma list of whole numbers (NODES=1,2,4 for a sweep or a plan)."""
+def whole_list(lo: int, hi: int, distinct: bool = False) -> Parser:
+    """A comma list of whole numbers (NODES=1,2,4 for a sweep or a plan); `distinct`: each at most once
+    (a cluster size is one row of a plan, one cluster of a sweep)."""
     def parse(key: str, raw: Any) -> list[int]:
         parts = [p for p in str(raw).replace(" ", "").split(",")]
         if not parts or "" in parts:
             raise UsageError(f"{label(key)}={raw!r} is not a comma list of whole numbers; allowed: each {lo}..{hi}")
-        return [whole(lo, hi)(key, part) for part in parts]
+        values = [whole(lo, hi)(key, part) for part in parts]
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None) if distinct else None
+        if twice is not None:
+            raise UsageError(f"{label(key)}={raw!r} names {twice} twice; give each once")
+        return values
     return parse
 
 

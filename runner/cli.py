@@ -434,7 +434,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from runner import jobspec, sweep
-    node_counts = whole_list(1, MAX_NODES)("nodes", args.nodes or "1,2,4")
+    node_counts = whole_list(1, MAX_NODES, distinct=True)("nodes", args.nodes or "1,2,4")
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
     yes, keep = _switch(args, "yes", from_env=True), _switch(args, "keep")
     job_spec = jobspec.job_from_args(args)
@@ -455,6 +455,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         answer.print(f"report: {md}\nplot: {png}", markup=False, soft_wrap=True)
         return 0
     if args.runs_command == "compare":
+        if args.out is not None and not args.out.strip():
+            raise UsageError(f"{label('out')}='' is empty; give a file name ending in .png, or leave {label('out')} out")
         if len(args.run) < 2:
             raise UsageError(f"run {args.run[0]!r} alone: compare needs two or more runs; allowed: ids from `ftc runs`")
         found = [runs.find(ref) for ref in args.run]
@@ -529,7 +531,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
                          f"{', '.join(glue.TASKS)}") from None
-    nodes = whole_list(1, MAX_NODES)("nodes", args.nodes)
+    nodes = whole_list(1, MAX_NODES, distinct=True)("nodes", args.nodes)
     kind_name, world = _planned_instance_type(args.instance_type)
     kind = world.instance_types[kind_name]
     epochs = whole(1, 1000)("epochs", args.epochs)

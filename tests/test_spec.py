@@ -326,3 +326,12 @@ def test_a_whole_number_is_ascii_digits_as_typed_not_what_int_also_reads(raw):
 def test_plan_refuses_an_underscored_node_count_in_one_line(ftc_home):
     proc = ftc("plan", "--nodes", "1_6")
     assert proc.returncode == 2 and one_error(proc) == "error: --nodes='1_6' is not a whole number; allowed: 1..64"
+
+
+def test_a_plan_size_named_twice_an_empty_compare_out_and_zones_of_commas_are_refused(ftc_home):
+    plan = ftc("plan", "--nodes", "1,1")
+    assert plan.returncode == 2 and one_error(plan) == "error: --nodes='1,1' names 1 twice; give each once"
+    compare = ftc("runs", "compare", "a", "b", "--out", "")
+    assert compare.returncode == 2 and "--out='' is empty" in one_error(compare)
+    with pytest.raises(UsageError, match="--zones=',' names no zone"):
+        resolve_spec({"provider": "aws", "zones": ","}, {}, {})
