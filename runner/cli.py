@@ -73,7 +73,7 @@ def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool =
     if resume_help:  # takes a value too (RESUME=0 from Make): every value is parsed, none dropped
         p.add_argument("--resume", nargs="?", const="1", default=None, metavar="1|0", help=resume_help)
     if detach:
-        p.add_argument("--detach", action="store_true", help="start the job and return; follow later with `ftc logs`")
+        p.add_argument("--detach", default=None, **SWITCH, help="start the job and return; follow later with `ftc logs`")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,7 +399,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from runner import job, jobspec
     resume = _switch(args, "resume")
     return job.finetune(_cluster_name(args), jobspec.job_from_args(args, resume), render_only=args.render_only,
-                        resume=resume, detach=args.detach)
+                        resume=resume, detach=_switch(args, "detach"))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

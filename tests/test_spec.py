@@ -335,3 +335,12 @@ def test_a_plan_size_named_twice_an_empty_compare_out_and_zones_of_commas_are_re
     assert compare.returncode == 2 and "--out='' is empty" in one_error(compare)
     with pytest.raises(UsageError, match="--zones=',' names no zone"):
         resolve_spec({"provider": "aws", "zones": ","}, {}, {})
+
+
+def test_detach_takes_the_same_forms_in_finetune_and_launch(ftc_home):
+    Path("x.py").write_text("print(1)\n")  # in the test's own working directory
+    for command in ("finetune", "launch"):
+        taken = ftc(command, "--name", "none-here", "--detach", "1", *(["--", "x.py"] if command == "launch" else []))
+        assert taken.returncode == 2 and "--detach" not in one_error(taken), taken.stderr  # past the flag, to the cluster
+        bad = ftc(command, "--name", "none-here", "--detach", "maybe", *(["--", "x.py"] if command == "launch" else []))
+        assert bad.returncode == 2 and one_error(bad).startswith("error: --detach='maybe'"), bad.stderr
