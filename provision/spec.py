@@ -166,7 +166,8 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "spot": boolean,
     "ssh_cidr": _cidr,
     "allow_open_ssh": boolean,
-    "max_hours": number(0, 168),
+    # the watchdog's lifetime: a quarter hour at least, so that no node powers off before its bootstrap ends
+    "max_hours": number(0.25, 168, lo_included=True),
     "stack": one_of(STACKS),
     "owner": _owner,
     "hosts": _hosts,

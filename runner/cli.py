@@ -508,7 +508,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_extend(args: argparse.Namespace) -> int:
     from provision import providers
-    hours = PARSERS["max_hours"]("hours", args.hours)
+    hours = number(0, 168)("hours", args.hours)  # running nodes: any lifetime from now, as their user decides
     state = st.load(_cluster_name(args))
     if not providers.supports(state.provider, "extend"):
         having = ", ".join(providers.providers_with("extend"))

@@ -27,6 +27,7 @@ BAD_UP = [
     (["--ssh-cidr", "300.1.2.3/32"], "--ssh-cidr='300.1.2.3/32'"),
     (["--spot", "maybe"], "--spot='maybe'"),
     (["--max-hours", "0"], "--max-hours='0'"),
+    (["--max-hours", "0.0001"], "--max-hours='0.0001' is out of range; allowed: from 0.25 up to 168"),
     (["--root-volume-gb", "2"], "--root-volume-gb='2'"),
     (["--stack", "cuda"], "--stack='cuda'"),
     (["--provider", "gcp"], "--provider='gcp'"),
@@ -344,3 +345,9 @@ def test_detach_takes_the_same_forms_in_finetune_and_launch(ftc_home):
         assert taken.returncode == 2 and "--detach" not in one_error(taken), taken.stderr  # past the flag, to the cluster
         bad = ftc(command, "--name", "none-here", "--detach", "maybe", *(["--", "x.py"] if command == "launch" else []))
         assert bad.returncode == 2 and one_error(bad).startswith("error: --detach='maybe'"), bad.stderr
+
+
+def test_a_lifetime_shorter_than_a_bootstrap_is_refused():
+    with pytest.raises(UsageError, match=r"--max-hours='0.0001' is out of range; allowed: from 0.25 up to 168"):
+        resolve_spec({"max_hours": "0.0001"}, {}, {})
+    assert resolve_spec({"max_hours": "0.25"}, {}, {}).max_hours == 0.25
