@@ -617,6 +617,21 @@ def refuse_undecodable_home() -> None:
         raise UsageError(f"FTC_HOME={os.fsencode(home)!r} holds a byte that is not UTF-8; give a path in UTF-8") from None
 
 
+JOB_COMMANDS = {"finetune", "launch", "run", "fetch"}  # a job may have started: its files wait on the nodes
+
+
+def disk_full_advice(command: str, where: str) -> str:
+    """What a full disk means and what to do next. A job that started keeps its files on the nodes until
+    `ftc fetch` (on local nodes on this same disk, under FTC_HOME), and `ftc down` deletes them unfetched:
+    running the command again would start another job. Pure."""
+    if command in JOB_COMMANDS:
+        return (f"no space left on the disk of {where}; free some space, then `ftc fetch` brings a started job's files "
+                "home (they wait on the nodes, local nodes' under FTC_HOME on this disk, and `ftc down` deletes them "
+                "unfetched); `ftc status` says whether a job ran")
+    return (f"no space left on the disk of {where}; free some space and run `ftc {command}` again (`ftc status` says "
+            "what is up; `ftc down` works on a full disk)")
+
+
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -651,9 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        print(f"error: no space left on the disk of {exc.filename or st.ftc_home()}; free some space and run "
-              f"`ftc {args.command}` again (`ftc status` says what is up; `ftc down` works on a full disk)",
-              file=sys.stderr)
+        print(f"error: {disk_full_advice(args.command, exc.filename or str(st.ftc_home()))}", file=sys.stderr)
         return 1
     return code
 

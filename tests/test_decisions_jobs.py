@@ -187,3 +187,11 @@ def test_the_bench_s_mfu_divides_by_the_peak_of_every_rank_s_cores():
     from runner.bench import mfu
     one = mfu(1000.0, 1e8, 1.0, 1)  # 0.1 TFLOP/s of a 1 TFLOP/s rank
     assert one == 0.1 and mfu(4000.0, 1e8, 1.0, 4) == one  # four ranks: four times the work, four times the peak
+
+
+def test_a_full_disk_after_a_job_may_have_started_points_to_fetch_not_to_a_second_launch():
+    from runner.cli import disk_full_advice
+    said = disk_full_advice("launch", "/home/me/.ftc")
+    assert "`ftc fetch` brings a started job's files home" in said and "`ftc down` deletes them unfetched" in said
+    assert "ftc launch` again" not in said
+    assert "run `ftc up` again" in disk_full_advice("up", "/home/me/.ftc")
