@@ -338,7 +338,8 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
             exits = read_rank_exits(results)
             failed = first_failure(exits)
             code = failed.code if failed and code != 0 else code
-            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results))
+            ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
+            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
             where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
             if ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
                 console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "

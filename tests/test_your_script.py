@@ -548,6 +548,11 @@ def test_a_daemon_the_script_leaves_ends_with_the_job_and_with_down(ftc_home, cl
     job = last_job(ftc_home, cluster)
     wait_for(lambda: (Path(job["remote_dir"]) / "exit_code").exists(), "the detached job to end", timeout=300)
     assert len(_sleeping(tag)) == 2  # one per rank, left by a job nobody fetched
+    # its wall time is the job's, from its start to its end, not to whenever `ftc runs` is asked
+    listed = next(r for r in json.loads(ftc("runs", "--json").stdout) if r["id"] == job["id"])
+    record = json.loads((Path(job["results_dir"]) / "run.json").read_text())
+    ended = (Path(job["remote_dir"]) / "exit_code").stat().st_mtime
+    assert listed["wall_seconds"] == round(ended - record["started_at"], 1)
     assert ftc("down", "--name", cluster).returncode == 0
     wait_for(lambda: not _sleeping(tag), "`down` to stop the daemons", timeout=60)
 
