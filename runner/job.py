@@ -444,8 +444,9 @@ def describe_jobs(state: st.ClusterState, live: list) -> None:
     elif job.state == "running":
         try:
             with connect(state, state.head, attempts=2) as conn:
-                line += " | " + for_terminal(run(conn, state.head, "status",
-                                                 f"tail -n 1 {shlex.quote(job.remote_dir)}/{OUTPUT_LOG}").strip(), False)
+                last = for_terminal(run(conn, state.head, "status",
+                                        f"tail -n 1 {shlex.quote(job.remote_dir)}/{OUTPUT_LOG} 2>/dev/null").strip(), False)
+                line += f" | {last}" if last else ""  # nothing written yet: no empty field
                 code = job_exit_code(conn, state, job)
                 if code is not None:
                     line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"

@@ -25,6 +25,7 @@ from runner.node.protocol import (
     MODEL_DIR,
     OUTPUT_LOG,
     RESULTS_FILE,
+    SCRIPT_OUTPUT_HOME,
     Logged,
     TrainResults,
     ended,
@@ -285,8 +286,11 @@ def summary_rows(run: dict) -> list[tuple[str, str]]:
     """One run's row of the list as key and value, with the full model path and where its results are."""
     names = [dev_header([run]) if column == "dev" else column for column in RUN_COLUMNS[1:]]
     if run["kind"] == "script":
-        size = "-" if run["output_bytes"] is None else f"{run['output_bytes'] / 2**20:.1f} MB"
-        return list(zip(names, run_row(run)[1:])) + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
+        there = (Path(run["results_dir"]) / SCRIPT_OUTPUT_HOME).is_dir()
+        size = "none came home" if not there else "-" if run["output_bytes"] is None else \
+            f"{run['output_bytes'] / 2**20:.1f} MB"
+        listed = [(name, value) for name, value in zip(names, run_row(run)[1:]) if name != "model"]  # the command, cut
+        return listed + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
                                                      ("output", f"{run['results_dir']}/output ({size})"),
                                                      ("results", run["results_dir"])]
     return list(zip(names, run_row(run)[1:])) + [("model path", run["model"]), ("results", run["results_dir"])]
@@ -310,6 +314,8 @@ def runs_table(runs: list[dict], title: str, width: int):
     from rich import box
     from rich.table import Table
     headers = {c: dev_header(runs) if c == "dev" else SHORT.get(c, c) for c in RUN_COLUMNS}
+    if any(run["kind"] == "script" for run in runs):  # a script's row shows its command there
+        headers["model"] = "model/command"
     rows = [run_row(run) for run in runs]
     columns = fitting_columns(headers, rows, width)
     left_out = [c for c in RUN_COLUMNS if c not in columns]
