@@ -295,7 +295,9 @@ def test_with_a_workdir_a_relative_script_is_looked_up_in_it(tmp_path, monkeypat
 ACCOUNT = """
 import json, os
 keys = ("HOME", "USER", "LOGNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY", "MINE")
-print("rank", os.environ["RANK"], "sees", json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+seen = {k: os.environ.get(k) for k in keys}
+seen["output made"] = os.path.exists(os.environ["FTC_OUTPUT_DIR"])  # not by ftc: run_glue.py refuses one that is there
+print("rank", os.environ["RANK"], "sees", json.dumps(seen), flush=True)
 """
 
 
@@ -312,7 +314,7 @@ def test_each_rank_gets_its_accounts_home_and_your_shells_hugging_face_settings(
     assert len(seen) == 2
     for env in seen:  # as under torchrun on this machine
         assert env == {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
-                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "MINE": "x"}
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "MINE": "x", "output made": False}
 
 
 TRAINER_ON_CPU = """
@@ -588,6 +590,7 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
     (job_dir / "workdir" / "spot.py").write_text(
         "import os, signal, time\nfrom pathlib import Path\n"
         "out = Path(os.environ['FTC_OUTPUT_DIR'])\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
         "def stop(signum, frame):\n"
         "    (out / 'told.txt').write_text(Path(os.environ['FTC_PREEMPTED_FILE']).read_text())\n"
         "    raise SystemExit(0)\n"
@@ -615,6 +618,7 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
 LEAVES_THINGS = """
 import os, subprocess, sys
 out = os.environ["FTC_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
 print("stdin gave", repr(sys.stdin.read()), flush=True)  # every rank: nothing, not a wait for ever
 subprocess.Popen(["sleep", "{tag}"])  # holds the output pipe
 subprocess.Popen(["sleep", "{tag}"], stdout=subprocess.DEVNULL, start_new_session=True)  # a session of its own

@@ -61,7 +61,6 @@ def main(argv: list[str]) -> int:
     # ftc's own package stays out of the script's import path: its runner/ must not hide the user's
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
-    (workdir / output).mkdir(parents=True, exist_ok=True)
     (job_dir / LOGS_DIR).mkdir(exist_ok=True)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the script starts in a session of its own is adopted here, not by init
     # stdin: nothing (a rank's inherited one is mpirun's socket, where a read would wait for ever); a
