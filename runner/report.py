@@ -315,7 +315,7 @@ def runs_table(runs: list[dict], title: str, width: int):
     from rich.table import Table
     headers = {c: dev_header(runs) if c == "dev" else SHORT.get(c, c) for c in RUN_COLUMNS}
     if any(run["kind"] == "script" for run in runs):  # a script's row shows its command there
-        headers["model"] = "model/command"
+        headers["model"] = "model|command"
     rows = [run_row(run) for run in runs]
     columns = fitting_columns(headers, rows, width)
     left_out = [c for c in RUN_COLUMNS if c not in columns]

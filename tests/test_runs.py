@@ -343,4 +343,4 @@ def test_a_script_runs_row_heads_its_command_as_such_and_a_missing_output_is_sai
     rows = dict(summary_rows(run))
     assert "model" not in rows and rows["command"] == "python train.py --x 1"
     assert rows["output"] == f"{tmp_path / 'script-1'}/output (none came home)"
-    assert "model/command" in [column.header for column in runs_table([run], "runs", 200).columns]
+    assert "model|command" in [column.header for column in runs_table([run], "runs", 200).columns]
