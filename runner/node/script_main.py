@@ -62,10 +62,14 @@ def _note_when_synced() -> None:
     if not path:
         return
 
+    noted = []  # once is enough: a collective may run every step
+
     def noting(original):
         @functools.wraps(original)
         def call(*args, **kwargs):
-            Path(path).touch()
+            if not noted:
+                Path(path).touch()
+                noted.append(True)
             return original(*args, **kwargs)
         return call
     for name in COMBINING:
