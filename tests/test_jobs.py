@@ -72,7 +72,7 @@ def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_
     assert f"job {job['id']} already ended (exit code 0); `ftc fetch --name {cluster}` collects its results" \
         in cancel.stderr
     again = ftc("finetune", "--name", cluster, "--resume", "1", *tiny_job(minilm, glue_dir))
-    assert again.returncode == 2 and f"cluster {cluster!r}: job {job['id']} ended (exit code 0) but its results are " \
+    assert again.returncode == 3 and f"cluster {cluster!r}: job {job['id']} ended (exit code 0) but its results are " \
         f"not home yet; `ftc fetch --name {cluster}` collects them, then start the next job" in again.stderr
     fetched = ftc("fetch", "--name", cluster)
     assert fetched.returncode == 0, fetched.stderr
