@@ -124,7 +124,7 @@ bootstrap: setup
 	$(FTC) bootstrap $(NAME_FLAG) --with=$(call given_or,BOOTSTRAPPER,fabric)
 
 finetune: setup
-	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS) $(call flag,RESUME,resume)
+	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS) $(call flag,RESUME,resume) $(call flag,DETACH,detach)
 
 # Your own script on every rank (README: your own script). With no SCRIPT: the example Trainer script,
 # offline, on MRPC from ../shared, on the cluster NAME (default demo), made first (2 local nodes) if missing.

@@ -8,6 +8,7 @@ process with the same pid shares.
 """
 
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -93,3 +94,25 @@ def stop_group_command(pid: int, started: int, grace_s: int = 2) -> str:
     same = f'[ "$({START_OF.format(pid=pid)} 2>/dev/null)" = "{started}" ]'
     return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; sleep {int(grace_s)}; kill -KILL -- -{pid} 2>/dev/null; "
             f"else echo 'pid {pid} is no longer the job: left alone' >&2; fi; true")
+
+
+def carrying(entries: set[bytes]) -> list[int]:
+    """Every process of this machine whose environment holds one of these exact `NAME=value` entries
+    (what a job started carries from its launch, however it left its parent), this one left out."""
+    found = []
+    for pid in pids():
+        try:
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if pid != os.getpid() and environ & entries:
+            found.append(pid)
+    return found
+
+
+def stop_carrying_command(entries: list[str]) -> str:
+    """Shell, run on a node: SIGKILL every process whose environment holds one of these exact
+    `NAME=value` entries (the shell running it left out); always succeeds."""
+    patterns = " ".join(f"-e {shlex.quote(entry)}" for entry in entries)
+    return (f'PIDS=$(grep -lzxF {patterns} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$"); '
+            '[ -z "$PIDS" ] || kill -KILL $PIDS 2>/dev/null; true')

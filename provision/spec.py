@@ -79,6 +79,9 @@ def _provider(key: str, raw: Any) -> str:
 
 def _zones(form: NameForm, key: str, raw: Any) -> list[str]:
     items = raw if isinstance(raw, list) else [z for z in str(raw).replace(" ", "").split(",") if z]
+    if not items and str(raw).strip():  # ',' is no zone, not every zone (leave the setting out for that)
+        raise UsageError(f"{label(key)}={raw!r} names no zone; give a comma list of zones, or leave it out for every "
+                         "zone of the region")
     for zone in items:
         if not form.matches(str(zone)):
             raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not {form.what} ({form.allowed})")
@@ -200,7 +203,8 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "ena_express": boolean,
     "ssh_cidr": _cidr,
     "allow_open_ssh": boolean,
-    "max_hours": number(0, 168),
+    # the watchdog's lifetime: a quarter hour at least, so that no node powers off before its bootstrap ends
+    "max_hours": number(0.25, 168, lo_included=True),
     "stack": one_of(STACKS),
     "owner": _owner,
     "hosts": _hosts,
@@ -278,10 +282,18 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     return spec
 
 
+def too_open(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """SSH open to more than a /16 of IPv4 (65,536 addresses: a site's or VPN's range at most) or a /48 of
+    IPv6 (one site's allocation) needs ALLOW_OPEN_SSH: 0.0.0.0/1 is half the internet. Pure."""
+    return network.prefixlen < (16 if network.version == 4 else 48)
+
+
 def check_spec(spec: ClusterSpec) -> None:
     """Rules that involve more than one field."""
-    if spec.ssh_cidr and ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0 and not spec.allow_open_ssh:
-        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to the whole internet; give your own "
+    if spec.ssh_cidr and too_open(ipaddress.ip_network(spec.ssh_cidr)) and not spec.allow_open_ssh:
+        whole = ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0
+        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to "
+                         f"{'the whole internet' if whole else 'more than a /16 of addresses'}; give your own "
                          f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
     kinds = spec_world(spec.provider).instance_types
     if spec.ena_express and not kinds[spec.instance_type].ena_express:

@@ -23,10 +23,18 @@ def label(key: str) -> str:
     return option(key)
 
 
+def ascii_digits(text: str) -> str:
+    """The text, if a number in it is written as typed on a command line: ASCII digits, no `_` between
+    them (Python's int() and float() read `1_6` as 16 and other scripts' digits as these). Pure."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def whole(lo: int, hi: int) -> Parser:
     def parse(key: str, raw: Any) -> int:
         try:
-            value = int(str(raw).strip())
+            value = int(ascii_digits(str(raw).strip()))
         except ValueError:
             raise UsageError(f"{label(key)}={raw!r} is not a whole number; allowed: {lo}..{hi}") from None
         if not lo <= value <= hi:
@@ -41,7 +49,7 @@ def number(lo: float, hi: float, lo_included: bool = False, hi_included: bool = 
 
     def parse(key: str, raw: Any) -> float:
         try:
-            value = float(str(raw).strip())
+            value = float(ascii_digits(str(raw).strip()))
         except ValueError:
             raise UsageError(f"{label(key)}={raw!r} is not a number; allowed: {allowed}") from None
         above = value >= lo if lo_included else value > lo
@@ -73,13 +81,18 @@ def one_of(choices: tuple[str, ...] | list[str]) -> Parser:
     return parse
 
 
-def whole_list(lo: int, hi: int) -> Parser:
-    """A comma list of whole numbers (NODES=1,2,4 for a sweep or a plan)."""
+def whole_list(lo: int, hi: int, distinct: bool = False) -> Parser:
+    """A comma list of whole numbers (NODES=1,2,4 for a sweep or a plan); `distinct`: each at most once
+    (a cluster size is one row of a plan, one cluster of a sweep)."""
     def parse(key: str, raw: Any) -> list[int]:
         parts = [p for p in str(raw).replace(" ", "").split(",")]
         if not parts or "" in parts:
             raise UsageError(f"{label(key)}={raw!r} is not a comma list of whole numbers; allowed: each {lo}..{hi}")
-        return [whole(lo, hi)(key, part) for part in parts]
+        values = [whole(lo, hi)(key, part) for part in parts]
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None) if distinct else None
+        if twice is not None:
+            raise UsageError(f"{label(key)}={raw!r} names {twice} twice; give each once")
+        return values
     return parse
 
 
@@ -108,6 +121,15 @@ def refuse_control_character(key: str, raw: str) -> None:
     if control_character(raw):
         raise UsageError(f"{label(key)}={raw!r} holds a control character (a newline, a tab, ...); "
                          "give a value without one")
+
+
+def refuse_not_utf8(key: str, raw: str) -> None:
+    """A value that is not UTF-8 (bytes Python kept as surrogates) is refused, naming it: the nodes'
+    scripts, logs and the runs history are UTF-8."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{label(key)}={os.fsencode(raw)!r} is not UTF-8; give a value that is") from None
 
 
 def writable_dir(key: str, raw: str) -> str:

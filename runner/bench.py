@@ -122,6 +122,20 @@ def main(argv: list[str] | None = None) -> int:
 MODES = ("bootstrap", "accuracy", "network", "node_shapes", "batch_split", "long_jobs", "launch")
 
 
+def check_accuracy_inputs(args: argparse.Namespace) -> None:
+    """--accuracy runs its programs side by side, a core each at least, on a pretrained model directory."""
+    if args.model is not None:
+        from .model_files import check_model_dir
+        try:
+            check_model_dir(Path(local_path("model", args.model)))
+        except ValueError as exc:
+            raise UsageError(f"{option('model')}={args.model!r} {exc}") from None
+    programs, physical = 3 + bool(args.with_seed), len(physical_cores())
+    if physical < programs:
+        raise UsageError(f"{option('accuracy')} runs {programs} programs side by side, a core each at least; this host "
+                         f"has {physical} physical core(s): run it on a host with {programs} or more")
+
+
 def checked(args: argparse.Namespace) -> None:
     """Every input through the shared parsers (provision/values.py), resolved in place: the numbers,
     QUICK, a writable --out, the GLUE files, the vocabulary, and ranks that fit this host's cores."""
@@ -150,6 +164,8 @@ def checked(args: argparse.Namespace) -> None:
     writable_dir("out", args.out)
     if args.bootstrap:
         return
+    if args.accuracy:
+        check_accuracy_inputs(args)
     args.data_dir = glue_dir(args.data_dir)
     if not (args.accuracy and args.model):
         args.tokenizer = tokenizer_dir(args.tokenizer)

@@ -82,7 +82,7 @@ def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool =
     if resume_help:  # takes a value too (RESUME=0 from Make): every value is parsed, none dropped
         p.add_argument("--resume", nargs="?", const="1", default=None, metavar="1|0", help=resume_help)
     if detach:
-        p.add_argument("--detach", action="store_true", help="start the job and return; follow later with `ftc logs`")
+        p.add_argument("--detach", default=None, **SWITCH, help="start the job and return; follow later with `ftc logs`")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,7 +425,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from runner import job, jobspec
     resume = _switch(args, "resume")
     return job.finetune(_cluster_name(args), jobspec.job_from_args(args, resume), render_only=args.render_only,
-                        resume=resume, detach=args.detach)
+                        resume=resume, detach=_switch(args, "detach"))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -437,8 +437,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         try:
             words = [args.script, *shlex.split(args.args or "")]
         except ValueError as exc:
-            raise UsageError(f"{label('args')}={args.args!r} cannot be split into words ({exc}); close its quotes") \
-                from None
+            fix = ("its last backslash escapes nothing: drop it, or write \\\\ for a backslash"
+                   if "escaped" in str(exc) else "close its quotes")
+            raise UsageError(f"{label('args')}={args.args!r} cannot be split into words ({exc}); {fix}") from None
     if words[:1] and words[0].startswith("-"):
         if args.script is not None:
             raise UsageError(f"{label('script')}={words[0]!r} looks like an option; give your script's path")
@@ -459,7 +460,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from runner import jobspec, sweep
-    node_counts = whole_list(1, MAX_NODES)("nodes", args.nodes or "1,2,4")
+    node_counts = whole_list(1, MAX_NODES, distinct=True)("nodes", args.nodes or "1,2,4")
     spec = _spec_from(argparse.Namespace(**{**vars(args), "nodes": str(node_counts[0])}))
     yes, keep = _switch(args, "yes", from_env=True), _switch(args, "keep")
     job_spec = jobspec.job_from_args(args)
@@ -480,6 +481,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         answer.print(f"report: {md}\nplot: {png}", markup=False, soft_wrap=True)
         return 0
     if args.runs_command == "compare":
+        if args.out is not None and not args.out.strip():
+            raise UsageError(f"{label('out')}='' is empty; give a file name ending in .png, or leave {label('out')} out")
         if len(args.run) < 2:
             raise UsageError(f"run {args.run[0]!r} alone: compare needs two or more runs; allowed: ids from `ftc runs`")
         found = [runs.find(ref) for ref in args.run]
@@ -531,7 +534,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_extend(args: argparse.Namespace) -> int:
     from provision import providers
-    hours = PARSERS["max_hours"]("hours", args.hours)
+    hours = number(0, 168)("hours", args.hours)  # running nodes: any lifetime from now, as their user decides
     state = st.load(_cluster_name(args))
     if not providers.supports(state.provider, "extend"):
         having = ", ".join(providers.providers_with("extend"))
@@ -634,7 +637,7 @@ def _plan_job(args: argparse.Namespace) -> tuple:
     except ValueError:
         raise UsageError(f"{label('task')}={args.task!r} is not a GLUE task ftc knows; allowed: "
                          f"{', '.join(glue.TASKS)}") from None
-    nodes = sorted(set(whole_list(1, MAX_NODES)("nodes", args.nodes)))
+    nodes = sorted(whole_list(1, MAX_NODES, distinct=True)("nodes", args.nodes))
     epochs = whole(1, 1000)("epochs", args.epochs)
     setup_s = 60 * number(0, 1440, lo_included=True)("setup_minutes", args.setup_minutes)
     recipe = RECIPES["ftc"]
@@ -728,17 +731,36 @@ def refuse_undecodable_home() -> None:
         raise UsageError(f"FTC_HOME={os.fsencode(home)!r} holds a byte that is not UTF-8; give a path in UTF-8") from None
 
 
+JOB_COMMANDS = {"finetune", "launch", "run", "fetch"}  # a job may have started: its files wait on the nodes
+
+
+def disk_full_advice(command: str, where: str) -> str:
+    """What a full disk means and what to do next. A job that started keeps its files on the nodes until
+    `ftc fetch` (on local nodes on this same disk, under FTC_HOME), and `ftc down` deletes them unfetched:
+    running the command again would start another job. Pure."""
+    if command in JOB_COMMANDS:
+        return (f"no space left on the disk of {where}; free some space, then `ftc fetch` brings a started job's files "
+                "home (they wait on the nodes, local nodes' under FTC_HOME on this disk, and `ftc down` deletes them "
+                "unfetched); `ftc status` says whether a job ran")
+    return (f"no space left on the disk of {where}; free some space and run `ftc {command}` again (`ftc status` says "
+            "what is up; `ftc down` works on a full disk)")
+
+
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
-        from runner import bench
-        return bench.main(argv[1:])
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
+    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
+        from runner import bench
+        try:
+            return bench.main(argv[1:])
+        except KeyboardInterrupt:
+            print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
+            return 130
     try:
         args = build_parser().parse_args(argv)  # its help lists the registry: a bad FTC_PROVIDERS is refused here
         refuse_undecodable_home()
@@ -758,9 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        print(f"error: no space left on the disk of {exc.filename or st.ftc_home()}; free some space and run "
-              f"`ftc {args.command}` again (`ftc status` says what is up; `ftc down` works on a full disk)",
-              file=sys.stderr)
+        print(f"error: {disk_full_advice(args.command, exc.filename or str(st.ftc_home()))}", file=sys.stderr)
         return 1
     return code
 

@@ -1,8 +1,8 @@
 """A fine-tuning job's processes on the cluster: start it, follow it, finish it, cancel it.
 
 The job runs detached on the head node (setsid + nohup), so it outlives the controller:
-`ftc finetune` follows its output, Ctrl-C only detaches, `ftc logs -f` reattaches,
-`ftc cancel` stops it, `ftc fetch` copies the results once it is done.
+`ftc finetune` follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
+reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results.
 """
 
 import shlex
@@ -45,12 +45,13 @@ from .node.protocol import (
     line_mark,
     parse_checkpoint,
     rank_log_path,
+    ranks_alone,
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
 from .plan import exchange_for
 from .report import for_terminal, print_results, protocol_line, show_failure
-from .script_job import output_bytes, remove_on_nodes
+from .script_job import output_bytes, remove_on_nodes, stop_run_processes
 from .transfer import (
     content_digest,
     copy_checkpoint,
@@ -63,6 +64,7 @@ from .transfer import (
 )
 
 TAIL_LINES = 15  # of a failed script rank's log, shown when the job ends
+FOREGROUND = "Ctrl-C stops it, as under torchrun (`--detach` starts one that runs on)"  # said as a job starts
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
@@ -117,11 +119,12 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         record = state.jobs[-1]
         runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)")
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                  + ("it runs on without this command" if detach else FOREGROUND), markup=False, soft_wrap=True)
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
         return 0
-    return follow(state, one_shot=one_shot)
+    return follow(state, one_shot=one_shot, started_here=True)
 
 
 def refuse_dead_nodes(state: st.ClusterState) -> None:
@@ -171,10 +174,10 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
     the exit code of the job recorded running, when it has in fact ended (its results not home yet)."""
     running = [j for j in state.jobs if j.state == "running"]
     if running and ended is not None:
-        raise UsageError(f"cluster {state.name!r}: job {running[-1].id} ended (exit code {ended}) but its results are "
+        raise ClusterBusy(f"cluster {state.name!r}: job {running[-1].id} ended (exit code {ended}) but its results are "
                          f"not home yet; `ftc fetch --name {state.name}` collects them, then start the next job")
     if running:
-        raise UsageError(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
+        raise ClusterBusy(f"cluster {state.name!r} is already running job {running[-1].id}; `ftc logs --name "
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
@@ -207,15 +210,17 @@ def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, resume_
     return state
 
 
-def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False) -> int:
-    """Print the output of the state's last job until it ends; then fetch. Ctrl-C detaches, the job runs
-    on (in a one-shot run it stops the run instead). A cluster destroyed meanwhile ends the follower with
-    that said."""
+def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False, started_here: bool = False) -> int:
+    """Print the output of the state's last job until it ends; then fetch. Ctrl-C in the command that
+    started the job (`started_here`) stops it, as Ctrl-C stops torchrun, and exits 130; in a follower
+    (`ftc logs -f`) it detaches, the job runs on; in a one-shot run it stops the run. A cluster destroyed
+    meanwhile ends the follower with that said."""
     name, job = state.name, state.jobs[-1]
     conn = connect(state, state.head, within_s=follow_silence_s(),
                    next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
                              f"`ftc status --name {name}` says what is up")
     colour, mark = sys.stdout.isatty(), line_mark(job.id)
+    interrupted = False
 
     def on_line(line: str) -> None:
         print(for_terminal(line, colour), flush=True)
@@ -232,11 +237,15 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
     except KeyboardInterrupt:
         if one_shot:
             raise
-        console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
-                      f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
-        return 0
+        if not started_here:
+            console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
+                          f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
+            return 0
+        interrupted = True
     finally:
         conn.close()
+    if interrupted:
+        return stop_on_interrupt(state, job)
     gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
                     f"is in {job.results_dir}")
     try:
@@ -244,7 +253,30 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
     except (ClusterBusy, UsageError):
         if destroyed(name):  # `ftc down` holds the lock, or took the state away
             raise gone from None
+        if cancelled(name, job.id):  # `ftc cancel` stopped it, and brings its files home itself
+            console.print(f"job {job.id} was cancelled (`ftc cancel`); what it wrote comes home with the cancel: "
+                          f"`ftc runs show {job.id}`", markup=False, soft_wrap=True)
+            return 0
         raise
+
+
+def stop_on_interrupt(state: st.ClusterState, job: st.JobInfo) -> int:
+    """Ctrl-C in the command that started the job: the job is stopped as `ftc cancel` stops it (what it
+    wrote so far comes home), and the command exits 130, as torchrun does."""
+    console.print(f"\ninterrupted: stopping job {job.id} (Ctrl-C stops a job started in the foreground, as under "
+                  "torchrun; `--detach` starts one that runs on)", markup=False, soft_wrap=True)
+    cancel(state.name)
+    return 130
+
+
+def cancelled(name: str, job_id: str) -> bool:
+    """The job was cancelled, or `ftc cancel` is at work on the cluster now."""
+    if "`ftc cancel`" in st.lock_holder(name):
+        return True
+    try:
+        return any(j.id == job_id and j.state == "cancelled" for j in st.load(name).jobs)
+    except (UsageError, st.CorruptState):
+        return False
 
 
 def destroyed(name: str) -> bool:
@@ -303,6 +335,8 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
         for line in ended if job.state == "failed" else []:
             console.print(f"[red]job {job.id}: {escape(line)}[/]", soft_wrap=True)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
+        if job.kind == "script":  # what its script left running in a session of its own ends with it
+            stop_run_processes(state, job.id)
         results = fetch(state, job)
         if job.kind == "script":
             remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}")  # home now: the copies go
@@ -312,10 +346,17 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
                           soft_wrap=True)
             return 0
         if job.kind == "script":
-            failed = first_failure(read_rank_exits(results))
+            exits = read_rank_exits(results)
+            failed = first_failure(exits)
             code = failed.code if failed and code != 0 else code
-            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results))
+            ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
+            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
             where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
+            if ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
+                console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
+                              "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
+                              "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "
+                              "TrainingArguments)", soft_wrap=True)
             return script_outcome(results, code, failed, where)
         runs.record_end(results, job.state)
     if code == EXIT_PREEMPTED:
@@ -395,11 +436,13 @@ def cancel(name: str) -> int:
             # a script's ranks get the time to stop what it started (script_rank.STOP_GRACE_S) before SIGKILL
             grace = 2 if job.kind != "script" else STOP_GRACE_S + 5
             run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start, grace))
+        if job.kind == "script":
+            stop_run_processes(state, job.id)
         job.state = "cancelled"
         st.save(state)
         runs.record_end(job.results_dir, job.state)
     console.print(f"job {job.id} cancelled")
-    return 0
+    return finish(state)  # what it wrote before, its logs included, comes home now: `down` would delete it
 
 
 def fetch_last(name: str) -> int:
@@ -422,8 +465,9 @@ def describe_jobs(state: st.ClusterState, live: list) -> None:
     elif job.state == "running":
         try:
             with connect(state, state.head, attempts=2) as conn:
-                line += " | " + for_terminal(run(conn, state.head, "status",
-                                                 f"tail -n 1 {shlex.quote(job.remote_dir)}/{OUTPUT_LOG}").strip(), False)
+                last = for_terminal(run(conn, state.head, "status",
+                                        f"tail -n 1 {shlex.quote(job.remote_dir)}/{OUTPUT_LOG} 2>/dev/null").strip(), False)
+                line += f" | {last}" if last else ""  # nothing written yet: no empty field
                 code = job_exit_code(conn, state, job)
                 if code is not None:
                     line += f" (ended with exit code {code}; `ftc fetch --name {state.name}` collects it)"

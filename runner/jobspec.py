@@ -159,8 +159,12 @@ def apply_small_data(job: JobSpec, values: dict, rows: int) -> list[str]:
     return [small_data_line(chosen, trained, {key: label(key) for key in chosen})]
 
 
-def job_from_args(args, resume: bool = False) -> JobSpec:
-    return validate_job({key: getattr(args, key, None) for key in JOB_FLAGS}, resume)
+def job_from_args(args, resume: bool = False, env: dict[str, str] | None = None) -> JobSpec:
+    """The job's settings by the one rule of precedence: a flag over its FTC_<NAME> variable (FTC_EPOCHS=1)."""
+    env = dict(os.environ) if env is None else env
+    given = {key: getattr(args, key, None) for key in JOB_FLAGS}
+    return validate_job({key: env.get(f"FTC_{key.upper()}") if value is None else value
+                         for key, value in given.items()}, resume)
 
 
 def check_ppn_fits(spec, job: JobSpec) -> None:

@@ -25,14 +25,17 @@ from runner.node.protocol import (
     MODEL_DIR,
     OUTPUT_LOG,
     RESULTS_FILE,
+    SCRIPT_OUTPUT_HOME,
     Logged,
     TrainResults,
     ended,
+    first_failure,
     line_mark,
     parse_dev,
     parse_progress,
     rank_log_path,
     rank_logs,
+    read_rank_exits,
     split_logged,
 )
 from runner.node.units import duration
@@ -283,8 +286,11 @@ def summary_rows(run: dict) -> list[tuple[str, str]]:
     """One run's row of the list as key and value, with the full model path and where its results are."""
     names = [dev_header([run]) if column == "dev" else column for column in RUN_COLUMNS[1:]]
     if run["kind"] == "script":
-        size = "-" if run["output_bytes"] is None else f"{run['output_bytes'] / 2**20:.1f} MB"
-        return list(zip(names, run_row(run)[1:])) + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
+        there = (Path(run["results_dir"]) / SCRIPT_OUTPUT_HOME).is_dir()
+        size = "none came home" if not there else "-" if run["output_bytes"] is None else \
+            f"{run['output_bytes'] / 2**20:.1f} MB"
+        listed = [(name, value) for name, value in zip(names, run_row(run)[1:]) if name != "model"]  # the command, cut
+        return listed + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
                                                      ("output", f"{run['results_dir']}/output ({size})"),
                                                      ("results", run["results_dir"])]
     return list(zip(names, run_row(run)[1:])) + [("model path", run["model"]), ("results", run["results_dir"])]
@@ -308,6 +314,8 @@ def runs_table(runs: list[dict], title: str, width: int):
     from rich import box
     from rich.table import Table
     headers = {c: dev_header(runs) if c == "dev" else SHORT.get(c, c) for c in RUN_COLUMNS}
+    if any(run["kind"] == "script" for run in runs):  # a script's row shows its command there
+        headers["model"] = "model|command"
     rows = [run_row(run) for run in runs]
     columns = fitting_columns(headers, rows, width)
     left_out = [c for c in RUN_COLUMNS if c not in columns]
@@ -360,10 +368,14 @@ def show(run: dict) -> tuple[Path, Path]:
     results = Path(run["results_dir"])
     epochs, steps = epoch_rows(results, run["id"])
     answer.print(key_value_table(f"run {run['id']}", summary_rows(run)))
-    if run["kind"] == "script":  # your script's own output: the tail of rank 0's log
-        log = results / rank_log_path(0)
-        tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else ["(no log of rank 0 home)"]
-        answer.print(f"rank 0's log, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
+    if run["kind"] == "script":  # your script's own output: the tail of the first failing rank's log, else rank 0's
+        failed = first_failure(read_rank_exits(results))
+        rank = failed.rank if failed else 0
+        log = results / rank_log_path(rank)
+        tail = log.read_text(errors="replace").splitlines()[-SCRIPT_TAIL:] if log.exists() else \
+            [f"(no log of rank {rank} home)"]
+        which = f"rank {rank}'s log (it failed first, exit code {failed.code})" if failed else "rank 0's log"
+        answer.print(f"{which}, last {len(tail)} lines ({log}):\n" + "\n".join(map(printable, tail)), markup=False,
                      soft_wrap=True)
     if epochs:
         keys = epoch_columns(epochs)

@@ -23,7 +23,7 @@ from provision.providers import TRAITS, traits
 from provision.spec import NAME_RE
 from provision.values import conforms, kind_name, label, local_path
 
-from .node.protocol import RESULTS_FILE, TrainResults
+from .node.protocol import EXIT_CODE_FILE, RESULTS_FILE, TrainResults
 from .node.recipes import RECIPES
 
 RECORD = "run.json"
@@ -161,7 +161,7 @@ def record_end(results_dir: str | Path, status: str, **outcome) -> None:
     `outcome` adds its exit code and the size of its output."""
     record, _ = read_run_file(Path(results_dir), RECORD)
     if record:
-        record.update(status=status, ended_at=time.time(), **outcome)
+        record.update({"status": status, "ended_at": time.time(), **outcome})
         _write_json(Path(results_dir) / RECORD, record)
 
 
@@ -199,7 +199,8 @@ def summary(results: Path) -> dict:
     # "incomplete": a fetch that did not bring every file home, whatever the cluster says of the job
     status = "corrupt" if problem else "incomplete" if record.get("status") == "incomplete" else live_status(record)
     started = record.get("started_at") or 0.0
-    ended = _finished_at(done) or record.get("ended_at") or (time.time() if status == "running" else None)
+    ended = _finished_at(done) or record.get("ended_at") or \
+        ((ended_unfetched(record) or time.time()) if status == "running" else None)
     wall = round(ended - started, 1) if ended and started else None
     nodes = done.get("nodes") or record.get("nodes")
     return {"id": record.get("id", results.name), "cluster": record.get("cluster", results.parent.name),
@@ -258,6 +259,23 @@ def live_status(record: dict) -> str:
     if job:
         return job.state
     return "lost" if status == "running" else status
+
+
+def ended_unfetched(record: dict) -> float | None:
+    """When a job the cluster still calls running in fact ended (its launch script's exit code written,
+    nobody has fetched it yet), where its files lie on this machine (local nodes); None elsewhere or
+    while it runs: a wall time stops growing when the job does."""
+    try:
+        state = st.load(record["cluster"]) if NAME_RE.match(record.get("cluster", "")) else None
+    except (KeyError, UsageError, st.CorruptState, OSError):
+        return None
+    job = next((j for j in state.jobs if j.id == record.get("id")), None) if state else None
+    if job is None or not traits(state.provider).shares_this_machine:
+        return None
+    try:
+        return (Path(job.remote_dir) / EXIT_CODE_FILE).stat().st_mtime
+    except OSError:
+        return None
 
 
 def _finished_at(done: dict) -> float | None:

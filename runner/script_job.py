@@ -15,36 +15,44 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from provision import procs
 from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import FtcError, UsageError, via_make
 from provision.launch import cluster_launch, node_path, node_python, render_launch
 from provision.providers import traits
-from provision.ssh import connect, run
+from provision.ssh import connect, interruptible, run
+from provision.stacks import STACKS
 from provision.ui import console
-from provision.values import label, local_path, refuse_control_character, whole
+from provision.values import label, local_path, refuse_control_character, refuse_not_utf8, whole
 
 from . import runs
 from .node.facts import NodeFacts
 from .node.protocol import (
     LOGS_DIR,
     REQUIREMENTS_DONE,
+    REQUIREMENTS_ENV,
     REQUIREMENTS_FAILED,
     REQUIREMENTS_FILE,
     REQUIREMENTS_LOG,
     REQUIREMENTS_SKIPPED,
     SCRIPT_WORKDIR,
+    requirements_layer,
 )
 from .transfer import send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
 MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
+MAX_REQUIREMENTS_BYTES = 2**20  # a requirements file is lines of names; more is not one
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                 "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
-                "FTC_WORLD_SIZE", "FTC_SELF_PIN", "PYTHONPATH", "LD_PRELOAD",
+                "FTC_WORLD_SIZE", "FTC_SELF_PIN", REQUIREMENTS_ENV, "FTC_NODE_DIR", "HOME", "USER", "LOGNAME",
+                "PYTHONPATH", "LD_PRELOAD", "GLOO_SOCKET_IFNAME",
+                "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV",  # would change the Python or shell ftc's launch runs in
                 "PATH", "LD_LIBRARY_PATH")  # the stack's mpirun and Python are found through these
+RESERVED_PREFIXES = ("I_MPI_", "OMPI_", "PMI_", "HYDRA_")  # mpirun's own settings: the launch's pinning and ranks
 
 
 @dataclass
@@ -55,7 +63,7 @@ class ScriptJob:
     args: list[str] = field(default_factory=list)  # passed to the script as given, never through a shell
     output: str = "output"  # rank 0's output folder, relative to the workdir: fetched home
     ppn: int = 0  # ranks per node; 0: the node facts' default, as for ftc's own jobs
-    requirements: Path | None = None  # installed into the stack's venv on every node, once per content
+    requirements: Path | None = None  # installed on every node into a venv layered on the stack, once per content
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
     max_workdir_mb: int = MAX_WORKDIR_MB
 
@@ -76,12 +84,15 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                          + ("" if via_make() else ": `ftc launch -- train.py [ARGS...]`"))
     for key, value in (("script", script), ("workdir", workdir or ""), ("output", output or ""),
                        ("requirements", requirements or ""), *(("arg", a) for a in args)):
+        refuse_not_utf8(key, value)
         refuse_control_character(key, value)
     for key, value in (("script", script), ("workdir", workdir or ""), ("requirements", requirements or "")):
         if value != value.strip():  # read as given: ' lead.py' is not lead.py
             raise UsageError(f"{label(key)}={value!r} begins or ends with a space; give the path without it")
     script_path = Path(local_path("script", script))
     root = Path(local_path("workdir", workdir)) if workdir else script_path.parent
+    if workdir and not Path(script).is_absolute() and (root / script).is_file():
+        script_path = root / script  # a path inside the workdir, as the nodes will run it
     if not root.is_dir():
         raise UsageError(f"{label('workdir')}={workdir!r} is not a directory; give the folder your script runs from")
     if not script_path.is_file():
@@ -97,10 +108,16 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                     env=_env_pairs(env or []),
                     max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
                     else MAX_WORKDIR_MB)
+    refuse_output_on_a_file(root, job.output, output or "output")
     if requirements:
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
             raise UsageError(f"{label('requirements')}={requirements!r} is a directory; give a requirements file")
+        if path.exists() and not path.is_file():  # a device or a FIFO: read without end, or never
+            raise UsageError(f"{label('requirements')}={requirements!r} is not a regular file; give a requirements file")
+        if path.is_file() and path.stat().st_size > MAX_REQUIREMENTS_BYTES:
+            raise UsageError(f"{label('requirements')}={requirements!r} is over {MAX_REQUIREMENTS_BYTES // 2**20} MB; "
+                             "give a requirements file")
         try:
             path.read_bytes()
         except OSError as exc:
@@ -108,6 +125,17 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                              "requirements file pip can read") from None
         job.requirements = path
     return job
+
+
+def refuse_output_on_a_file(root: Path, output: str, raw: str) -> None:
+    """The output folder, or a folder on its way, may not be a file of the workdir: every rank would fail
+    making it."""
+    path = root
+    for part in output.split("/"):
+        path = path / part
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{label('output')}={raw!r}: {path.relative_to(root)} is a file of the workdir; give a "
+                             "folder name that is free, or a folder")
 
 
 def _relative_inside(key: str, raw: str) -> str:
@@ -128,54 +156,105 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         if not sep or not ENV_NAME.match(key):
             raise UsageError(f"{label('env')}={pair!r} is not KEY=VALUE with KEY a variable name; allowed: e.g. "
                              "HF_HOME=/data")
-        if key in RESERVED_ENV:
+        if key in RESERVED_ENV or key.startswith(RESERVED_PREFIXES):
             raise UsageError(f"{label('env')}={pair!r}: ftc sets {key} for every rank; allowed: any other variable")
+        refuse_not_utf8("env", pair)
         refuse_control_character("env", pair)
         env[key] = value
     return env
 
 
+PASSED_ON = ("HF_", "TRANSFORMERS_")  # your shell's variables of these prefixes reach every rank on local nodes
+
+
+def passed_on(environ: dict[str, str], provider: str) -> dict[str, str]:
+    """Your shell's Hugging Face variables (HF_HUB_OFFLINE, HF_HOME, ...), which torchrun's ranks would
+    inherit: for nodes on this machine, where torchrun would run; another machine has its own (`--env`
+    sets them there). Pure."""
+    if not traits(provider).shares_this_machine:
+        return {}
+    return {k: v for k, v in environ.items() if k.startswith(PASSED_ON) and ENV_NAME.match(k)}
+
+
 # ---- the workdir: what is copied -----------------------------------------------------------------------
 
 def workdir_files(root: Path) -> list[Path]:
-    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT and what a .gitignore (at
-    any level) ignores, as git reads it. A link to a file is copied as the file; a link to a folder is
-    left out (said on stderr): followed, a link to `.` or `/` would copy without end. A name that is
-    not UTF-8, or a folder that cannot be read, is refused naming it."""
-    import pathspec
-
+    """The files under `root` that go to the nodes: all but ALWAYS_LEFT_OUT, private_folders() and what its
+    .gitignore files ignore, as git reads them (git itself decides: negations across levels, every pattern
+    git takes). A link to a file is copied as the file; a link to a folder is left out (said on stderr):
+    followed, a link to `.` or `/` would copy without end. A name that is not UTF-8, or a path that cannot
+    be read, is refused naming it."""
     found: list[Path] = []
-
-    def walk(folder: Path, rules: list[tuple[Path, "pathspec.PathSpec"]]) -> None:
-        ignore = folder / ".gitignore"
-        if ignore.is_file():
-            rules = [*rules, (folder, pathspec.PathSpec.from_lines("gitwildmatch",
-                                                                   ignore.read_text(errors="replace").splitlines()))]
-        try:
-            entries = sorted(folder.iterdir())
-        except OSError as exc:
-            raise UsageError(f"{label('workdir')}: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
-                             ".gitignore") from None
+    private = private_folders()
+    level, with_rules = [root], False
+    while level:
+        entries = [entry for folder in level for entry in _listing(folder)]
+        with_rules = with_rules or any(entry.name == ".gitignore" for entry in entries)
+        ignored = _ignored_by_git(root, entries) if with_rules else set()
+        level = []
         for entry in entries:
-            if entry.name in ALWAYS_LEFT_OUT:
+            if entry in ignored:
                 continue
             try:
-                entry.name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
-                                 "the fetch need; rename it, or list it in .gitignore") from None
-            is_dir = entry.is_dir()
-            if any(spec.match_file(entry.relative_to(base).as_posix() + ("/" if is_dir else "")) for base, spec in rules):
-                continue
-            if is_dir and entry.is_symlink():
-                console.print(f"left out of the copy: {entry.relative_to(root)} (a link to a folder)", markup=False,
-                              soft_wrap=True)
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError as exc:
+                raise UsageError(f"{label('workdir')}: {entry} cannot be read ({exc.strerror}); make it readable, or "
+                                 "list it in .gitignore") from None
+            why = private.get(entry.resolve()) if is_dir else None
+            if why or (is_dir and entry.is_symlink()):
+                console.print(f"left out of the copy: {entry.relative_to(root)} ({why or 'a link to a folder'})",
+                              markup=False, soft_wrap=True)
             elif is_dir:
-                walk(entry, rules)
-            elif entry.is_file():
+                level.append(entry)
+            elif is_file:
                 found.append(entry)
-    walk(root, [])
-    return found
+    return sorted(found)
+
+
+def _listing(folder: Path) -> list[Path]:
+    """A folder's entries to consider, ALWAYS_LEFT_OUT aside; refused naming it when it cannot be read or
+    an entry's name is not UTF-8."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise UsageError(f"{label('workdir')}: {folder} cannot be read ({exc.strerror}); make it readable, or list it in "
+                         ".gitignore") from None
+    for entry in entries:
+        try:
+            entry.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{label('workdir')}: the name {os.fsencode(entry)!r} is not UTF-8, which the nodes' copy and "
+                             "the fetch need; rename it, or list it in .gitignore") from None
+    return [entry for entry in entries if entry.name not in ALWAYS_LEFT_OUT]
+
+
+def _ignored_by_git(root: Path, entries: list[Path]) -> set[Path]:
+    """Which of `entries` the .gitignore files under `root` ignore, as `git check-ignore` says, against an
+    empty repository of its own (the workdir need not be one; your global excludes do not apply)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="ftc-gitignore-") as repo:
+        try:
+            subprocess.run(["git", "init", "-q", repo], check=True, capture_output=True)
+            answer = subprocess.run(["git", f"--git-dir={repo}/.git", f"--work-tree={root}", "-c",
+                                     "core.excludesFile=/dev/null", "check-ignore", "--no-index", "--stdin", "-z"],
+                                    input=b"".join(os.fsencode(e.relative_to(root)) + b"\0" for e in entries),
+                                    capture_output=True, cwd=root)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise FtcError(f"git could not be run ({exc}): ftc reads the workdir's .gitignore files with git; "
+                           "install git") from None
+    if answer.returncode not in (0, 1):
+        raise UsageError(f"{label('workdir')}: git cannot read its .gitignore files "
+                         f"({(answer.stderr.decode(errors='replace').strip().splitlines() or ['no message'])[-1]}); fix them")
+    return {root / os.fsdecode(path) for path in answer.stdout.split(b"\0") if path}
+
+
+def private_folders() -> dict[Path, str]:
+    """Folders never copied to the nodes, wherever they lie in a workdir: FTC_HOME (every cluster's
+    private keys) and your own ssh and AWS credentials."""
+    home = Path.home()
+    return {st.ftc_home().resolve(): "FTC_HOME: every cluster's private keys",
+            (home / ".ssh").resolve(): "your ssh keys", (home / ".aws").resolve(): "your AWS credentials"}
 
 
 def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
@@ -221,42 +300,94 @@ def remove_on_nodes(state: st.ClusterState, path: str) -> None:
             pass
 
 
-PIP_FAILED = re.compile(r"(?:No matching distribution found for|satisfies the requirement|Invalid requirement:|"
-                        r"Failed to build|does not exist\.|Could not install packages due to an \w+:?)\s*(.*)")
+# pip's lines that say what failed, quoted whole; ERROR: and the like taken off
+PIP_FAILED = re.compile(r"^(?:ERROR: )?(.*(?:No matching distribution found for|satisfies the requirement|"
+                        r"Invalid requirement:|Failed to build|does not exist\.|Could not install packages due to|"
+                        r"Cannot install).*)$")
+STACK_PINNED = re.compile(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)")
+LAYER_DONE = ".ftc-installed"  # in a requirements layer: its install finished
 
 
-def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str) -> None:
-    """pip install -r into the stack's venv on every node (each node's own), skipped where this file's
-    content was already installed (a marker in the venv, named by its hash). pip runs in the node's copy
-    of the workdir, so a relative path in the file names a file of your workdir. A failure names the
-    node and the package."""
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    for node in state.nodes:
-        python = node_python(state, facts, node)
-        venv = str(PurePosixPath(python).parent.parent)
-        marker = shlex.quote(f"{venv}/.ftc-requirements/{digest}")
+def digest_of(requirements: Path) -> str:
+    return hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+
+
+def layer_command(python: str, node_dir: str, digest: str, job_dir: str, pins: dict[str, str], run_id: str) -> str:
+    """Shell, run on a node: the requirements' own venv (a layer whose Python reads the stack's
+    site-packages after its own), made and pip-installed unless done before; the stack's pins are
+    constraints, so no requirement moves them. Its processes carry the node's directory and the run's
+    id, so `down` and an interrupted launch find them. Echoes SKIPPED, DONE, or FAILED and the log's
+    last lines. Pure."""
+    layer = str(requirements_layer(PurePosixPath(node_dir), digest))
+    log = f"{layer}.{REQUIREMENTS_LOG}"
+    q = shlex.quote
+    stack_sites = ("import site; print('import site; ' + '; '.join(f'site.addsitedir({p!r})' "
+                   "for p in site.getsitepackages()))")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    constraints = " ".join(q(f"{name}=={version}") for name, version in pins.items())
+    return (f"export FTC_NODE_DIR={q(node_dir)} FTC_RUN_ID={q(run_id)}; L={q(layer)}; PY={q(python)}; "
+            f'if [ -e "$L/{LAYER_DONE}" ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; '
+            f'rm -rf "$L" && mkdir -p "$L" && cd {q(job_dir)}/{SCRIPT_WORKDIR} || exit 1; '
+            f'{{ "$PY" -m venv --without-pip "$L" '
+            f'&& "$PY" -c {q(stack_sites)} > "$("$L/bin/python" -c {q(purelib)})/_ftc_stack.pth" '
+            f'&& printf "%s\\n" {constraints} > "$L/constraints.txt" '
+            f'&& "$PY" -m pip --python "$L/bin/python" install --disable-pip-version-check --no-input '
+            f'-c "$L/constraints.txt" -r ../{REQUIREMENTS_FILE}; }} > {q(log)} 2>&1; code=$?; '
+            f'if [ $code = 0 ]; then touch "$L/{LAYER_DONE}"; echo {REQUIREMENTS_DONE}; '
+            f'else rm -rf "$L"; echo {REQUIREMENTS_FAILED}; tail -n 40 {q(log)}; fi')
+
+
+def pip_failure(lines: list[str], pins: dict[str, str]) -> str:
+    """What a failed install's output says went wrong, in one line. Pure."""
+    for line in lines:
+        pinned = STACK_PINNED.search(line)
+        if pinned:
+            name = pinned.group(1)
+            version = next((v for k, v in pins.items() if k.replace("_", "-").lower() == name.lower()), "")
+            return (f"{name} is the stack's own ({name}=={version}), which a script's requirements keep: drop it "
+                    "from the file, or ask for that version")
+    quoted = next((m.group(1).strip() for line in lines for m in [PIP_FAILED.search(line.strip())] if m), "")
+    return quoted or next((line for line in reversed(lines) if line.strip()), "no output")
+
+
+def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str,
+                         run_id: str) -> None:
+    """Your requirements into a venv of the cluster's own on every node (one on nodes that share this
+    machine), layered on the stack: the stack's Python is never changed, and `down` removes the layer.
+    Skipped where this file's content was installed before. pip runs in the node's copy of the workdir,
+    so a relative path in the file names a file of your workdir. Ctrl-C stops it at once. A failure names
+    the node and the package, and where pip's whole output is."""
+    digest = digest_of(requirements)
+    pins = STACKS[state.cluster_spec.stack]
+    for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
         job_dir = node_path(state, node, remote_dir)
-        in_dir = shlex.quote(job_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
+        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, run_id)
         with connect(state, node) as conn:
-            out = run(conn, node, "requirements",
-                      f"if [ -e {marker} ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; cd {in_dir}/{SCRIPT_WORKDIR} && "
-                      f"{{ {shlex.quote(python)} -m pip install --disable-pip-version-check -q -r ../{REQUIREMENTS_FILE} "
-                      f"> ../{REQUIREMENTS_LOG} 2>&1; code=$?; }}; "
-                      f"if [ $code = 0 ]; then mkdir -p {shlex.quote(venv + '/.ftc-requirements')} && touch {marker}; "
-                      f"echo {REQUIREMENTS_DONE}; else echo {REQUIREMENTS_FAILED}; tail -n 20 ../{REQUIREMENTS_LOG}; fi")
+            out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
         lines = out.splitlines()
         if lines[:1] == [REQUIREMENTS_SKIPPED]:
             console.print(f"requirements {requirements.name} on {node.name}: already installed (skipped)", markup=False)
             continue
         if lines[:1] != [REQUIREMENTS_DONE]:
-            why = next((m.group(0).strip() for line in lines for m in [PIP_FAILED.search(line)] if m), "") or \
-                next((line for line in reversed(lines) if line.strip()), "no output")
-            raise FtcError(f"requirements {requirements} failed on {node.name}: {why}; fix the file and launch again "
-                           f"(pip's whole output: {job_dir}/{REQUIREMENTS_LOG} on {node.name})")
+            log = f"{requirements_layer(PurePosixPath(node.workdir), digest)}.{REQUIREMENTS_LOG}"
+            raise FtcError(f"requirements {requirements} failed on {node.name}: {pip_failure(lines[1:], pins)}; fix the "
+                           f"file and launch again (pip's whole output: {log} on {node.name})")
         console.print(f"requirements {requirements.name} on {node.name}: installed in {time.monotonic() - clock:.1f}s",
                       markup=False)
+
+
+def stop_run_processes(state: st.ClusterState, run_id: str) -> None:
+    """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
+    behind), found by the run's id in its environment, stopped."""
+    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
+    for node in nodes:
+        try:
+            with connect(state, node, attempts=1) as conn:
+                run(conn, node, "stop", procs.stop_carrying_command([f"FTC_RUN_ID={run_id}"]))
+        except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
+            pass
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -274,7 +405,9 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     refuse_oversized(job.workdir, files, job.max_workdir_mb)
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"
-    env = {**job.env, "FTC_RUN_ID": job_id}
+    env = {**passed_on(dict(os.environ), state.provider), **job.env, "FTC_RUN_ID": job_id}
+    if job.requirements:
+        env[REQUIREMENTS_ENV] = digest_of(job.requirements)
     if state.cluster_spec.spot:
         from .jobspec import metadata_endpoint
         env["FTC_METADATA_ENDPOINT"] = metadata_endpoint(state.provider)
@@ -297,8 +430,9 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
         try:
             send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
             if job.requirements:
-                install_requirements(locked_state, facts, job.requirements, remote_dir)
-        except BaseException:  # nothing starts: no copy of the workdir is left on the nodes
+                install_requirements(locked_state, facts, job.requirements, remote_dir, job_id)
+        except BaseException:  # nothing starts: nothing of it runs on, and no copy of the workdir is left
+            stop_run_processes(locked_state, job_id)
             remove_on_nodes(locked_state, remote_dir)
             raise
 
@@ -308,12 +442,13 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     record = state.jobs[-1]
     runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s)", markup=False)
+                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                  + ("it runs on without this command" if detach else jobs.FOREGROUND), markup=False, soft_wrap=True)
     if detach:
         console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
                       markup=False)
         return 0
-    return jobs.follow(state)
+    return jobs.follow(state, started_here=True)
 
 
 def output_bytes(results: Path) -> int:

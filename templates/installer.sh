@@ -59,12 +59,19 @@ choose_installer() {
   "$1/bin/pip" install -q --disable-pip-version-check --upgrade pip
 }
 
-# venv_install VENV ARGS...: `pip install -q ARGS` into VENV, by uv when choose_installer chose it.
+# venv_install VENV ARGS...: `pip install -q ARGS` into VENV, by uv when choose_installer chose it. Where
+# uv fails, pip installs instead, and does from then on: uv takes an index it cannot reach (PyPI's or
+# PyTorch's, from a server that reaches packages only through its site's mirror) as fatal, where pip
+# warns and takes what the reachable ones have.
 venv_install() {
-  local venv=$1; shift
+  local venv=$1 said; shift
   if [ -n "$UV" ]; then
-    "$UV" pip install -q --python "$venv/bin/python" "${UV_FLAGS[@]}" "$@"
-  else
-    "$venv/bin/pip" install -q --disable-pip-version-check "$@"
+    if said=$("$UV" pip install -q --python "$venv/bin/python" "${UV_FLAGS[@]}" "$@" 2>&1); then
+      return 0
+    fi
+    said=$(printf '%s\n' "$said" | grep -v '^[[:space:]]*$' | tail -n 1)
+    echo "uv failed (${said#"${said%%[![:space:]]*}"}): installing with pip, which goes on past an index it cannot reach" >&2
+    UV=""
   fi
+  "$venv/bin/pip" install -q --disable-pip-version-check "$@"
 }

@@ -61,7 +61,7 @@ LONGEST = {
     "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 18,
     "test_finetune_and_launch_read_the_cluster_state_at_most_three_times": 18,
     "test_a_provider_defined_only_in_tests_runs_up_finetune_and_down": 17,
-    "test_requirements_are_installed_once_and_a_bad_one_names_node_and_package": 16,
+    "test_requirements_go_into_a_layer_of_the_clusters_own_once_never_into_the_stack": 16,
     "test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it": 14,
     "test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home": 12,
     "test_reattaching_to_a_node_whose_sshd_is_frozen_gives_up_within_the_silence_limit": 12,

@@ -202,6 +202,7 @@ dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
 out = Path(os.environ["FTC_OUTPUT_DIR"])
+out.mkdir(parents=True, exist_ok=True)  # ftc names the folder; the script makes it, as under torchrun
 seen = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                         "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_RUN_ID", "MY_SETTING")}
 seen.update(cpus=sorted(os.sched_getaffinity(0)), sum=total.item(), words=args.words, cwd=os.getcwd(),

@@ -112,6 +112,12 @@ def test_capacity_error_in_first_zone_moves_to_the_next(aws, ftc_home):
     assert_nothing_left(aws.ec2(), "cap")
 
 
+def test_a_zone_without_a_default_subnet_is_named_as_the_option_was_typed(aws, ftc_home):
+    proc = ftc(*UP, "--name", "nozone", "--nodes", "1", "--zones", "us-east-1z")
+    assert_refused(proc, "--zones: 'us-east-1z' has no default subnet in us-east-1; allowed: us-east-1a", ftc_home)
+    assert_nothing_left(aws.ec2(), "nozone")
+
+
 def test_no_capacity_anywhere_rolls_back(aws, ftc_home):
     aws.faults(no_capacity=["us-east-1a", "us-east-1b"])
     proc = ftc(*UP, "--name", "nocap", "--nodes", "2", "--zones", "us-east-1a,us-east-1b")

@@ -312,3 +312,32 @@ def test_a_failed_peer_launch_is_kept_with_the_line_naming_its_error_and_left_ou
     entry = long_job_entry(1, 16, runs)
     assert entry["failed"] == {"peer 1x1x16 pinned compiled": "InductorError: AssertionError"}
     assert set(entry["launches"]) == {"ftc 1x1x16", "peer 1x4x4 unpinned"} and entry["peer_launch"] == "peer 1x4x4 unpinned"
+
+
+def test_accuracy_bench_refuses_a_bad_model_and_too_few_cores_in_one_line(ftc_home, tmp_path):
+    proc = ftc("bench", "--accuracy", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "b"))
+    assert proc.returncode == 2 and one_error(proc).startswith(f"error: --model='{tmp_path / 'no-such-model'}' is not a "
+                                                               "directory")
+    one_core = ftc("bench", "--accuracy", "--out", str(tmp_path / "b"),
+                   preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert one_core.returncode == 2
+    assert one_error(one_core) == ("error: --accuracy runs 3 programs side by side, a core each at least; this host has "
+                                   "1 physical core(s): run it on a host with 3 or more")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_bench_says_interrupted_and_exits_130(ftc_home, tmp_path):
+    import signal
+    import subprocess
+
+    from conftest import FTC
+    from helpers import wait_for
+    out = tmp_path / "bench"
+    proc = subprocess.Popen([*FTC, "bench", "--quick", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: out.is_dir() or proc.poll() is not None, "the bench to start")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after"), err[-3000:]

@@ -169,3 +169,14 @@ def test_kind_name_and_value_kind_say_types_in_the_same_words():
     assert kind_name(int | None) == "a whole number or null" and kind_name(list[str]) == "a list"
     assert [value_kind(v) for v in (True, 1, 1.5, None, [], {}, "s")] == [
         "true or false", "a whole number", "a number", "null", "a list", "an object", "a string"]
+
+
+def test_an_ec2_on_this_machine_is_never_asked_about_through_a_public_service(monkeypatch):
+    from provision.providers import aws
+    assert aws.loopback_endpoint({"AWS_ENDPOINT_URL": "http://127.0.0.1:5000"})
+    assert aws.loopback_endpoint({"AWS_ENDPOINT_URL_EC2": "http://localhost:9"})
+    assert not aws.loopback_endpoint({"AWS_ENDPOINT_URL": "https://ec2.us-east-1.amazonaws.com"})
+    assert not aws.loopback_endpoint({})
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://[::1]:5000")
+    monkeypatch.setattr(aws.urllib.request, "urlopen", None)  # any query would fail the test
+    assert aws.caller_cidr() == "127.0.0.1/32"

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from provision import state as st
-from provision.errors import UsageError
+from provision.errors import ClusterBusy, UsageError
 from provision.spec import ClusterSpec
 from runner.bench import rank_layout
 from runner.job import job_settings, refuse_if_busy
@@ -163,8 +163,9 @@ def test_refuse_if_busy_names_the_running_job_and_how_to_follow_or_stop_it():
     state.jobs = [st.JobInfo(id="old", task="mrpc", remote_dir="/r", results_dir="/y", state="finished")]
     refuse_if_busy(state)  # a finished job does not make the cluster busy
     state.jobs.append(st.JobInfo(id="mrpc-2", task="mrpc", remote_dir="/r", results_dir="/y"))
-    with pytest.raises(UsageError) as refused:
+    with pytest.raises(ClusterBusy) as refused:  # busy, exit code 3: not bad input
         refuse_if_busy(state)
+    assert refused.value.exit_code == 3
     assert str(refused.value) == ("cluster 'c' is already running job mrpc-2; `ftc logs --name c -f` follows it, "
                                   "`ftc cancel --name c` stops it")
 
@@ -186,3 +187,11 @@ def test_the_bench_s_mfu_divides_by_the_peak_of_every_rank_s_cores():
     from runner.bench import mfu
     one = mfu(1000.0, 1e8, 1.0, 1)  # 0.1 TFLOP/s of a 1 TFLOP/s rank
     assert one == 0.1 and mfu(4000.0, 1e8, 1.0, 4) == one  # four ranks: four times the work, four times the peak
+
+
+def test_a_full_disk_after_a_job_may_have_started_points_to_fetch_not_to_a_second_launch():
+    from runner.cli import disk_full_advice
+    said = disk_full_advice("launch", "/home/me/.ftc")
+    assert "`ftc fetch` brings a started job's files home" in said and "`ftc down` deletes them unfetched" in said
+    assert "ftc launch` again" not in said
+    assert "run `ftc up` again" in disk_full_advice("up", "/home/me/.ftc")

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import REPO
+
 from provision.bootstrap import pip_variables
 
 INSTALLER = Path(__file__).resolve().parent.parent / "templates" / "installer.sh"
@@ -59,3 +62,46 @@ def test_a_local_node_gets_the_pip_settings_an_install_on_this_machine_reads():
               "global.extra-index-url=\"file:///it's here\"\n")
     assert pip_variables(listed) == {"PIP_FIND_LINKS": "/opt/wheels", "PIP_TIMEOUT": "120",
                                      "PIP_EXTRA_INDEX_URL": "file:///it's here"}
+
+
+@pytest.mark.slow
+def test_a_node_that_sees_only_its_mirror_installs_though_an_extra_index_is_out_of_reach(tmp_path):
+    """The node's own pip settings name its site's mirror (here a local PEP 503 index), and the install
+    adds an extra index the node cannot reach (as PyTorch's CPU index is from behind a mirror): uv fails
+    on it, so pip installs, saying why in one line, and takes the package from the mirror."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    wheel = _wheel(tmp_path / "wheels", "ftc_mirror_probe")
+    project = tmp_path / "simple" / "ftc-mirror-probe"
+    project.mkdir(parents=True)
+    (project / "index.html").write_text(f'<a href="{wheel.as_uri()}">{wheel.name}</a>\n')
+    (tmp_path / "simple" / "index.html").write_text('<a href="ftc-mirror-probe/">ftc-mirror-probe</a>\n')
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[global]\nindex-url = {(tmp_path / 'simple').as_uri()}\n")
+    unreachable = "http://127.0.0.1:1/whl/cpu"  # nothing listens there: refused at once
+    uv = REPO / ".venv" / "uv" / "bin" / "uv"
+    proc = installer(f'UV="{uv}"; uv_flags_from_pip "{venv}/bin/pip" && '
+                     f'venv_install "{venv}" --extra-index-url {unreachable} ftc-mirror-probe==1.0', tmp_path,
+                     PIP_CONFIG_FILE=str(config), UV_CACHE_DIR=str(tmp_path / "uv-cache"), PIP_RETRIES="0")
+    assert proc.returncode == 0, proc.stderr
+    (said,) = [line for line in proc.stderr.splitlines() if line.startswith("uv failed")]
+    assert said.endswith(": installing with pip, which goes on past an index it cannot reach"), said
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", "import ftc_mirror_probe"]).returncode == 0
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A pure-Python wheel of module `name`, version 1.0, made by hand."""
+    import base64
+    import hashlib
+    import zipfile
+    dist = f"{name}-1.0"
+    files = {f"{name}.py": "", f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: ftc-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for member, text in {**files, f"{dist}.dist-info/RECORD": record}.items():
+            wheel.writestr(member, text)
+    return path

@@ -65,10 +65,10 @@ def big_csv(path: Path, megabytes: int) -> Path:
     return path
 
 
-def finetune(model: str, train: Path, dev: Path) -> subprocess.Popen:
+def finetune(model: str, train: Path, dev: Path, *more: str) -> subprocess.Popen:
     return subprocess.Popen([*FTC, "finetune", "--name", "own", "--train-file", str(train), "--validation-file",
                              str(dev), "--text-columns", "review", "--label-column", "stars", "--model", model,
-                             "--epochs", "1", "--max-eval-samples", "12"],
+                             "--epochs", "1", "--max-eval-samples", "12", *more],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -96,7 +96,11 @@ def test_ctrl_c_during_the_checkpoint_copy_detaches_and_the_job_goes_on(stalling
     (control / "stall.json").write_text(json.dumps({"path": "checkpoints/", "direction": "download",
                                                     "after": 100_003}))
     train, dev = toy_csv(tmp_path / "mine.csv", 16), toy_csv(tmp_path / "dev.csv", 12, offset=3)
-    proc = finetune(minilm, train, dev)
+    started = finetune(minilm, train, dev, "--detach")
+    assert started.wait(timeout=600) == 0, started.communicate()
+    # a follower (a job started in the foreground stops on Ctrl-C instead, as under torchrun)
+    proc = subprocess.Popen([*FTC, "logs", "--name", "own", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     out, err = interrupted(proc, control, "the checkpoint")
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "detached: job " in out + err, err[-3000:]

@@ -25,7 +25,7 @@ def test_a_sweep_refused_for_a_busy_cluster_leaves_the_cluster_and_its_job_runni
 
         sweep = ftc("sweep", "--name", "sw", "--nodes", "1", *tiny_job(minilm, glue_dir), "--yes", "1",
                     "--out", str(tmp_path / "sweep"))
-        assert sweep.returncode == 2
+        assert sweep.returncode == 3  # busy, not bad input
         assert f"cluster 'sw' is already running job {job['id']}" in one_error(sweep)
         # every node's sshd still serves (the job's own ssh sessions come and go as mpirun starts)
         assert state_file.read_text() == before and all(pid in sshd_pids(ftc_home) for pid in nodes)
@@ -72,7 +72,7 @@ def test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_
     assert f"job {job['id']} already ended (exit code 0); `ftc fetch --name {cluster}` collects its results" \
         in cancel.stderr
     again = ftc("finetune", "--name", cluster, "--resume", "1", *tiny_job(minilm, glue_dir))
-    assert again.returncode == 2 and f"cluster {cluster!r}: job {job['id']} ended (exit code 0) but its results are " \
+    assert again.returncode == 3 and f"cluster {cluster!r}: job {job['id']} ended (exit code 0) but its results are " \
         f"not home yet; `ftc fetch --name {cluster}` collects them, then start the next job" in again.stderr
     fetched = ftc("fetch", "--name", cluster)
     assert fetched.returncode == 0, fetched.stderr

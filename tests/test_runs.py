@@ -331,3 +331,16 @@ def test_a_scripts_prints_are_never_read_as_metrics_and_reach_the_terminal_witho
     assert "a title, a cleared screen, a bell: rank 0" in logs.stdout
     for text in (failed.stdout, failed.stderr, shown.stdout, logs.stdout):
         assert not any(code in text for code in ("\x1b", "\x07")), repr(text)
+
+
+def test_a_script_runs_row_heads_its_command_as_such_and_a_missing_output_is_said(ftc_home, tmp_path):
+    from runner.report import runs_table, summary_rows
+    run = {"id": "script-1", "cluster": "c", "provider": "local", "instance_type": "", "task": "script", "model": "",
+           "nodes": 2, "ranks_per_node": 1, "precision": "", "epochs": None, "metrics": {}, "samples_per_second": None,
+           "wall_seconds": 3.0, "cost_usd": 0.0, "status": "cancelled", "problem": "", "started_at": 1.0,
+           "results_dir": str(tmp_path / "script-1"), "kind": "script", "command": "python train.py --x 1",
+           "exit_code": None, "output_bytes": None}
+    rows = dict(summary_rows(run))
+    assert "model" not in rows and rows["command"] == "python train.py --x 1"
+    assert rows["output"] == f"{tmp_path / 'script-1'}/output (none came home)"
+    assert "model|command" in [column.header for column in runs_table([run], "runs", 200).columns]

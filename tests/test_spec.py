@@ -27,6 +27,7 @@ BAD_UP = [
     (["--ssh-cidr", "300.1.2.3/32"], "--ssh-cidr='300.1.2.3/32'"),
     (["--spot", "maybe"], "--spot='maybe'"),
     (["--max-hours", "0"], "--max-hours='0'"),
+    (["--max-hours", "0.0001"], "--max-hours='0.0001' is out of range; allowed: from 0.25 up to 168"),
     (["--root-volume-gb", "2"], "--root-volume-gb='2'"),
     (["--stack", "cuda"], "--stack='cuda'"),
     (["--provider", "gcp"], "--provider='gcp'"),
@@ -82,6 +83,25 @@ def test_open_ssh_needs_explicit_opt_in():
     with pytest.raises(UsageError, match="--allow-open-ssh=1"):
         resolve_spec({"ssh_cidr": "0.0.0.0/0"}, {}, {})
     assert resolve_spec({"ssh_cidr": "0.0.0.0/0", "allow_open_ssh": "1"}, {}, {}).ssh_cidr == "0.0.0.0/0"
+
+
+@pytest.mark.parametrize("cidr", ["0.0.0.0/1", "10.0.0.0/8", "2001:db8::/32"])
+def test_ssh_open_to_more_than_a_site_needs_explicit_opt_in(cidr):
+    with pytest.raises(UsageError, match=f"--ssh-cidr='{cidr}' opens SSH to more than a /16 .*--allow-open-ssh=1"):
+        resolve_spec({"ssh_cidr": cidr}, {}, {})
+    assert resolve_spec({"ssh_cidr": cidr, "allow_open_ssh": "1"}, {}, {}).ssh_cidr == cidr
+    assert resolve_spec({"ssh_cidr": "203.0.113.0/24"}, {}, {}).ssh_cidr == "203.0.113.0/24"
+
+
+def test_job_settings_follow_the_same_precedence_flag_then_ftc_variable():
+    from argparse import Namespace
+
+    from runner.jobspec import job_from_args
+    assert job_from_args(Namespace(task="mrpc", epochs=None), env={"FTC_EPOCHS": "1"}).epochs == 1
+    assert job_from_args(Namespace(task="mrpc", epochs="2"), env={"FTC_EPOCHS": "1"}).epochs == 2
+    assert job_from_args(Namespace(task=None, epochs=None), env={"FTC_TASK": "rte"}).task == "rte"
+    with pytest.raises(UsageError, match="abc"):
+        job_from_args(Namespace(task="mrpc"), env={"FTC_EPOCHS": "abc"})
 
 
 def test_zone_outside_region_is_refused():
@@ -301,3 +321,44 @@ def test_make_passes_every_cluster_setting_to_cluster_run_and_sweep():
                              check=True).stdout
         missing = [key for key, value in given.items() if f"--{key.replace('_', '-')}='{value}'" not in dry]
         assert missing == [], f"make {target} drops {missing}"
+
+
+@pytest.mark.parametrize("raw", ["1_6", "١٦", "１６"])
+def test_a_whole_number_is_ascii_digits_as_typed_not_what_int_also_reads(raw):
+    from provision.values import number, whole, whole_list
+    with pytest.raises(UsageError, match="is not a whole number"):
+        resolve_spec({"nodes": raw}, {}, {})
+    with pytest.raises(UsageError, match="is not a whole number"):
+        whole_list(1, 64)("batch_split", f"1,{raw}")
+    with pytest.raises(UsageError, match="is not a number"):
+        number(0, 100)("max_hours", raw)
+    assert whole(1, 64)("nodes", " 16 ") == 16
+
+
+def test_plan_refuses_an_underscored_node_count_in_one_line(ftc_home):
+    proc = ftc("plan", "--nodes", "1_6")
+    assert proc.returncode == 2 and one_error(proc) == "error: --nodes='1_6' is not a whole number; allowed: 1..64"
+
+
+def test_a_plan_size_named_twice_an_empty_compare_out_and_zones_of_commas_are_refused(ftc_home):
+    plan = ftc("plan", "--nodes", "1,1")
+    assert plan.returncode == 2 and one_error(plan) == "error: --nodes='1,1' names 1 twice; give each once"
+    compare = ftc("runs", "compare", "a", "b", "--out", "")
+    assert compare.returncode == 2 and "--out='' is empty" in one_error(compare)
+    with pytest.raises(UsageError, match="--zones=',' names no zone"):
+        resolve_spec({"provider": "aws", "zones": ","}, {}, {})
+
+
+def test_detach_takes_the_same_forms_in_finetune_and_launch(ftc_home):
+    Path("x.py").write_text("print(1)\n")  # in the test's own working directory
+    for command in ("finetune", "launch"):
+        taken = ftc(command, "--name", "none-here", "--detach", "1", *(["--", "x.py"] if command == "launch" else []))
+        assert taken.returncode == 2 and "--detach" not in one_error(taken), taken.stderr  # past the flag, to the cluster
+        bad = ftc(command, "--name", "none-here", "--detach", "maybe", *(["--", "x.py"] if command == "launch" else []))
+        assert bad.returncode == 2 and one_error(bad).startswith("error: --detach='maybe'"), bad.stderr
+
+
+def test_a_lifetime_shorter_than_a_bootstrap_is_refused():
+    with pytest.raises(UsageError, match=r"--max-hours='0.0001' is out of range; allowed: from 0.25 up to 168"):
+        resolve_spec({"max_hours": "0.0001"}, {}, {})
+    assert resolve_spec({"max_hours": "0.25"}, {}, {}).max_hours == 0.25

@@ -89,10 +89,11 @@ def test_finetune_follow_detach_reattach_and_results(ftc_home, cluster, tiny_ber
 
     # gloo with two connections per peer, the gradient as PowerSGD's factors: the job trains (a rate at
     # which the tiny model's loss clearly falls) and its run records both
-    follower = subprocess.Popen([*FTC, "finetune", "--name", cluster, "--flows", "2", "--grad-compress", "powersgd",
-                                 *job_flags(tiny_bert, glue_dir, epochs=3, lr="1e-3")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
+    started = ftc("finetune", "--name", cluster, "--detach", "--flows", "2", "--grad-compress", "powersgd",
+                  *job_flags(tiny_bert, glue_dir, epochs=3, lr="1e-3"), env={"FTC_HOLD_AT_STEP": "2"})
+    assert started.returncode == 0 and "it runs on without this command" in started.stderr, started.stderr
+    follower = subprocess.Popen([*FTC, "logs", "--name", cluster, "-f"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     job_dir = held_job(ftc_home, cluster, follower)  # the job is training: now the follower goes away
     following(follower)
     follower.send_signal(signal.SIGINT)

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, ftc, processes_under
+from conftest import FTC, REPO, ftc, processes_under
 from helpers import gloo_script, last_job, make, one_error, state_of, up_local, wait_for
 
 from runner import script_job
@@ -48,6 +48,34 @@ def test_the_workdir_copy_leaves_out_git_venv_caches_and_what_gitignore_ignores(
     assert copied == [".gitignore", "data/a.tsv", "sub/.gitignore", "sub/keep.txt", "train.py"]
 
 
+def test_the_workdir_copy_never_takes_ftc_home_or_your_ssh_and_aws_folders(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the workdir is your home
+    monkeypatch.setenv("FTC_HOME", str(tmp_path / "state"))
+    for name in ("train.py", "state/clusters/c/access_key", ".ssh/id_ed25519", ".aws/credentials", "data/a.tsv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert copied == ["data/a.tsv", "train.py"]
+    said = capsys.readouterr().err
+    assert "left out of the copy: state (FTC_HOME: every cluster's private keys)" in said
+    assert "left out of the copy: .ssh (your ssh keys)" in said and ".aws (your AWS credentials)" in said
+
+
+def test_the_workdir_copy_follows_gitignore_as_git_does_across_levels_and_odd_lines(tmp_path):
+    for name in ("train.py", "a.txt", "sub/keep.txt", "sub/x.txt", "sub/deep/keep.txt", "foo\\", "z"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    # lines git takes: a lone "!", an empty range, a trailing backslash; the last matching rule wins, across levels
+    (tmp_path / ".gitignore").write_text("!\n[z-a]\nfoo\\\n*.txt\n")
+    (tmp_path / "sub" / ".gitignore").write_text("!keep.txt\n")
+    copied = sorted(p.relative_to(tmp_path).as_posix() for p in script_job.workdir_files(tmp_path))
+    assert {"sub/keep.txt", "sub/deep/keep.txt", "train.py"} <= set(copied) and "a.txt" not in copied
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)  # what git itself would keep
+    kept = subprocess.run(["git", "-c", "core.excludesFile=/dev/null", "ls-files", "-o", "--exclude-standard", "-z"],
+                          cwd=tmp_path, capture_output=True, check=True).stdout.decode().split("\0")
+    assert copied == sorted(k for k in kept if k)
+
+
 def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "huge.bin").write_bytes(b"\0" * (3 * 2**20))
@@ -77,6 +105,20 @@ def test_an_output_folder_outside_the_workdir_is_refused(raw):
         script_job._relative_inside("OUTPUT", raw)
 
 
+@pytest.mark.parametrize("pair", ["PYTHONHOME=/x", "PYTHONSTARTUP=/x", "BASH_ENV=/x", "GLOO_SOCKET_IFNAME=lo",
+                                  "I_MPI_PIN=0", "OMPI_MCA_btl=tcp", "HOME=/x", "USER=x"])
+def test_an_env_that_would_change_ftcs_own_launch_or_the_nodes_account_is_refused(pair):
+    from provision.errors import UsageError
+    with pytest.raises(UsageError, match=f"ftc sets {pair.split('=')[0]} for every rank"):
+        script_job._env_pairs([pair])
+
+
+def test_your_shells_hugging_face_variables_reach_ranks_on_this_machine_only():
+    shell = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HOME": "/home/me", "HFX": "no"}
+    assert script_job.passed_on(shell, "local") == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    assert script_job.passed_on(shell, "ssh") == {}
+
+
 # ---- bad input: one line, exit code 2, nothing started ----------------------------------------------------
 
 @pytest.mark.slow
@@ -85,6 +127,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
     script = gloo_script(workdir)
     (tmp_path / "outside.py").write_text("print(1)\n")
     (workdir / "big.bin").write_bytes(b"\0" * (2 * 2**20))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     up_local("nb", nodes=1)  # up, not bootstrapped
     before = state_of(ftc_home, "nb")
     cases = [
@@ -93,15 +137,24 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--", str(script), "--requirements", "x"], None),  # after the script: its own argument
         (["--name", "nb", "--requirements", str(tmp_path / "no-such.txt"), "--", str(script)], "--requirements="),
         (["--name", "nb", "--requirements", str(workdir), "--", str(script)], "is a directory"),
+        (["--name", "nb", "--requirements", "/dev/zero", "--", str(script)], "'/dev/zero' is not a regular file"),
+        (["--name", "nb", "--requirements", str(fifo), "--", str(script)], "is not a regular file"),
+        (["--name", "nb", "--requirements", str(workdir / "big.bin"), "--", str(script)], "is over 1 MB"),
         (["--name", "nb", "--output", "../elsewhere", "--", str(script)], "--output='../elsewhere' is not a folder"),
+        (["--name", "nb", "--output", "gloo_job.py", "--", str(script)], "--output='gloo_job.py': gloo_job.py is a file"),
+        (["--name", "nb", "--output", "big.bin/out", "--", str(script)], "--output='big.bin/out': big.bin is a file"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "--env='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
         (["--name", "nb", "--", f" {script}"], "begins or ends with a space"),
         (["--name", "nb", "--env", "PATH=/x", "--", str(script)], "ftc sets PATH"),
+        (["--name", "nb", "--", str(script), os.fsdecode(b"caf\xe9")], "argument=b'caf\\xe9' is not UTF-8"),
+        (["--name", "nb", "--workdir", os.fsdecode(os.fsencode(workdir) + b"\xff"), "--", str(script)], "is not UTF-8"),
         (["--name", "nb", "--max-workdir-mb", "", "--", str(script)], "--max-workdir-mb=''"),
-        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "--args="),
+        (["--name", "nb", "--script", str(script), "--args", "--x 'unclosed"], "close its quotes"),
+        (["--name", "nb", "--script", str(script), "--args", "x \\"], "its last backslash escapes nothing: drop it, "
+                                                                     "or write \\\\ for a backslash"),
         (["--name", "no-such-cluster", "--", str(script)], "--name='no-such-cluster'"),
         (["--name", "nb", "--", str(script)], "is not bootstrapped"),
     ]
@@ -149,6 +202,52 @@ def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_hom
     assert "python hf_trainer_glue.py" in shown.stdout and "rank 0's log" in shown.stdout
 
 
+# On PYTHONPATH under plain torchrun: rank 0 is held inside save_model until rank 1 is either waiting to
+# leave the process group with it (its barrier) or has exited (the abort the example must not have).
+HOLD_SAVE = """
+import atexit, os, pathlib, time
+signal_file = pathlib.Path(os.environ["FTC_TEST_RANK1"])
+if os.environ.get("RANK") == "1":
+    import torch.distributed
+    barrier = torch.distributed.barrier
+    def at_barrier(*args, **kwargs):
+        signal_file.write_text("barrier")
+        return barrier(*args, **kwargs)
+    torch.distributed.barrier = at_barrier
+    atexit.register(lambda: signal_file.exists() or signal_file.write_text(f"exit {os.getpid()}"))
+elif os.environ.get("RANK") == "0":
+    import transformers
+    save = transformers.Trainer.save_model
+    def held_save(self, *args, **kwargs):
+        while not signal_file.exists():
+            time.sleep(0.1)
+        said = signal_file.read_text().split()
+        while said[0] == "exit" and pathlib.Path(f"/proc/{said[1]}/cmdline").exists():  # until rank 1 has gone
+            time.sleep(0.1)
+        return save(self, *args, **kwargs)
+    transformers.Trainer.save_model = held_save
+"""
+
+
+@pytest.mark.slow
+def test_the_example_leaves_its_process_group_together_under_plain_torchrun(minilm, glue_dir, tmp_path):
+    import sys
+    (tmp_path / "hold" / "sitecustomize.py").parent.mkdir()
+    (tmp_path / "hold" / "sitecustomize.py").write_text(HOLD_SAVE)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--model", minilm,
+                           "--train-file", str(glue_dir / "mrpc" / "train.tsv"), "--validation-file",
+                           str(glue_dir / "mrpc" / "dev.tsv"), "--max-train-samples", "16", "--max-eval-samples", "16",
+                           "--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "output")],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "hold"), "OMP_NUM_THREADS": "1",
+                               "FTC_TEST_RANK1": str(tmp_path / "rank1"), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (tmp_path / "rank1").read_text() == "barrier"  # rank 1 waited for rank 0 to finish writing the model
+    assert "terminate called" not in proc.stderr
+    assert json.loads((tmp_path / "output" / "result.json").read_text())["world_size"] == 2
+
+
 @pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
     # A workdir and a script whose names would run commands if any shell read them unquoted.
@@ -181,6 +280,70 @@ def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_ho
     assert job["state"] == "failed"
     listed = json.loads(ftc("runs", "--json").stdout)
     assert next(r for r in listed if r["id"] == job["id"])["exit_code"] == 3
+    shown = ftc("runs", "show", job["id"])  # the log of the rank that failed, not rank 0's
+    assert "rank 1's log (it failed first, exit code 3)" in shown.stdout and "rank 1 gives up with 3" in shown.stdout
+
+
+def test_with_a_workdir_a_relative_script_is_looked_up_in_it(tmp_path, monkeypatch):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "probe.py").write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)  # no probe.py here: only the workdir has it
+    job = script_job.validate("probe.py", [], workdir=str(tmp_path / "w"))
+    assert (job.workdir, job.script) == (tmp_path / "w", "probe.py")
+
+
+ACCOUNT = """
+import json, os
+keys = ("HOME", "USER", "LOGNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_VERBOSITY", "MINE")
+seen = {k: os.environ.get(k) for k in keys}
+seen["output made"] = os.path.exists(os.environ["FTC_OUTPUT_DIR"])  # not by ftc: run_glue.py refuses one that is there
+print("rank", os.environ["RANK"], "sees", json.dumps(seen), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_each_rank_gets_its_accounts_home_and_your_shells_hugging_face_settings(ftc_home, cluster, tmp_path):
+    import pwd
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "account.py").write_text(ACCOUNT)
+    proc = ftc("launch", "--name", cluster, "--env", "MINE=x", "--", str(tmp_path / "work" / "account.py"),
+               env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    account = pwd.getpwuid(os.getuid())
+    seen = [json.loads(line.split(" sees ", 1)[1]) for line in proc.stdout.splitlines() if " sees " in line]
+    assert len(seen) == 2
+    for env in seen:  # as under torchrun on this machine
+        assert env == {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "MINE": "x", "output made": False}
+
+
+TRAINER_ON_CPU = """
+import os, sys, torch
+from transformers import Trainer, TrainingArguments
+class Line(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(2, 1)
+    def forward(self, x, labels):
+        return {"loss": ((self.w(x).squeeze(-1) - labels) ** 2).mean()}
+rows = [{"x": torch.ones(2) * i, "labels": torch.tensor(float(i))} for i in range(16)]
+args = TrainingArguments(output_dir=os.environ["FTC_OUTPUT_DIR"], per_device_train_batch_size=4, report_to="none",
+                         save_strategy="no", use_cpu=sys.argv[1] == "1")
+Trainer(model=Line(), args=args, train_dataset=rows).train()
+"""
+
+
+@pytest.mark.slow
+def test_a_trainer_script_whose_ranks_each_train_alone_is_named(ftc_home, cluster, tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "trainer.py").write_text(TRAINER_ON_CPU)
+    alone = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "0")
+    assert alone.returncode == 0, alone.stderr[-3000:]  # as under torchrun: it ran, each rank on all the rows
+    assert "warning: none of the 2 ranks exchanged anything with the others" in alone.stderr
+    assert "use_cpu=True" in alone.stderr
+    together = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "1")
+    assert together.returncode == 0, together.stderr[-3000:]
+    assert "exchanged anything" not in together.stderr
 
 
 @pytest.mark.slow
@@ -192,9 +355,17 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     held = Path(job["remote_dir"]) / "workdir" / "held"
     wait_for(held.exists, "the script to reach its hold point", timeout=300)
     assert len(processes_under(Path(job["remote_dir"]))) >= 3  # launch script, mpirun, ranks
+    follower = subprocess.Popen([*FTC, "logs", "--name", cluster, "-f"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     cancel = ftc("cancel", "--name", cluster)
     assert cancel.returncode == 0, cancel.stderr
     assert last_job(ftc_home, cluster)["state"] == "cancelled"
+    # what it wrote comes home with the cancel, its logs included
+    assert "holding" in (Path(job["results_dir"]) / "logs" / "rank0.log").read_text()
+    shown = ftc("runs", "show", job["id"])
+    assert "no log of rank 0 home" not in shown.stdout + shown.stderr
+    _, said = follower.communicate(timeout=120)  # a follower elsewhere is told the job was cancelled
+    assert follower.returncode == 0 and "cancelled" in said and "busy" not in said, said
     # the launch script, mpirun and every rank (their command lines or folders are the job's) are gone
     wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the script's processes to end", timeout=60)
 
@@ -210,6 +381,26 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     assert ftc("cancel", "--name", cluster).returncode == 0
     wait_for(lambda: not _sleeping(tag) and not processes_under(Path(job["remote_dir"])),
              "everything the stubborn script started to end", timeout=120)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_foreground_launch_stops_the_job_as_under_torchrun(ftc_home, cluster, tmp_path):
+    import signal
+    script = gloo_script(tmp_path / "work")
+    proc = subprocess.Popen([*FTC, "launch", "--name", cluster, "--", str(script), "--hold"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (state_of(ftc_home, cluster)["jobs"] and
+                      (Path(last_job(ftc_home, cluster)["remote_dir"]) / "workdir" / "held").exists())
+             or proc.poll() is not None, "the script to reach its hold point", timeout=300)
+    job = last_job(ftc_home, cluster)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Ctrl-C stops it, as under torchrun (`--detach` starts one that runs on)" in err  # said as it started
+    assert f"interrupted: stopping job {job['id']}" in err and "Traceback" not in err
+    assert last_job(ftc_home, cluster)["state"] == "cancelled"
+    assert "holding" in (Path(job["results_dir"]) / "logs" / "rank0.log").read_text()  # its files came home
+    wait_for(lambda: not processes_under(Path(job["remote_dir"])), "the job's processes to end", timeout=60)
 
 
 STUBBORN = """
@@ -247,37 +438,125 @@ def _wheel(folder: Path, name: str, value: str) -> Path:
 
 
 @pytest.mark.slow
-def test_requirements_are_installed_once_and_a_bad_one_names_node_and_package(ftc_home, cluster, tmp_path):
+def test_requirements_go_into_a_layer_of_the_clusters_own_once_never_into_the_stack(ftc_home, cluster, tmp_path):
     import sys
-    package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's marker applies
+    package = f"ftc_probe_{uuid.uuid4().hex[:8]}"  # its own name and file hash: no earlier run's layer applies
     workdir = tmp_path / "work"
     wheel = _wheel(workdir / "wheels", package, "installed")
-    (workdir / "use.py").write_text(f"import {package}\nprint('probe says', {package}.VALUE, flush=True)\n")
+    (workdir / "use.py").write_text(f"import sys, {package}\nprint('probe says', {package}.VALUE, flush=True)\n")
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(f"--no-index\n./wheels/{wheel.name}\n")
-    try:
-        first = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert f"requirements requirements.txt ({hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]}) on " \
-            f"{cluster}-0: installing" in first.stderr
-        assert f"on {cluster}-0: installed in" in first.stderr
-        assert "probe says installed" in first.stdout
-        second = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert f"requirements requirements.txt on {cluster}-0: already installed (skipped)" in second.stderr
-        assert "installed in" not in second.stderr
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    first = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"requirements requirements.txt ({digest}) on {cluster}-0: installing" in first.stderr
+    assert f"on {cluster}-0: installed in" in first.stderr
+    assert first.stdout.count("probe says installed") == 2
+    # the stack (here ftc's own venv, which local nodes reuse) is as it was: the package is only in the layer
+    assert subprocess.run([sys.executable, "-c", f"import {package}"], capture_output=True).returncode != 0
+    layer = ftc_home / "clusters" / cluster / "nodes" / "0" / "requirements" / digest
+    assert (layer / "bin" / "python").exists()
+    second = ftc("launch", "--name", cluster, "--requirements", str(requirements), "--", str(workdir / "use.py"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"requirements requirements.txt on {cluster}-0: already installed (skipped)" in second.stderr
+    assert "installed in" not in second.stderr
 
-        bad = tmp_path / "bad.txt"
-        bad.write_text(f"--no-index\n{package}-missing-dependency==9.9\n")
-        refused = ftc("launch", "--name", cluster, "--requirements", str(bad), "--", str(workdir / "use.py"))
-        assert refused.returncode == 1
-        line = refused.stderr.strip().splitlines()[-1]
-        assert f"failed on {cluster}-0" in line and f"{package}-missing-dependency==9.9" in line, line
-        assert last_job(ftc_home, cluster)["id"] != "" and len(state_of(ftc_home, cluster)["jobs"]) == 2
-    finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", package], capture_output=True)
-        venv_marker = Path(sys.prefix) / ".ftc-requirements" / hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-        venv_marker.unlink(missing_ok=True)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"--no-index\n{package}-missing-dependency==9.9\n")
+    refused = ftc("launch", "--name", cluster, "--requirements", str(bad), "--", str(workdir / "use.py"))
+    assert refused.returncode == 1
+    line = refused.stderr.strip().splitlines()[-1]
+    assert f"failed on {cluster}-0" in line and f"{package}-missing-dependency==9.9" in line, line
+    log = Path(line.split("pip's whole output: ")[1].split(" on ")[0])
+    assert f"{package}-missing-dependency" in log.read_text()  # the log it names is there to read
+    assert last_job(ftc_home, cluster)["id"] != "" and len(state_of(ftc_home, cluster)["jobs"]) == 2
+
+    # a package the stack pins keeps the stack's version: a requirement to move it is refused, naming it
+    moves_torch = tmp_path / "torch.txt"
+    moves_torch.write_text("--no-index\ntorch==2.14.1\n")
+    refused = ftc("launch", "--name", cluster, "--requirements", str(moves_torch), "--", str(workdir / "use.py"))
+    assert refused.returncode == 1
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "torch is the stack's own (torch==2.13.0)" in line, line
+    assert ftc("down", "--name", cluster).returncode == 0
+    assert not layer.exists()
+
+
+BUILD_BACKEND = """
+import os, time
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    with open({reached!r}, "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+"""
+
+
+@pytest.mark.slow
+def test_one_ctrl_c_during_the_requirements_install_stops_it_and_its_build_on_the_node(ftc_home, cluster, tmp_path):
+    import signal
+    workdir = tmp_path / "work"
+    package = workdir / "slowpkg"
+    package.mkdir(parents=True)
+    reached = tmp_path / "build-reached"
+    (package / "backend.py").write_text(BUILD_BACKEND.replace("{reached!r}", repr(str(reached))))
+    (package / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                            'backend-path = ["."]\n[project]\nname = "slowpkg"\nversion = "1.0"\n')
+    (workdir / "use.py").write_text("print('never reached')\n")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"--no-index\n./slowpkg\n# {uuid.uuid4().hex}\n")
+    proc = subprocess.Popen([*FTC, "launch", "--name", cluster, "--requirements", str(requirements), "--",
+                             str(workdir / "use.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: reached.exists() and reached.read_text() or proc.poll() is not None,
+             "the build to be held in build_wheel", timeout=300)
+    build = int(reached.read_text())
+    proc.send_signal(signal.SIGINT)  # once: no second Ctrl-C is needed
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    wait_for(lambda: not Path(f"/proc/{build}").exists(), "the node's build to be stopped", timeout=60)
+    assert state_of(ftc_home, cluster)["jobs"] == []
+    assert list((ftc_home / "clusters" / cluster / "nodes" / "0" / "jobs").glob("script-*")) == []
+
+
+DAEMONIZES = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(f"daemon-{os.environ['RANK']}", "w").close()
+        os.execvp("sleep", ["sleep", "{tag}"])
+    os._exit(0)
+while not all(os.path.exists(f"daemon-{rank}") for rank in range(int(os.environ["WORLD_SIZE"]))):
+    time.sleep(0.1)  # local nodes share one copy of the workdir: every rank's daemon runs
+os.kill(os.getppid(), 9)  # the rank's launcher (script_rank), which would have stopped the daemon
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_daemon_the_script_leaves_ends_with_the_job_and_with_down(ftc_home, cluster, tmp_path):
+    tag = str(8000 + os.getpid() % 1000)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "daemon.py").write_text(DAEMONIZES.replace("{tag}", tag))
+    proc = ftc("launch", "--name", cluster, "--", str(workdir / "daemon.py"))
+    assert proc.returncode != 0  # its launchers were killed
+    assert _sleeping(tag) == [], "the script's daemons outlived the job"
+
+    started = ftc("launch", "--name", cluster, "--detach", "--", str(workdir / "daemon.py"))
+    assert started.returncode == 0, started.stderr
+    job = last_job(ftc_home, cluster)
+    wait_for(lambda: (Path(job["remote_dir"]) / "exit_code").exists(), "the detached job to end", timeout=300)
+    assert len(_sleeping(tag)) == 2  # one per rank, left by a job nobody fetched
+    # its wall time is the job's, from its start to its end, not to whenever `ftc runs` is asked
+    listed = next(r for r in json.loads(ftc("runs", "--json").stdout) if r["id"] == job["id"])
+    record = json.loads((Path(job["results_dir"]) / "run.json").read_text())
+    ended = (Path(job["remote_dir"]) / "exit_code").stat().st_mtime
+    assert listed["wall_seconds"] == round(ended - record["started_at"], 1)
+    assert ftc("down", "--name", cluster).returncode == 0
+    wait_for(lambda: not _sleeping(tag), "`down` to stop the daemons", timeout=60)
 
 
 @pytest.mark.slow
@@ -311,6 +590,7 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
     (job_dir / "workdir" / "spot.py").write_text(
         "import os, signal, time\nfrom pathlib import Path\n"
         "out = Path(os.environ['FTC_OUTPUT_DIR'])\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
         "def stop(signum, frame):\n"
         "    (out / 'told.txt').write_text(Path(os.environ['FTC_PREEMPTED_FILE']).read_text())\n"
         "    raise SystemExit(0)\n"
@@ -338,6 +618,7 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
 LEAVES_THINGS = """
 import os, subprocess, sys
 out = os.environ["FTC_OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
 print("stdin gave", repr(sys.stdin.read()), flush=True)  # every rank: nothing, not a wait for ever
 subprocess.Popen(["sleep", "{tag}"])  # holds the output pipe
 subprocess.Popen(["sleep", "{tag}"], stdout=subprocess.DEVNULL, start_new_session=True)  # a session of its own

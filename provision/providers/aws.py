@@ -184,12 +184,27 @@ def instance_kind(spec) -> tuple[InstanceType, Catalog]:
 # ---- before anything is created --------------------------------------------------------------
 
 def caller_cidr() -> str:
+    """Your address as EC2 sees it: asked of AWS's what-is-my-IP service, except for an EC2 on this machine
+    (an emulator or moto at a loopback AWS_ENDPOINT_URL), where it is the loopback and nothing leaves it."""
+    if loopback_endpoint(os.environ):
+        return "127.0.0.1/32"
     try:
         with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:  # noqa: S310 - fixed https URL
             return f"{reply.read().decode().strip()}/32"
     except OSError:
         raise UsageError(f"{option('ssh_cidr')} is not set and your public address could not be found (no network?); "
                          f"give {option('ssh_cidr')}=<your address>/32") from None
+
+
+def loopback_endpoint(env) -> bool:
+    """The EC2 endpoint ftc talks to is on this machine (AWS_ENDPOINT_URL_EC2, else AWS_ENDPOINT_URL). Pure."""
+    import ipaddress
+    import urllib.parse
+    host = urllib.parse.urlparse(env.get("AWS_ENDPOINT_URL_EC2") or env.get("AWS_ENDPOINT_URL") or "").hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def preflight(state: st.ClusterState) -> AwsPreflight:
@@ -213,7 +228,8 @@ def preflight(state: st.ClusterState) -> AwsPreflight:
     zones = spec.zones or sorted(by_zone)
     unknown = [z for z in zones if z not in by_zone]
     if unknown:
-        raise UsageError(f"ZONES: {unknown[0]!r} has no default subnet in {spec.region}; allowed: {', '.join(sorted(by_zone))}")
+        raise UsageError(f"{option('zones')}: {unknown[0]!r} has no default subnet in {spec.region}; allowed: "
+                         f"{', '.join(sorted(by_zone))}")
     return AwsPreflight(ami=ami, root_device=image[0].get("RootDeviceName", "/dev/xvda"), ssh_cidr=cidr,
                         vpc=vpcs[0]["VpcId"], subnets={z: by_zone[z] for z in zones})
 

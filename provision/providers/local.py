@@ -201,6 +201,9 @@ def terminate(state: st.ClusterState, record: Record) -> None:
     # Also every sshd running a config of ours that the state does not list: the state was
     # lost or corrupt, or an earlier cluster of this name lost its state and ran on.
     roots += _sshds_under(st.cluster_dir(state.name) / "nodes")
+    # And whatever a job left running outside these trees (a daemon that left its rank's process tree, an
+    # install cut short): it carries its node's directory, which the launch and the install export.
+    roots += procs.carrying({b"FTC_NODE_DIR=" + os.fsencode(node.workdir) for node in state.nodes})
     pids = roots + [child for root in roots for child in procs.descendants(root)]
     procs.stop(sorted(set(pids)))
     for node in state.nodes:

@@ -374,11 +374,20 @@ SCRIPT_WORKDIR = "workdir"  # in the job's directory: the node's copy of your wo
 SCRIPT_OUTPUT_HOME = "output"  # in the results directory: rank 0's output folder, fetched
 PREEMPTED_NOTE = "preempted.env"  # in the job's directory: `FTC_PREEMPTED=1` once a spot notice came
 REQUIREMENTS_FILE = "requirements.txt"  # in the job's directory: your requirements, beside the workdir's copy
-REQUIREMENTS_LOG = "requirements.log"  # in the job's directory: pip's output installing them
+REQUIREMENTS_LOG = "requirements.log"  # beside each layer (<digest>.log): pip's output installing them
+# In the node's own directory: a venv per requirements content, layered on the stack (its site-packages
+# read after the layer's own), so a script's requirements never change the stack's Python; `down` removes it.
+REQUIREMENTS_LAYERS = "requirements"
+REQUIREMENTS_ENV = "FTC_REQUIREMENTS"  # the layer's name (its content's digest) for a script's ranks, when it has one
 # The words the install of your requirements on a node (script_job.install_requirements) echoes.
 REQUIREMENTS_SKIPPED = "SKIP"  # installed before: the stack's venv holds this file's content's marker
 REQUIREMENTS_DONE = "DONE"
 REQUIREMENTS_FAILED = "FAILED"  # the last lines of REQUIREMENTS_LOG follow
+
+
+def requirements_layer(node_dir: Path, digest: str) -> Path:
+    """The venv of a requirements content on a node (node_dir: the node's own directory)."""
+    return Path(node_dir) / REQUIREMENTS_LAYERS / digest
 
 
 @dataclass
@@ -388,10 +397,26 @@ class RankExit:
     node: str  # the hostname of the node it ran on
     code: int  # the script's exit code; 128 + N when signal N killed it
     ended_at: float  # time.time() on its node: the earliest failure is the one that ended the job
+    synced: bool | None = None  # whether the script exchanged with the other ranks (DDP, FSDP, a collective)
 
 
 def rank_exit_path(rank: int) -> str:
     return f"{LOGS_DIR}/rank{rank}.exit.json"
+
+
+SYNCED_ENV = "FTC_SYNCED_FILE"  # a script rank's file, made once its script wraps its model in DDP or FSDP, or
+# calls a collective that combines the ranks' data (all_reduce, all_gather, reduce_scatter, all_to_all)
+
+
+def rank_synced_path(rank: int) -> str:
+    return f"{LOGS_DIR}/rank{rank}.synced"
+
+
+def ranks_alone(exits: list[RankExit], world_size: int) -> bool:
+    """Every rank of a job of several ended without exchanging anything with the others: each ran the
+    whole job alone (a Trainer script on CPU without use_cpu=True does: it joins a process group, then
+    trains without DDP). Pure."""
+    return world_size > 1 and len(exits) == world_size and all(e.synced is False for e in exits)
 
 
 def write_rank_exit(job_dir: Path, exit: RankExit) -> None:
@@ -412,7 +437,9 @@ def read_rank_exits(job_dir: Path) -> list[RankExit]:
     for path in sorted((job_dir / LOGS_DIR).glob("rank*.exit.json")):
         try:
             data = json.loads(path.read_text())
-            found.append(RankExit(int(data["rank"]), str(data["node"]), int(data["code"]), float(data["ended_at"])))
+            synced = data.get("synced")
+            found.append(RankExit(int(data["rank"]), str(data["node"]), int(data["code"]), float(data["ended_at"]),
+                                  synced if isinstance(synced, bool) else None))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return found

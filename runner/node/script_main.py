@@ -41,8 +41,43 @@ def _gloo_threads_on(cores: list[int], distenv) -> None:
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
         with distenv.threads_started_on(cores):
-            return original(*args, **kwargs)
+                return original(*args, **kwargs)
     dist.init_process_group = init_process_group
+
+
+COMBINING = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+             "reduce_scatter_tensor", "all_to_all", "all_to_all_single")  # collectives that combine the ranks' data
+
+
+def _note_when_synced() -> None:
+    """script_rank's file (protocol.SYNCED_ENV) made the first time the script wraps a model in DDP or FSDP
+    or calls a collective that combines the ranks' data: a job none of whose ranks did ran N times alone."""
+    path = os.environ.get("FTC_SYNCED_FILE", "")
+    try:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # a script without torch: nothing to note
+        return
+    if not path:
+        return
+
+    noted = []  # once is enough: a collective may run every step
+
+    def noting(original):
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            if not noted:
+                Path(path).touch()
+                noted.append(True)
+            return original(*args, **kwargs)
+        return call
+    for name in COMBINING:
+        if hasattr(c10d, name):
+            wrapped = noting(getattr(c10d, name))
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
+    DistributedDataParallel.__init__ = noting(DistributedDataParallel.__init__)
 
 
 def _leave_if_joined(distenv) -> bool:
@@ -75,6 +110,7 @@ def main() -> None:
     sys.path[0] = str(Path(script).parent)
     distenv = _distenv()
     _gloo_threads_on(cores, distenv)
+    _note_when_synced()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

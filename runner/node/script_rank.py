@@ -24,7 +24,18 @@ import time
 from pathlib import Path
 
 from .distenv import pin_self, read_env
-from .protocol import LOGS_DIR, PREEMPTED_NOTE, SCRIPT_WORKDIR, RankExit, rank_log_path, write_rank_exit
+from .protocol import (
+    LOGS_DIR,
+    PREEMPTED_NOTE,
+    REQUIREMENTS_ENV,
+    SCRIPT_WORKDIR,
+    SYNCED_ENV,
+    RankExit,
+    rank_log_path,
+    rank_synced_path,
+    requirements_layer,
+    write_rank_exit,
+)
 from .spot import Watcher
 
 
@@ -45,17 +56,17 @@ def main(argv: list[str]) -> int:
     workdir = job_dir / SCRIPT_WORKDIR
     note = job_dir / PREEMPTED_NOTE
     env = {**os.environ, **torchrun_env(dist.rank, dist.world_size, dist.local_rank, dist.local_world_size),
-           "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note)}
+           **own_account(), "FTC_OUTPUT_DIR": str(workdir / output), "FTC_PREEMPTED_FILE": str(note),
+           SYNCED_ENV: str(job_dir / rank_synced_path(dist.rank))}
     # ftc's own package stays out of the script's import path: its runner/ must not hide the user's
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != Path(__file__).resolve().parents[2])
-    (workdir / output).mkdir(parents=True, exist_ok=True)
     (job_dir / LOGS_DIR).mkdir(exist_ok=True)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # what the script starts in a session of its own is adopted here, not by init
     # stdin: nothing (a rank's inherited one is mpirun's socket, where a read would wait for ever); a
     # process group of its own, so that what it leaves running is found and stopped; killed with this
     # process if mpirun kills this one outright
-    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("script_main.py")), script, *args],
+    child = subprocess.Popen([script_python(job_dir), str(Path(__file__).with_name("script_main.py")), script, *args],
                              cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
@@ -75,8 +86,24 @@ def main(argv: list[str]) -> int:
     if watcher:
         watcher.stop()
     code = 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
-    write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time()))
+    write_rank_exit(job_dir, RankExit(dist.rank, socket.gethostname(), code, time.time(),
+                                      (job_dir / rank_synced_path(dist.rank)).exists()))
     return code
+
+
+def own_account() -> dict[str, str]:
+    """HOME, USER and LOGNAME of the account this rank runs as, on its own node: mpirun hands every rank
+    the head node's, and a node's home may differ (your servers), or be ftc's folder (local nodes)."""
+    import pwd
+    account = pwd.getpwuid(os.getuid())
+    return {"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name}
+
+
+def script_python(job_dir: Path) -> str:
+    """The Python the script runs on: its requirements' layer over the stack when it has one (the job's
+    directory is <node dir>/jobs/<id>), else the stack's own."""
+    layer = os.environ.get(REQUIREMENTS_ENV, "")
+    return str(requirements_layer(job_dir.parent.parent, layer) / "bin" / "python") if layer else sys.executable
 
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2)
