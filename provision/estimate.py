@@ -406,6 +406,7 @@ class Offer:
     network_gbps: float
     usd_per_hour: float
     ena_express: bool  # the type offers it: ftc's clusters turn it on
+    grad_bytes: float = 0.0  # what its nodes send a step (bf16 where training is bf16); 0: the job's
 
 
 @dataclass(frozen=True)
@@ -422,30 +423,45 @@ class Job:
     params: int = DISTILBERT_PARAMS
 
 
-def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> list[Levers]:
+@dataclass(frozen=True)
+class Fixed:
+    """Levers the user fixed for a search (None: the search weighs both)."""
+    express: bool | None = None
+    comm_core: bool | None = None
+    compiled: bool | None = None
+
+
+def _both_or(fixed: bool | None) -> tuple[bool, ...]:
+    return (True, False) if fixed is None else (fixed,)
+
+
+def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2_FLOW_GBPS,
+                  fixed: Fixed = Fixed()) -> list[Levers]:
     """The exact-gradient levers worth weighing on `offer`: ENA Express on (where offered) or off, the
-    communication core or the all-reduce after backward, eager or compiled; each with as many flows as
-    fill the link. Accumulation and PowerSGD change the recipe or the numerics: never chosen for you."""
+    communication core or the all-reduce after backward, eager or compiled, each as `fixed` allows; each
+    with as many flows as fill the link. Accumulation and PowerSGD change the recipe or the numerics:
+    never chosen for you."""
     choices = []
-    for express in ((True, False) if offer.ena_express and express_flow_gbps else (False,)):
+    offered = offer.ena_express and bool(express_flow_gbps)
+    for express in [e for e in _both_or(fixed.express) if offered or not e]:
         cap = express_flow_gbps if express else flow_gbps
         flows = flows_to_fill(offer.network_gbps, cap)
-        for comm_core in (True, False):
-            for compiled in (True, False):
+        for comm_core in _both_or(fixed.comm_core):
+            for compiled in _both_or(fixed.compiled):
                 choices.append(Levers(flows, comm_core, 1, comm_core=comm_core, express=express, compiled=compiled))
     return choices
 
 
 def search(offers: list[Offer], nodes_list: list[int], job: Job, latency_s: float = EC2_LATENCY_S,
-           flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0) -> list[PlanRow]:
+           flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0, fixed: Fixed = Fixed()) -> list[PlanRow]:
     """Every offer x node count x lever choice, planned; fastest first. Pure."""
     rows = []
     for offer in offers:
-        for levers in lever_choices(offer, express_flow_gbps, flow_gbps):
+        for levers in lever_choices(offer, express_flow_gbps, flow_gbps, fixed):
             planned = plan(nodes_list, job.train_samples, job.epochs, offer.node_samples_per_s, job.batch_per_node,
-                           job.grad_bytes, offer.network_gbps, job.exposure, job.wait_share, offer.usd_per_hour,
-                           job.setup_s, levers, latency_s, flow_gbps, job.params, offer.cores, express_flow_gbps,
-                           job.compiled)
+                           offer.grad_bytes or job.grad_bytes, offer.network_gbps, job.exposure, job.wait_share,
+                           offer.usd_per_hour, job.setup_s, levers, latency_s, flow_gbps, job.params, offer.cores,
+                           express_flow_gbps, job.compiled)
             rows += [replace(row, instance_type=offer.instance_type) for row in planned]
     unique = {(row.instance_type, row.nodes, row.levers): row for row in rows}  # one node: the exchange levers alike
     return sorted(unique.values(), key=lambda row: (row.wall_s, row.usd))
@@ -479,24 +495,31 @@ def pick(rows: list[PlanRow], deadline_s: float | None, budget_usd: float | None
             rule = (f"the fastest at most {PAYS_COST_RATIO:g}x the cost of the cheapest "
                     f"({_cluster(cheapest)}, {duration(cheapest.wall_s)}, ${cheapest.usd:.2f})")
         return Pick(chosen, True, f"Pick {_cluster(chosen)}: {_figures(chosen)}: {rule}.")
-    budgeted = [r for r in rows if budget_usd is None or r.usd <= budget_usd]
-    timely = [r for r in rows if deadline_s is None or r.wall_s <= deadline_s]
-    if budgeted:
+    budgeted = [r for r in rows if budget_usd is not None and r.usd <= budget_usd]
+    timely = [r for r in rows if deadline_s is not None and r.wall_s <= deadline_s]
+    if budgeted:  # a deadline too: the fastest within the budget misses it
         chosen = min(budgeted, key=lambda r: (r.wall_s, r.usd))
         miss = f"the fastest within ${budget_usd:g}, {duration(chosen.wall_s - deadline_s)} over the deadline"
-    elif timely:
+    elif timely:  # a budget too: the cheapest within the deadline misses it
         chosen = min(timely, key=lambda r: (r.usd, r.wall_s))
         miss = f"the cheapest within {duration(deadline_s)}, ${chosen.usd - budget_usd:.2f} over the budget"
-    else:
+    elif budget_usd is None:
         chosen = min(rows, key=lambda r: (r.wall_s, r.usd))
-        miss = "the fastest of all, over both"
+        miss = f"the fastest, {duration(chosen.wall_s - deadline_s)} over the deadline"
+    else:
+        chosen = min(rows, key=lambda r: (r.usd, r.wall_s))
+        miss = f"the cheapest, ${chosen.usd - budget_usd:.2f} over the budget" + (
+            f" and {duration(chosen.wall_s - deadline_s)} over the deadline" if deadline_s is not None
+            and chosen.wall_s > deadline_s else "")
     return Pick(chosen, False, f"Nothing planned meets {asked}; nearest: {_cluster(chosen)}: {_figures(chosen)}: {miss}.")
 
 
-def lever_words(levers: Levers) -> str:
-    """"ENA Express, 4 flows, communication core, compiled": the levers as a pick names them."""
-    words = (["ENA Express"] if levers.express else []) + [f"{levers.flows} flow{'s' if levers.flows > 1 else ''}"]
-    words.append("communication core" if levers.comm_core else "overlapped" if levers.overlap else "after backward")
+def lever_words(levers: Levers, nodes: int = 2) -> str:
+    """"ENA Express, 4 flows, communication core, compiled": the levers as a pick names them (a lone
+    node exchanges nothing: only whether it compiles)."""
+    words = [] if nodes == 1 else (["ENA Express"] if levers.express else []) + [
+        f"{levers.flows} flow{'s' if levers.flows > 1 else ''}",
+        "communication core" if levers.comm_core else "overlapped" if levers.overlap else "after backward"]
     return ", ".join(words + (["compiled"] if levers.compiled else ["eager"]))
 
 
@@ -515,7 +538,7 @@ def _asked(deadline_s: float | None, budget_usd: float | None) -> str:
 
 
 def _cluster(row: PlanRow) -> str:
-    return f"{row.nodes} x {row.instance_type} ({lever_words(row.levers)})"
+    return f"{row.nodes} x {row.instance_type} ({lever_words(row.levers, row.nodes)})"
 
 
 def _figures(row: PlanRow) -> str:

@@ -169,8 +169,11 @@ def checked(args: argparse.Namespace) -> None:
     args.data_dir = glue_dir(args.data_dir)
     if not (args.accuracy and args.model):
         args.tokenizer = tokenizer_dir(args.tokenizer)
+    asked_express = args.ena_express is not None and boolean("ena_express", args.ena_express)
+    args.ena_express = asked_express or args.ena_express is None
     if args.network:
         args.network = network_instance(args.network)
+        refuse_express_without(args.network, asked_express)
         lacking = netem.missing()
         if lacking:
             raise UsageError(f"{option('network')} needs root, pyroute2 and network namespaces: {lacking}")
@@ -186,7 +189,6 @@ def checked(args: argparse.Namespace) -> None:
     if not (args.accuracy or args.batch_split or args.long_jobs):  # these lay out their own ranks
         args.ranks, args.cores_per_rank = rank_layout(args.ranks, args.cores_per_rank, args.quick,
                                                       len(physical_cores()))
-    args.ena_express = boolean("ena_express", args.ena_express if args.ena_express is not None else "1")
     if args.network:
         args.levers = network_levers(args.levers, max(args.ranks), args.cores_per_rank, len(physical_cores()))
 
@@ -201,6 +203,14 @@ def network_instance(raw: str) -> str:
         raise UsageError(f"{option('network')}={raw!r} is not an instance type; allowed: {', '.join(families)} (their 16xlarge) "
                          "or a type such as c7i.8xlarge")
     return name
+
+
+def refuse_express_without(kind_name: str, asked: bool) -> None:
+    """`--ena-express 1` on a type without ENA Express: refused, as `ftc up` and `ftc plan` refuse it."""
+    from provision.catalog import INSTANCE_TYPES
+    if asked and not INSTANCE_TYPES[kind_name].ena_express:
+        raise UsageError(f"{option('ena_express')}=1, but {kind_name} has no ENA Express; allowed: 0, or a type that "
+                         "has it (`ftc plan --json` names each type's)")
 
 
 def tokenizer_dir(explicit: str | None) -> Path:

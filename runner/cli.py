@@ -192,7 +192,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--model", default=None,
                    help="a local model directory: its size, from its safetensors header, scales the rate and the "
                         "all-reduce (default: distilbert-base-uncased's)")
-    p.add_argument("--nodes", default="1,2,4,8", help="comma list of cluster sizes")
+    p.add_argument("--nodes", default=plan.NODE_COUNTS, help=f"comma list of cluster sizes (default {plan.NODE_COUNTS})")
     p.add_argument("--instance-type", default=None, help=f"default: the cluster spec's ({DEFAULT_WORLD.default_instance_type}); "
                                                          "auto: every planned type of the catalog, and a pick")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
@@ -608,12 +608,16 @@ def _plan_the_cluster(args: argparse.Namespace) -> None:
                          "has none: name the nodes instead")
     only = None if args.instance_type in (None, "auto") else parsers_for(provider)["instance_type"](
         "instance_type", args.instance_type)
-    nodes = "1,2,3,4,6,8" if args.nodes in (None, "auto") else args.nodes
+    nodes = plan.NODE_COUNTS if args.nodes in (None, "auto") else args.nodes
     asked = argparse.Namespace(task=args.task, nodes=nodes, epochs=args.epochs or "3", setup_minutes=str(SETUP_MINUTES),
                                batch_size=None, bench=str(plan.DEFAULT_BENCH), model=None, grad_compress=None,
-                               deadline=args.deadline, budget=args.budget)
+                               deadline=args.deadline, budget=args.budget, ena_express=args.ena_express,
+                               allreduce=None, compile=None)
     job, given = _plan_job(asked)
-    _, chosen, found, _ = _searched(job, given, only)
+    _, chosen, found, _ = _searched(job, given, plan.fixed_levers(asked, "auto"), only)
+    if not chosen.meets:
+        raise UsageError(f"{label('instance_type')}/{label('nodes')}=auto: {chosen.why} Give a later "
+                         f"{label('deadline')} or a larger {label('budget')}, or name the nodes")
     args.instance_type, args.nodes = chosen.row.instance_type, str(chosen.row.nodes)
     console.print(f"plan for {given['task']} x {job.epochs} epochs: {chosen.why} ({found.source})", markup=False,
                   soft_wrap=True)
@@ -623,7 +627,7 @@ def _plan_searches(args: argparse.Namespace) -> bool:
     """Whether `ftc plan` picks the instance type: INSTANCE_TYPE auto, or a deadline or budget with none given."""
     settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
     named = args.instance_type or settings.get("instance_type")
-    return named == "auto" or (named is None and (args.deadline is not None or args.budget is not None))
+    return named == "auto" or args.deadline is not None or args.budget is not None
 
 
 def _plan_job(args: argparse.Namespace) -> tuple:
@@ -656,15 +660,16 @@ def _plan_job(args: argparse.Namespace) -> tuple:
                  "deadline": deadline, "budget": budget}
 
 
-def _searched(job, given: dict, only: str | None = None) -> tuple:
-    """Every planned instance type of the catalog (or `only` that one) x node count x lever: the rows, the
-    pick, the catalog and its offers."""
+def _searched(job, given: dict, fixed, only: str | None = None) -> tuple:
+    """Every planned instance type of the catalog (or `only` that one) x node count x lever (less those
+    `fixed`): the rows, the pick, the catalog and its offers."""
     from provision import estimate
     from provision.providers import catalog, default_world
     world = default_world()
     found = catalog("aws", world.default_region)
-    offers = plan.offers(found, given["bench"], job.params, only)
-    rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps)
+    offers = plan.offers(found, given["bench"], job.params, given["compress"], only)
+    rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps,
+                           fixed)
     return rows, estimate.pick(rows, given["deadline"], given["budget"]), found, offers
 
 
@@ -673,7 +678,10 @@ def _plan_search(args: argparse.Namespace, job, given: dict) -> int:
     if args.samples_per_s is not None:
         raise UsageError(f"{label('samples_per_s')} is one instance type's rate; give {label('instance_type')} with it, "
                          "or leave it out to carry the bench's rate to every type")
-    rows, chosen, found, offers = _searched(job, given)
+    only = args.instance_type if args.instance_type not in (None, "auto") else None
+    if only:
+        _planned_instance_type(only)  # a type of the catalog, checked as a spec's
+    rows, chosen, found, offers = _searched(job, given, plan.fixed_levers(args, given["compress"]), only)
     rates = (f"each type's rate carried from the bench's ({given['bench']['ftc_samples_per_s']:.1f} samples/s on "
              f"{given['bench']['cores_per_rank']} cores of {given['bench']['cpu']}) by CPU class and cores: an "
              "extrapolation, not a measurement on that type")

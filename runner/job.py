@@ -49,7 +49,7 @@ from .node.protocol import (
     read_rank_exits,
 )
 from .node.script_rank import STOP_GRACE_S
-from .plan import exchange_for
+from .plan import exchange_for, planned_steps
 from .report import for_terminal, print_results, protocol_line, show_failure
 from .script_job import output_bytes, remove_on_nodes, stop_run_processes
 from .transfer import (
@@ -93,7 +93,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     if not on_nodes.allreduce:  # auto: the faster exchange on this cluster's network, where ftc can weigh it
         spec_now = state.cluster_spec
         on_nodes = replace(on_nodes, allreduce=exchange_for(state.provider, spec_now.instance_type, len(state.nodes),
-                                                            spec_now.ena_express))
+                                                            spec_now.ena_express, planned_steps(job, len(state.nodes))))
     try:
         what = Path(job.train_file).name if job.train_file else f"GLUE {job.task.upper()}"
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
@@ -103,6 +103,10 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
                               ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
     except ValueError as exc:
         raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
+    if on_nodes.allreduce == "comm-core" and spec.plan.threads < 2 and spec.nodes * spec.plan.ppn > 1:
+        raise UsageError(f"{label('allreduce')}=comm-core keeps one of a rank's cores for gloo's threads, but each rank "
+                         f"here has {spec.plan.threads} core; allowed: fewer {label('ppn')}, or {label('allreduce')}="
+                         "after-backward or overlap")
     if render_only:
         print(render_launch(spec), end="")
         return 0

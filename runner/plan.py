@@ -3,6 +3,7 @@ one node's rate on an instance type, the levers it models and the model it sizes
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.markup import escape
@@ -16,6 +17,7 @@ from runner.node.units import duration
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
 
 RATE = number(0.1, 1e9, lo_included=True)
+NODE_COUNTS = "1,2,4,8"  # the cluster sizes a plan weighs unless given (and `ftc up` with NODES=auto)
 # A cluster's setup, billed on every node before training: the EC2 emulator's launch and bootstrap of 4
 # nodes (27 s, the image shipping the stack), the stack's install with uv (28 s with an empty cache:
 # docs/install.json) and a minute for EC2 to boot a node, which no machine here can measure.
@@ -58,6 +60,9 @@ def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int
     mode = "after-backward" if args.allreduce is None else JOB_PARSERS["allreduce"]("allreduce", args.allreduce)
     if mode == "auto":
         mode = "after-backward"
+    if compress == "powersgd" and mode in ("overlap", "comm-core"):
+        raise UsageError(f"{label('grad_compress')}=powersgd runs after backward, but {label('allreduce')} is {mode}; "
+                         "set it to after-backward or auto")
     accumulate = default.accumulate if args.accumulate is None else whole(1, 1024)("accumulate", args.accumulate)
     compiled = one_of(("auto", "on", "off"))("compile", args.compile) if args.compile else "auto"
     return Levers(flows, mode in ("overlap", "comm-core"), accumulate, POWERSGD_RANK if compress == "powersgd" else 0,
@@ -65,11 +70,12 @@ def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int
                   compiled=compiled == "on" or (compiled == "auto" and steps >= COMPILE_MIN_STEPS))
 
 
-def exchange_for(provider: str, instance_type: str, nodes: int, express: bool) -> str:
+def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, steps: int = 0) -> str:
     """ALLREDUCE auto on a cluster of `nodes` x `instance_type`: comm-core where the plan's model finds it
     faster than the all-reduce after backward on that network (a large exchange against a step's
-    compute), else after-backward; '' where the provider has no catalog to weigh (the job then runs
-    after backward). A bench.json without planner figures leaves it '' too."""
+    compute: compiled steps where the job plans `steps` of COMPILE_MIN_STEPS or more, as --compile auto),
+    else after-backward; '' where the provider has no catalog to weigh (the job then runs after
+    backward). A bench.json without planner figures leaves it '' too."""
     from provision import estimate
     from provision.providers import world
     own = world(provider)
@@ -82,10 +88,12 @@ def exchange_for(provider: str, instance_type: str, nodes: int, express: bool) -
         return ""
     cls = estimate.xeon_class(kind.native_bf16)
     rate, _ = plan_rate(None, bench, kind, cls, estimate.DISTILBERT_PARAMS)
-    after = estimate.default_levers(kind.network_gbps, express and kind.ena_express, own.flow_gbps, own.express_flow_gbps)
+    after = replace(estimate.default_levers(kind.network_gbps, express and kind.ena_express, own.flow_gbps,
+                                            own.express_flow_gbps), compiled=steps >= COMPILE_MIN_STEPS)
+    compiled = compile_figures(str(DEFAULT_BENCH)) or estimate.NO_COMPILE
     rows = [estimate.plan([nodes], 1, 1, rate, 32, estimate.gradient_bytes(bf16=cls == "bf16"), kind.network_gbps,
                           bench["exposure"], bench["wait_share"], 0.0, 0.0, levers, own.hop_latency_s, own.flow_gbps,
-                          cores=kind.physical_cores, express_flow_gbps=own.express_flow_gbps)[0]
+                          cores=kind.physical_cores, express_flow_gbps=own.express_flow_gbps, compiled=compiled)[0]
             for levers in (after, estimate.with_comm_core(after))]
     return "comm-core" if estimate.faster_rows([rows[0]], [rows[1]])[0] is rows[1] else "after-backward"
 
@@ -152,7 +160,8 @@ def plan_model(raw: str | None) -> tuple[str, int]:
 
 
 def deadline_seconds(key: str, raw: str) -> float:
-    """A deadline as `20m`, `1h30m`, `90s` or plain minutes (`20`): seconds, from 1 minute to 7 days."""
+    """A deadline as `20m`, `1h30m`, `90s` or plain minutes (`20`): seconds, from 1 minute to 168 hours;
+    minutes and seconds after a larger unit stay under 60."""
     import re
     text = str(raw).strip()
     match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text, re.ASCII) if text else None
@@ -160,11 +169,12 @@ def deadline_seconds(key: str, raw: str) -> float:
         seconds = 60 * int(text)
     elif match and any(match.groups()):
         hours, minutes, secs = (int(part or 0) for part in match.groups())
-        seconds = 3600 * hours + 60 * minutes + secs
+        carried = (match.group(1) and minutes >= 60) or ((match.group(1) or match.group(2)) and secs >= 60)
+        seconds = -1 if carried else 3600 * hours + 60 * minutes + secs
     else:
         seconds = -1
     if not 60 <= seconds <= 7 * 86400:
-        raise UsageError(f"{label(key)}={raw!r} is not a deadline; allowed: 1m to 7 days, as 20m, 1h30m, 90s or "
+        raise UsageError(f"{label(key)}={raw!r} is not a deadline; allowed: 1m to 168h, as 20m, 1h30m, 90s or "
                          "minutes (20)")
     return float(seconds)
 
@@ -195,18 +205,37 @@ def compile_figures(path: str):
 SEARCHED_SIZE = "16xlarge"
 
 
-def offers(catalog, bench: dict, params: int, only: str | None = None) -> list:
+def offers(catalog, bench: dict, params: int, compress: str, only: str | None = None) -> list:
     """Every family's SEARCHED_SIZE in `catalog` (or the one type `only`), as the plan weighs it: the
-    bench's rate carried to its CPU class and cores (plan_rate)."""
+    bench's rate carried to its CPU class and cores (plan_rate), and the gradient its nodes send (bf16
+    where its CPU trains in bf16, as a job decides: wire_bf16)."""
     from provision import estimate
     chosen = []
     for name, kind in sorted(catalog.instance_types.items()):
         if name != only if only else name.partition(".")[2] != SEARCHED_SIZE:
             continue
-        rate, _ = plan_rate(None, bench, kind, estimate.xeon_class(kind.native_bf16), params)
+        cls = estimate.xeon_class(kind.native_bf16)
+        rate, _ = plan_rate(None, bench, kind, cls, params)
         chosen.append(estimate.Offer(name, rate, kind.physical_cores, kind.network_gbps, kind.usd_per_hour,
-                                     kind.ena_express))
+                                     kind.ena_express, estimate.gradient_bytes(wire_bf16(compress, cls), params)))
     return chosen
+
+
+def fixed_levers(args: argparse.Namespace, compress: str):
+    """The levers a search may not choose: --ena-express, --allreduce, --compile where given. The search
+    weighs exact gradients only, so PowerSGD is refused there, and with an overlapped all-reduce anywhere."""
+    from provision.estimate import Fixed
+    from runner.jobspec import PARSERS as JOB_PARSERS
+    mode = None if args.allreduce is None else JOB_PARSERS["allreduce"]("allreduce", args.allreduce)
+    if compress == "powersgd" and mode in ("overlap", "comm-core"):
+        raise UsageError(f"{label('grad_compress')}=powersgd runs after backward, but {label('allreduce')} is {mode}; "
+                         "set it to after-backward or auto")
+    if mode == "overlap":
+        raise UsageError(f"{label('allreduce')}=overlap is not weighed by a search; allowed there: auto, after-backward, "
+                         "comm-core (or name --instance-type without --deadline/--budget)")
+    compiled = None if args.compile in (None, "auto") else one_of(("auto", "on", "off"))("compile", args.compile) == "on"
+    return Fixed(None if args.ena_express is None else boolean("ena_express", args.ena_express),
+                 None if mode in (None, "auto") else mode == "comm-core", compiled)
 
 
 def row_record(row) -> dict:
@@ -231,7 +260,19 @@ def print_search(title: str, rows: list, chosen) -> None:
     for column in ("instance type", "nodes", "levers", "samples/s", "efficiency", "training", "wall (with setup)", "cost"):
         table.add_column(column, justify="left" if column in ("instance type", "levers") else "right")
     for row in shown:
-        table.add_row(("* " if row is chosen else "") + row.instance_type, str(row.nodes), lever_words(row.levers),
+        table.add_row(("* " if row is chosen else "") + row.instance_type, str(row.nodes), lever_words(row.levers, row.nodes),
                       f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}", duration(row.train_s),
                       duration(row.wall_s), f"${row.usd:.2f}")
     answer.print(table)
+
+
+def planned_steps(job, nodes: int) -> int:
+    """The steps a job plans on `nodes` nodes (one rank each), where its rows are known before it loads
+    them (a GLUE task, less its MAX_TRAIN_SAMPLES); 0 where they are not (your own files)."""
+    from provision.estimate import GLUE_TRAIN_SIZES
+    from runner.node.recipes import RECIPES
+    rows = GLUE_TRAIN_SIZES.get(job.task, 0)
+    if job.max_train_samples:
+        rows = min(rows, job.max_train_samples)
+    recipe = RECIPES[job.recipe]
+    return (job.epochs or recipe["epochs"]) * rows // (nodes * (job.batch_size or recipe["batch_size"]))

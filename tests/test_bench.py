@@ -341,3 +341,9 @@ def test_ctrl_c_in_a_bench_says_interrupted_and_exits_130(ftc_home, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after"), err[-3000:]
+
+
+def test_network_bench_refuses_ena_express_on_a_type_without_it(ftc_home, tmp_path):
+    proc = ftc("bench", "--quick", "--network", "c7i.8xlarge", "--ena-express", "1", "--out", str(tmp_path / "bench"))
+    assert proc.returncode == 2 and one_error(proc).startswith("error: --ena-express=1, but c7i.8xlarge has no ENA Express")
+    assert not (tmp_path / "bench").exists()

@@ -453,12 +453,70 @@ def test_plan_with_a_deadline_picks_from_the_catalog_and_says_its_sources(ftc_ho
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--deadline", "soon"], "--deadline='soon' is not a deadline; allowed: 1m to 7 days, as 20m, 1h30m, 90s or minutes (20)"),
+    (["--deadline", "soon"], "--deadline='soon' is not a deadline; allowed: 1m to 168h, as 20m, 1h30m, 90s or minutes (20)"),
+    (["--deadline", "1h61m"], "--deadline='1h61m' is not a deadline"),
     (["--deadline", "20s"], "--deadline='20s' is not a deadline"),
     (["--budget", "-4"], "--budget='-4'"),
     (["--deadline", "20m", "--samples-per-s", "300"], "--samples-per-s is one instance type's rate"),
     (["--instance-type", "c7i.16xlarge", "--ena-express", "maybe"], "--ena-express='maybe'"),
-], ids=["words", "under a minute", "negative budget", "one type's rate in a search", "not a switch"])
+    (["--deadline", "20m", "--allreduce", "comm-core", "--grad-compress", "powersgd"],
+     "--grad-compress=powersgd runs after backward, but --allreduce is comm-core"),
+    (["--nodes", "1,2,4", "--instance-type", "c7i.16xlarge", "--allreduce", "comm-core", "--grad-compress", "powersgd"],
+     "--grad-compress=powersgd runs after backward, but --allreduce is comm-core"),
+], ids=["words", "minutes past the hour", "under a minute", "negative budget", "one type's rate in a search",
+        "not a switch", "powersgd overlapped in a search", "powersgd overlapped on one type"])
 def test_plan_refuses_a_bad_deadline_or_budget_in_one_line(ftc_home, flags, named):
     proc = ftc("plan", "--task", "qqp", *flags)
     assert proc.returncode == 2 and one_error(proc).startswith(f"error: {named}"), proc.stderr
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--deadline", "1m"], "Nothing planned meets the 1m00s deadline; nearest: "),
+    (["--budget", "0.01"], "Nothing planned meets $0.01; nearest: "),
+    (["--deadline", "1m", "--budget", "0.01"], "Nothing planned meets the 1m00s deadline and $0.01; nearest: "),
+], ids=["a deadline alone", "a budget alone", "both"])
+def test_a_plan_nothing_meets_names_the_nearest_and_by_how_much(ftc_home, flags, says):
+    proc = ftc("plan", "--task", "qqp", *flags, "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["pick"]["meets"] is False and plan["recommendation"].startswith(says)
+    assert " over the " in plan["recommendation"]
+
+
+def test_a_search_keeps_the_levers_it_is_given_and_plans_each_type_with_its_own_gradient(ftc_home):
+    def pick(*flags: str) -> dict:
+        proc = ftc("plan", "--task", "qqp", "--deadline", "20m", "--json", *flags)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    plain, core, named = pick("--ena-express", "0"), pick("--allreduce", "after-backward"), pick(
+        "--instance-type", "c7i.16xlarge", "--nodes", "1,2,4")
+    assert not any(r["levers"]["ena_express"] for r in plain["rows"]) and not plain["pick"]["levers"]["ena_express"]
+    assert not any(r["levers"]["comm_core"] for r in core["rows"])
+    assert {r["instance_type"] for r in named["rows"]} == {"c7i.16xlarge"} and named["pick"]["meets"] is False
+    # Ice Lake trains in fp32, so its nodes send twice the bytes of a bf16 type on the same network
+    rows = {(r["instance_type"], r["nodes"], r["levers"]["comm_core"], r["levers"]["compile"]): r
+            for r in plain["rows"] if not r["levers"]["ena_express"]}
+    fp32, bf16 = (rows[(kind, 4, False, False)]["allreduce_ms"] for kind in ("c6in.16xlarge", "c8in.16xlarge"))
+    assert fp32 > 1.9 * bf16
+
+
+def test_the_controllers_exchange_is_the_one_the_plan_finds_faster(ftc_home):
+    from runner.plan import exchange_for
+    proc = ftc("plan", "--task", "qqp", "--deadline", "20m", "--nodes", "2,4,8", "--json")
+    rows = json.loads(proc.stdout)["rows"]
+    for kind in ("c6in.16xlarge", "c7i.16xlarge", "c8i.16xlarge", "c8in.16xlarge"):
+        for nodes in (2, 4, 8):
+            both = {r["levers"]["comm_core"]: r["wall_s"] for r in rows if (r["instance_type"], r["nodes"]) == (kind, nodes)
+                    and r["levers"]["ena_express"] and r["levers"]["compile"]}
+            faster = "comm-core" if both[True] < both[False] else "after-backward"
+            assert exchange_for("aws", kind, nodes, express=True, steps=10_000) == faster, (kind, nodes, both)
+
+
+def test_up_with_auto_refuses_a_cluster_that_meets_neither_deadline_nor_budget_before_anything_is_made(ftc_home):
+    proc = ftc("up", "--provider", "aws", "--instance-type", "auto", "--nodes", "auto", "--task", "qqp", "--deadline",
+               "1m", "--yes", "1", "--ssh-cidr", "203.0.113.7/32")
+    assert proc.returncode == 2 and one_error(proc).startswith(
+        "error: --instance-type/--nodes=auto: Nothing planned meets the 1m00s deadline; nearest: "), proc.stderr
+    assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
+    bad = ftc("up", "--provider", "local", "--nodes", "auto", "--task", "qqp")
+    assert bad.returncode == 2 and "picks from a cloud's catalog" in one_error(bad)

@@ -367,3 +367,17 @@ def test_a_communication_core_starts_gloos_threads_on_the_ranks_last_core_and_co
     else:
         assert results["gloo_thread_cores"] == cores and results["threads_per_rank"] == 2
     assert f"allreduce {allreduce} gloo threads on {results['gloo_thread_cores']}" in logs[0]
+
+
+@pytest.mark.slow
+def test_a_communication_core_on_ranks_of_one_core_is_refused_before_anything_starts(ftc_home, cluster, tiny_bert,
+                                                                                    glue_dir):
+    from provision import state as st
+    from provision.bootstrap import load_facts
+    cores = min(f.physical_cores for f in load_facts(st.load(cluster)))  # a rank a core: as many ranks as cores
+    proc = ftc("finetune", "--name", cluster, *job_flags(tiny_bert, glue_dir), "--allreduce", "comm-core",
+               "--ppn", str(cores))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: --allreduce=comm-core keeps one of a rank's cores for gloo's threads, but each rank here has 1 core")
+    assert state_of(ftc_home)["jobs"] == [] and not (ftc_home / "runs" / cluster).exists()
