@@ -13,6 +13,7 @@ from provision import procs
 
 @pytest.mark.slow
 def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline(ftc_home, tmp_path):
+    from runner.bench import mfu as bench_mfu
     out = tmp_path / "bench"
     # a hang guard sized for a loaded 2-core machine: 1 + 2 + 3 runs of 128 rows each, twice, and the seed's
     proc = ftc("bench", "--quick", "--out", str(out), timeout=3600)
@@ -52,7 +53,13 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     assert runs["peer-2-pinned-r0"]["pinned"] is True
     assert peer["precision"] == report["precision"] and peer["batch_size_per_rank"] == 32
     assert report["compile"].startswith("off")  # a few steps: the compile would not pay back
-    assert 0 < report["mfu"] < 1.5 and report["gemm_peak_tflops"] > 0
+    # MFU is the run's FLOP/s over the GEMM peak measured in the same call: on a shared 2-core machine that peak
+    # is measured beside other work, so no fixed bound holds; the figure must follow from the report's own
+    peak, first = report["gemm_peak_tflops"], report["scaling"][0]
+    assert peak > 0 and report["mfu"] > 0
+    bounds = [bench_mfu(first["ftc_tokens_per_s"], report["model_flops_per_token"], p, report["mfu_ranks"])
+              for p in (peak + 0.0005, max(peak - 0.0005, 1e-6))]  # the peak is reported to 3 decimals
+    assert bounds[0] - 0.001 <= report["mfu"] <= bounds[1] + 0.001
     markdown = (out / "bench.md").read_text()
     assert "simulated" in markdown and "waiting for the slowest" in markdown
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
