@@ -201,7 +201,7 @@ def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_pe
     speedup, compile_s = (compiled.speedup, compiled.seconds) if levers.compiled else (1.0, 0.0)
     rows = []
     for nodes in nodes_list:
-        kept = 1 / cores if levers.comm_core and cores and nodes > 1 else 0.0
+        kept = 1 / cores if levers.comm_core and cores > 1 and nodes > 1 else 0.0  # one core: comm-core is refused
         node_rate = node_samples_per_s * speedup * (1 - kept)
         allreduce = exchange_seconds(grad_bytes, nodes, gbps, latency_s, levers.low_rank, node_rate, params)
         # the wait for the slowest node: after backward, the bench's share; overlapped, OVERLAP_COST
@@ -446,7 +446,7 @@ def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2
     for express in [e for e in _both_or(fixed.express) if offered or not e]:
         cap = express_flow_gbps if express else flow_gbps
         flows = flows_to_fill(offer.network_gbps, cap)
-        for comm_core in _both_or(fixed.comm_core):
+        for comm_core in [c for c in _both_or(fixed.comm_core) if offer.cores > 1 or not c]:  # a core to keep
             for compiled in _both_or(fixed.compiled):
                 choices.append(Levers(flows, comm_core, 1, comm_core=comm_core, express=express, compiled=compiled))
     return choices

@@ -82,6 +82,8 @@ def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, s
     kind = own.instance_types.get(instance_type)
     if kind is None or nodes < 2:
         return ""
+    if kind.physical_cores < 2:  # no core to keep beside compute
+        return "after-backward"
     try:
         bench = bench_figures(str(DEFAULT_BENCH))
     except UsageError:

@@ -520,3 +520,12 @@ def test_up_with_auto_refuses_a_cluster_that_meets_neither_deadline_nor_budget_b
     assert not (ftc_home / "clusters").exists() or not any((ftc_home / "clusters").iterdir())
     bad = ftc("up", "--provider", "local", "--nodes", "auto", "--task", "qqp")
     assert bad.returncode == 2 and "picks from a cloud's catalog" in one_error(bad)
+
+
+def test_a_node_of_one_core_has_no_core_to_keep_for_communication():
+    one_core = estimate.Offer("tiny.one", 20.0, 1, 1.0, 0.25, False)
+    job = estimate.Job(1000, 1, 32, 1e6, 1.0, 0.0, 0.0, estimate.NO_COMPILE)
+    rows = estimate.search([one_core], [1, 2], job)
+    assert rows and not any(r.levers.comm_core for r in rows)
+    assert all(r.samples_per_s > 0 for r in estimate.plan([2], 1000, 1, 20.0, 32, 1e6, 1.0, 1.0, 0.0, 0.25, 0.0,
+                                                           estimate.with_comm_core(estimate.DEFAULT_LEVERS), cores=1))
