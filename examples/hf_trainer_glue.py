@@ -9,6 +9,7 @@ itself, so the script needs no code of its own for distribution.
 
 import argparse
 import csv
+import gc
 import importlib.util
 import json
 import os
@@ -149,8 +150,11 @@ if trainer.is_world_process_zero():
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
-# Leave the process group together: a rank that exits while another still writes the model tears gloo's
-# connections down under it, and the C++ side aborts ("terminate called without an active exception").
+# Free the trainer while the interpreter is whole: its DDP wrapper's reducer holds gloo's pending work, and
+# freed by the interpreter's exit that aborts the rank ("terminate called without an active exception").
+# Then leave the process group together, so no rank tears gloo's connections down under another still writing.
+del trainer, model
+gc.collect()
 if torch.distributed.is_available() and torch.distributed.is_initialized():
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -2,9 +2,9 @@
 
 script_rank.py starts this file by its path (not as part of ftc's package, so nothing of ftc's sits
 on the script's import path: sys.path[0] is the script's own folder, as with `python SCRIPT`). After
-the script returns, a process group it joined and did not leave is left here, barrier first: without
-that, gloo's threads meet the interpreter's exit and the rank dies with `terminate called without an
-active exception` (SIGABRT), failing a job whose training succeeded. A script that fails exits with
+the script returns, what its globals held is freed and a process group it joined and did not leave is
+left here, barrier first: without that, gloo's work meets the interpreter's exit and the rank dies with
+`terminate called without an active exception` (SIGABRT), failing a job whose training succeeded. A script that fails exits with
 its own code, without that exit-time abort replacing it.
 
 While the script runs, torch.distributed.init_process_group starts gloo's threads on all of the
@@ -14,6 +14,7 @@ thread inherits its starter's binding (distenv.threads_started_on).
 
 import atexit
 import functools
+import gc
 import importlib.util
 import os
 import runpy
@@ -31,6 +32,9 @@ def _distenv():
     return module
 
 
+JOINED = []  # not empty once the script has joined a process group
+
+
 def _gloo_threads_on(cores: list[int], distenv) -> None:
     try:
         import torch.distributed as dist
@@ -40,8 +44,9 @@ def _gloo_threads_on(cores: list[int], distenv) -> None:
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
+        JOINED.append(True)
         with distenv.threads_started_on(cores):
-                return original(*args, **kwargs)
+            return original(*args, **kwargs)
     dist.init_process_group = init_process_group
 
 
@@ -80,13 +85,11 @@ def _note_when_synced() -> None:
     DistributedDataParallel.__init__ = noting(DistributedDataParallel.__init__)
 
 
-def _leave_if_joined(distenv) -> bool:
-    """Out of the process group the script joined and did not leave (barrier first); whether it had."""
+def _leave_if_joined(distenv) -> None:
+    """Out of the process group the script joined and did not leave (barrier first)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         distenv.leave_process_group()
-        return True
-    return False
 
 
 def _exit_now(code: int) -> None:
@@ -121,11 +124,14 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - the script's own failure: its traceback, as python prints it
         traceback.print_exception(type(exc), exc, _from_the_script(exc.__traceback__, script))
         _exit_now(1)
-    if _leave_if_joined(distenv):
-        # A group the script's libraries still hold (accelerate keeps its own reference) outlives
-        # destroy_process_group and would be torn down by the interpreter's exit, whose C++ teardown
-        # aborts the rank with `terminate called without an active exception` (seen under load, 1
-        # rank of 2). So: the exit's Python part (the script's threads, atexit handlers, streams), then out.
+    if JOINED:
+        # What the script's globals held (a DDP wrapper's reducer holds gloo's pending work) is freed
+        # now, while the interpreter is whole: freed by the interpreter's own teardown, it aborts the
+        # rank with `terminate called without an active exception` (seen under load, 1 rank of 2),
+        # whether or not the script left the group itself. Then the exit's Python part (the script's
+        # threads, atexit handlers, streams), and out without the C++ teardown.
+        gc.collect()
+        _leave_if_joined(distenv)
         threading._shutdown()  # the interpreter's own exit order: the script's threads and executors first
         atexit._run_exitfuncs()
         _exit_now(0)
