@@ -23,7 +23,7 @@ from provision.ssh import NodeSilent, connect, follow_silence_s, interruptible, 
 from provision.ui import answer, console
 from provision.values import label, writable_dir
 
-from . import runs
+from . import kernels, runs
 from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
 from .node import glue
 from .node.protocol import (
@@ -119,7 +119,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     with runs.results_claimed(results_dir, check_unused=not (resume or resume_from)):
         state = start(state, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
                                               checkpoint_s3=job.checkpoint_s3), resume_from,
-                      lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
+                      lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies),
+                                      kernels.ship(locked)))
         record = state.jobs[-1]
         runs.record_start(state, record, settings)
     console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
@@ -158,7 +159,7 @@ def job_settings(job: JobSpec) -> dict:
             "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
             "grad_compress": job.grad_compress or None, "seed": job.seed, "max_eval_samples": job.max_eval_samples or None,
             "text_columns": job.text_columns or None,
-            "label_column": job.label_column or None, **data_digests(job)}
+            "label_column": job.label_column or None, "compile": job.compile, **data_digests(job)}
 
 
 def data_digests(job: JobSpec) -> dict[str, str | None]:
@@ -342,6 +343,8 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
         if job.kind == "script":  # what its script left running in a session of its own ends with it
             stop_run_processes(state, job.id)
         results = fetch(state, job)
+        if job.kind != "script":
+            kernels.bring_home(results)
         if job.kind == "script":
             remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}")  # home now: the copies go
         if job.state == "cancelled":  # stopped on purpose: no failure to explain

@@ -36,6 +36,8 @@ JOB_FLAGS = {
              "since each flow is capped at 10; elsewhere 1)",
     "ppn": "ranks per node (default: one per socket, the fastest at the recipe's global batch; more ranks are "
            "faster only as each adds its batch to the global batch: docs/performance.md)",
+    "compile": "torch.compile the training step on every node: auto (default: where the job's planned steps pay "
+               "the compile back; kernels an earlier cluster compiled count as warm), on or off",
     "seed": f"the random seed of the new head's weights, the data's order, dropout and PowerSGD (default "
             f"{RECIPES['ftc']['seed']}): "
             "a run with another seed measures the spread of a recipe's accuracy",

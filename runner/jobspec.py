@@ -41,7 +41,7 @@ PARSERS = {"epochs": whole(1, 1000), "batch_size": whole(1, 4096), "max_train_sa
            "ppn": whole(1, 512), "lr": number(0, 1, hi_included=False), "recipe": one_of(("ftc", "seed")),
            "precision": one_of(("auto", "bf16", "fp32")), "dropout": number(0, 1, lo_included=True, hi_included=False),
            "allreduce": one_of(ALLREDUCE), "flows": whole(1, 16),
-           "grad_compress": one_of(GRAD_COMPRESS), "seed": whole(0, 2**31 - 1)}
+           "grad_compress": one_of(GRAD_COMPRESS), "seed": whole(0, 2**31 - 1), "compile": one_of(("auto", "on", "off"))}
 # PowerSGD changes the numerics, so a job that asks for it is told so, once.
 POWERSGD_NOTE = (f"gradient: PowerSGD, rank {POWERSGD_RANK} with error feedback: each step applies an approximate average "
                  "(the weight matrices cross as factors of under 1% of their bytes); accuracy: docs/performance.md")
@@ -68,6 +68,7 @@ class JobSpec:
     allreduce: str = ""  # "": the recipe's (ftc: auto, seed: overlap)
     grad_compress: str = ""  # "": the recipe's (ftc: bf16 when training in bf16, seed: none); powersgd on request
     seed: int | None = None  # None: the recipe's
+    compile: str = "auto"  # torch.compile the training step: auto (where it pays back), on, off
     ppn: int = 0  # 0: provision/launch.default_ppn
     flows: int = 0  # gloo connections per peer; 0: provision/launch.default_flows
     results: str = ""
@@ -368,6 +369,8 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args += ["--precision", job.precision]
     if job.dropout is not None:
         args += ["--dropout", str(job.dropout)]
+    if job.compile != "auto":
+        args += ["--compile", job.compile]
     if job.allreduce:
         args += ["--allreduce", job.allreduce]
     if job.grad_compress:

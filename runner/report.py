@@ -30,6 +30,7 @@ from runner.node.protocol import (
     TrainResults,
     ended,
     first_failure,
+    kernels_words,
     line_mark,
     parse_dev,
     parse_progress,
@@ -207,7 +208,8 @@ def results_rows(r: TrainResults) -> list[tuple[str, str]]:
             ("recipe / precision / backend / seed", f"{r.recipe} / {r.precision} / {r.backend} / {r.seed}"),
             ("train", f"{r.train_samples} samples x {r.epochs} epochs in {r.train_seconds:.0f}s"),
             ("samples/s", f"{r.samples_per_second:.1f}"),
-            ("loss", f"{four_places(r.first_loss)} -> {four_places(r.final_loss)}")]
+            ("loss", f"{four_places(r.first_loss)} -> {four_places(r.final_loss)}"),
+            ("kernels", kernels_words(r.compile_cache, r.compile_cache_from or "this node"))]
     return rows + [(f"dev {k[5:]}", four_places(v)) for k, v in r.metrics.items()]
 
 
@@ -293,7 +295,8 @@ def summary_rows(run: dict) -> list[tuple[str, str]]:
         return listed + [("command", run["command"] or ""), ("exit code", str(run["exit_code"])),
                                                      ("output", f"{run['results_dir']}/output ({size})"),
                                                      ("results", run["results_dir"])]
-    return list(zip(names, run_row(run)[1:])) + [("model path", run["model"]), ("results", run["results_dir"])]
+    kernels = [("compile", run["compile"] or "auto"), ("kernels", run["kernels"])] if run["kernels"] else []
+    return list(zip(names, run_row(run)[1:])) + kernels + [("model path", run["model"]), ("results", run["results_dir"])]
 
 
 def fitting_columns(headers: dict[str, str], rows: list[list[str]], width: int) -> list[str]:

@@ -23,7 +23,7 @@ from provision.providers import TRAITS, traits
 from provision.spec import NAME_RE
 from provision.values import conforms, kind_name, label, local_path
 
-from .node.protocol import EXIT_CODE_FILE, RESULTS_FILE, TrainResults
+from .node.protocol import EXIT_CODE_FILE, RESULTS_FILE, TrainResults, kernels_words
 from .node.recipes import RECIPES
 
 RECORD = "run.json"
@@ -216,7 +216,9 @@ def summary(results: Path) -> dict:
             "status": "finished" if done and status in ("lost", "unknown") else status, "problem": problem,
             "started_at": started, "results_dir": str(results), "kind": record.get("kind", "finetune"),
             "command": record.get("command"), "exit_code": record.get("exit_code"),
-            "output_bytes": record.get("output_bytes")}
+            "output_bytes": record.get("output_bytes"), "compile": record.get("compile"),
+            "kernels": kernels_words(done["compile_cache"], done.get("compile_cache_from") or "this node")
+            if done.get("compile_cache") else None}
 
 
 def read_run_file(results: Path, name: str) -> tuple[dict, str]:

@@ -1,7 +1,5 @@
-"""The job side's pure decisions, without a node: the training program's arguments, whether it
-compiles, the bench's rank layout, the sweep's table, what run.json records, and a busy cluster."""
-
-import math
+"""The job side's pure decisions, without a node: the training program's arguments, the bench's rank
+layout, the sweep's table, what run.json records, and a busy cluster."""
 
 import pytest
 
@@ -11,18 +9,6 @@ from provision.spec import ClusterSpec
 from runner.bench import rank_layout
 from runner.job import job_settings, refuse_if_busy
 from runner.jobspec import JobSpec, train_args
-from runner.node.train import (
-    COMPILE_MIN_STEPS,
-    PHASES,
-    WARM_COMPILE_SHARE,
-    StepStats,
-    compile_choice,
-    compile_min_steps,
-    compile_seconds,
-    compile_signature,
-    measured_here,
-    parse_args,
-)
 from runner.sweep import markdown, table
 from runner.transfer import data_files_on_nodes
 
@@ -38,10 +24,10 @@ def test_train_args_of_a_default_job_name_only_what_the_program_needs(monkeypatc
 def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monkeypatch):
     monkeypatch.delenv("FTC_HOLD_AT_STEP", raising=False)
     job = JobSpec(task="rte", model="/m", data_dir="/g", epochs=2, batch_size=8, lr=1e-4, max_train_samples=64,
-                  max_eval_samples=32, recipe="seed", precision="bf16", dropout=0.0, allreduce="overlap")
+                  max_eval_samples=32, recipe="seed", precision="bf16", dropout=0.0, allreduce="overlap", compile="on")
     assert train_args(job, "/out", "intel", resume=True, spot_watch="127.0.0.1:1") == [
         "--task", "rte", "--model", "/m", "--output-dir", "/out", "--recipe", "seed", "--stack", "intel",
-        "--precision", "bf16", "--dropout", "0.0", "--allreduce", "overlap", "--data-dir", "/g", "--epochs", "2",
+        "--precision", "bf16", "--dropout", "0.0", "--compile", "on", "--allreduce", "overlap", "--data-dir", "/g", "--epochs", "2",
         "--batch-size", "8", "--lr", "0.0001", "--max-train-samples", "64", "--max-eval-samples", "32", "--ipex", "--resume",
         "--spot-watch", "127.0.0.1:1"]
 
@@ -49,67 +35,6 @@ def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monke
 def test_train_args_carry_the_tests_hold_point_when_it_is_set(monkeypatch):
     monkeypatch.setenv("FTC_HOLD_AT_STEP", "3")
     assert train_args(JobSpec(), "/out", "stock", resume=False)[-2:] == ["--hold-at-step", "3"]
-
-
-# ---- whether the training program compiles ------------------------------------------------------------
-
-def test_compile_choice_auto_compiles_from_the_step_count_that_pays_back():
-    assert compile_choice("auto", COMPILE_MIN_STEPS) == (
-        True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS} with a cold kernel cache: "
-              "the compile pays back)")
-    assert compile_choice("auto", COMPILE_MIN_STEPS - 1) == (
-        False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS} with a cold kernel cache: "
-               "the compile would not pay back)")
-
-
-def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
-    warm_min = compile_min_steps("warm")
-    assert warm_min == math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE) < COMPILE_MIN_STEPS
-    assert compile_choice("auto", warm_min, "warm")[0]
-    assert not compile_choice("auto", warm_min - 1, "warm")[0]
-    assert not compile_choice("auto", warm_min, "cold")[0]
-
-
-def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
-    two = "2 ranks, gradient bf16"
-    noted = {"cold_s": 170.0, "warm_s": 50.0,
-             "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
-                       "1 ranks, gradient bf16": {"eager_tokens_per_s": 9000.0}}}
-    # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
-    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 600_000.0)) == (
-        True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
-              "compiled: the 400 planned steps save 56 s)")
-    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 500_000.0))[0]
-    # planned steps alone would say on
-    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_800_000.0))[0]
-    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_900_000.0))[0]
-    # a figure this node has not measured, for these kernels or this layout: by planned steps
-    assert measured_here({**noted, "cold_s": None}, "cold", two, 9e9) is None
-    assert measured_here(noted, "warm", "1 ranks, gradient bf16", 9e9) is None  # no compiled rate at 1 rank
-    assert measured_here(noted, "warm", "4 ranks, gradient bf16", 9e9) is None
-    assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
-    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
-
-
-def test_a_node_that_compiled_for_one_rank_layout_is_cold_for_another():
-    # inductor writes the rank's threads into its CPU kernels (`omp parallel num_threads(N)`), so the
-    # 4-thread ranks of a node that kept a 16-thread rank's kernels compile again, and count it so
-    args = parse_args(["--task", "mrpc", "--model", "m", "--data-dir", "d", "--output-dir", "o"])
-    assert compile_signature(args, "bf16", 16) == compile_signature(args, "bf16", 16)
-    assert compile_signature(args, "bf16", 16) != compile_signature(args, "bf16", 4)
-    assert compile_signature(args, "bf16", 16) != compile_signature(args, "fp32", 16)
-
-
-def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
-    stats = StepStats(warmup_steps=3)
-    for seconds in (40.0, 5.0, 2.0, 1.0, 1.0, 1.0):
-        stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 1, 1, 0.5)
-    assert compile_seconds(stats) == 47.0 - 3 * 1.0
-
-
-def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():
-    assert compile_choice("on", 5) == (True, "on (--compile on, planned 5 steps)")
-    assert compile_choice("off", 5000) == (False, "off (--compile off, planned 5000 steps)")
 
 
 # ---- the bench's rank layout --------------------------------------------------------------------------
@@ -155,7 +80,7 @@ def test_job_settings_record_an_unset_number_as_null():
         "task": "mrpc", "model": "/m", "data_dir": "", "train_file": None, "validation_file": None,
         "precision": "auto", "recipe": "ftc", "epochs": 3, "batch_size": None, "lr": None, "max_train_samples": None,
         "max_eval_samples": None, "dropout": None, "grad_compress": None, "seed": None, "text_columns": None,
-        "label_column": None, "train_sha256": None, "validation_sha256": None}
+        "label_column": None, "compile": "auto", "train_sha256": None, "validation_sha256": None}
 
 
 def test_refuse_if_busy_names_the_running_job_and_how_to_follow_or_stop_it():

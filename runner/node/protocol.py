@@ -35,6 +35,19 @@ PREEMPTED_FILE = "preempted.json"  # Preempted, when the job stopped for a spot 
 MODEL_DIR = "model"  # rank 0's fine-tuned model and tokenizer (not with --no-save)
 TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
 KERNEL_CACHE_DIR = "inductor-cache"  # compiled kernels, in a run by hand (a node keeps them in its own cache/)
+# A compiled job's kernels as torch's portable cache (<key digest>.bin, its key and note in .json): left in
+# the job's directory by rank 0, they come home with the results into FTC_HOME/kernels ...
+HOME_KERNELS_DIR = "kernels"
+# ... and ftc ships them into this folder of each node's directory (FTC_NODE_DIR) before a job there
+SHIPPED_KERNELS_DIR = "cache/shipped-kernels"
+
+
+def kernels_words(cache: str, source: str) -> str:
+    """How a job's compile started (TrainResults.compile_cache and compile_cache_from), as the job's log,
+    its results table and `ftc runs show` say it. Pure."""
+    if cache == "none":
+        return "not compiled"
+    return f"warm (from {source})" if cache == "warm" else "cold (compiled on the cluster)"
 HELD_FILE = "held"  # --hold-at-step: rank 0 writes it when every rank stops to wait ...
 RELEASE_FILE = "release"  # ... until a test writes this one
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the training program stopped on purpose, resumable
@@ -309,7 +322,7 @@ class TrainResults:
     batch_size_per_rank: int
     lr: float
     max_length: int
-    padding: str  # longest | max_length
+    padding: str  # longest | max_length | buckets (compiled: bucket widths, compile_policy.bucket_width)
     dropout: float | None  # None: the model config's
     train_samples: int  # rows of the training set
     train_tokens: int  # their real (unpadded) tokens
@@ -332,6 +345,8 @@ class TrainResults:
     finished_at: str
     labels: list[str] | None = None  # the classes in index order (the model's id2label); None: regression
     compile_cache: str = "none"  # warm | cold: the node's kernel cache when the compile began; none: not compiled
+    compile_cache_from: str = ""  # warm kernels' source: this node | an earlier cluster (shipped from FTC_HOME)
+    compile_shapes: str = ""  # dynamic | buckets: what the compiled step ran with; "": not compiled
     compile_seconds: float | None = None  # what the compile cost rank 0's first steps; None: not compiled
     seed: int = 42  # the job's random seed (results from before SEED was a job option all ran 42)
     # rank 0's wall seconds of the job's stages around its steps (train.timed): to_first_step (from started_at,

@@ -1,0 +1,70 @@
+"""Compiled kernels that outlive the cluster: a compiled job's kernels (torch's portable cache
+artifacts, left by rank 0 in the job's HOME_KERNELS_DIR with their key) come home with its results into
+FTC_HOME/kernels; before a job, the nodes that lack them get them, into SHIPPED_KERNELS_DIR of their
+own directory, where the training program takes the one whose key is its own
+(runner/node/compile_policy.py) and counts it warm.
+"""
+
+import shlex
+from pathlib import Path
+
+from provision import state as st
+from provision.ssh import connect, interruptible, put_text, run
+from provision.ui import console
+
+from .node.protocol import HOME_KERNELS_DIR, SHIPPED_KERNELS_DIR
+
+# Kernels kept at home at most: the newest, by when they came home (a model of DistilBERT's size keeps
+# some tens of MB a key); older ones are removed as new ones arrive.
+KEPT_KEYS = 8
+
+
+def home_kernels() -> Path:
+    return st.ftc_home() / "kernels"
+
+
+def kept(folder: Path) -> list[str]:
+    """The keys held whole in `folder` (artifacts and key file), newest first."""
+    whole = [meta for meta in folder.glob("*.json") if meta.with_suffix(".bin").is_file()] if folder.is_dir() else []
+    return [meta.stem for meta in sorted(whole, key=lambda meta: meta.stat().st_mtime, reverse=True)]
+
+
+def bring_home(results: Path) -> None:
+    """The job's kernels from its results into FTC_HOME/kernels (moved: the results keep none), the
+    artifacts first and the key file last, so a key file there always has its artifacts; then only the
+    KEPT_KEYS newest stay."""
+    came = results / HOME_KERNELS_DIR
+    if not came.is_dir():
+        return
+    home = home_kernels()
+    home.mkdir(parents=True, exist_ok=True)
+    for key in kept(came):
+        for suffix in (".bin", ".json"):
+            (came / f"{key}{suffix}").replace(home / f"{key}{suffix}")
+    for stray in came.iterdir():  # a key file without its artifacts: nothing to keep
+        stray.unlink()
+    came.rmdir()
+    for key in kept(home)[KEPT_KEYS:]:
+        for suffix in (".json", ".bin"):
+            (home / f"{key}{suffix}").unlink(missing_ok=True)
+
+
+def ship(state: st.ClusterState) -> None:
+    """Every kernel kept at home to each node that lacks it: a new cluster's first job starts warm where
+    an earlier cluster compiled the same kernels. Artifacts first, key file last (the node reads a key
+    file's artifacts only), each written beside and moved into place."""
+    keys = kept(home_kernels())
+    for node in state.nodes if keys else []:
+        folder = f"{node.workdir}/{SHIPPED_KERNELS_DIR}"
+        with connect(state, node) as conn:
+            held = run(conn, node, "ship kernels", f"mkdir -p {shlex.quote(folder)} && ls {shlex.quote(folder)}").split()
+            missing = [key for key in keys if f"{key}.json" not in held]
+            if missing:
+                console.print(f"kernels: {len(missing)} compiled by an earlier cluster to {node.name}", markup=False,
+                              soft_wrap=True)
+            for key in missing:
+                artifacts, meta = home_kernels() / f"{key}.bin", home_kernels() / f"{key}.json"
+                partial = f"{folder}/{key}.bin.partial"
+                interruptible(conn.client.get_transport(), conn.put, str(artifacts), partial)
+                run(conn, node, "ship kernels", f"mv {shlex.quote(partial)} {shlex.quote(f'{folder}/{key}.bin')}")
+                put_text(conn, meta.read_text(), f"{folder}/{key}.json")

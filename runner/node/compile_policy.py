@@ -1,0 +1,350 @@
+"""Whether a rank torch.compiles its training step, with which shapes, and the kernels it keeps.
+
+The decision (`--compile auto|on|off`) weighs what this node measured of these kernels before (its
+cache's note), else the job's planned steps against what a compile costs with the kernel cache as it
+is: cold, warm from this node's own earlier jobs, or warm from kernels an earlier cluster compiled and
+ftc shipped here from FTC_HOME (torch's portable cache artifacts, keyed by what makes them valid).
+
+The shapes (`--shapes`): dynamic (one graph for every sequence length), or length buckets: a few
+static widths, each compiled once, every batch padded to the smallest that holds its longest row.
+"""
+
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Whether the launcher chose where compiled kernels are cached; torch itself sets a default under /tmp
+# once it looks, so this is read before anything compiles.
+INDUCTOR_CACHE_GIVEN = "TORCHINDUCTOR_CACHE_DIR" in os.environ
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from .facts import cpu_info  # noqa: E402
+from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
+from .recipes import COMPILE_MIN_STEPS  # noqa: E402
+
+# A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
+# the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
+# steps ran 21% faster; 0.18 under the pinned torch 2.13 on 2 cores, where they ran no faster. The
+# larger keeps --compile auto from compiling short jobs on the strength of a gain not seen there.
+WARM_COMPILE_SHARE = 0.375
+# The note in a node's kernel cache, per kernels compiled there: how long each compile took, and the
+# rates jobs measured there, eager and compiled (what --compile auto weighs).
+COMPILED_FILE = "ftc-compiled.json"
+# A rate from fewer steady steps is not noted: a smoke test's few steps would decide for real jobs.
+RATE_MIN_STEPS = 20
+# Length buckets: widths in steps of this many tokens, up to --max-length (MRPC at 128: 4 graphs).
+BUCKET_STEP = 32
+SHAPES = ("auto", "dynamic", "buckets")
+# --shapes auto: what a compiled step runs with. Buckets compile a few small static graphs; the dynamic
+# graph's symbolic shapes cost more to compile (docs/performance.md: Compile).
+AUTO_SHAPES = "buckets"
+# What a portable cache's key holds besides the digest of the model's architecture: a cache made under
+# other values is not this job's (another torch, CPU, thread count, precision or shapes).
+KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size")
+# The config entries that name a model rather than shape it: two copies of one architecture share kernels.
+NAMING_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "id2label", "label2id", "torch_dtype", "dtype",
+               "architectures")
+
+
+def shapes_of(asked: str, uneven_split: bool) -> str:
+    """The shapes a compiled step runs with: as asked, auto as AUTO_SHAPES; dynamic where ranks split
+    each global batch by their speed (`uneven_split`: every step's batch a size of its own). Pure."""
+    return "dynamic" if uneven_split else AUTO_SHAPES if asked == "auto" else asked
+
+
+def bucket_width(longest: int, max_length: int) -> int:
+    """The static width a batch whose longest row is `longest` tokens is padded to. Pure."""
+    return min(max_length, -(-longest // BUCKET_STEP) * BUCKET_STEP)
+
+
+def bucket_widths(max_length: int) -> list[int]:
+    """Every width bucket_width can give: the graphs a bucketed job compiles at most. Pure."""
+    return sorted({bucket_width(n, max_length) for n in range(1, max_length + 1)})
+
+
+# ---- the key: what makes kept kernels valid ----------------------------------------------------------
+
+def architecture(config: dict) -> str:
+    """The model's architecture as a digest of its config, names left out, the output count kept. Pure."""
+    shape = {k: v for k, v in config.items() if k not in NAMING_KEYS}
+    shape["num_labels"] = len(config.get("id2label") or {})
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def compile_key(config: dict, isa: list[str], threads: int, precision: str, shapes: str, batch_size: int,
+                max_length: int) -> dict:
+    """What the kernels depend on: torch, the CPU's vector ISA, the architecture, the rank's threads
+    (inductor writes them into its CPU kernels: a 16-thread rank's kernels are not a 4-thread rank's),
+    precision, and the shapes a step sees. Pure but for torch's version."""
+    return {"torch": torch.__version__, "isa": ",".join(isa), "architecture": architecture(config),
+            "threads": threads, "precision": precision,
+            "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
+            "batch_size": batch_size}
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps([key.get(f) for f in KEY_FIELDS], default=str).encode()).hexdigest()[:20]
+
+
+def key_difference(mine: dict, theirs: dict) -> str:
+    """The fields where a shipped cache's key differs from this job's, in words: 'torch 2.11 here 2.13'. Pure."""
+    return ", ".join(f"{field} {theirs.get(field)!r} here {mine.get(field)!r}" for field in KEY_FIELDS
+                     if theirs.get(field) != mine.get(field))
+
+
+# ---- the decision ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measured:
+    """What this node measured of these kernels (its cache's note), against this job's planned work."""
+    compile_s: float  # a compile with a cache like this one (cold or warm)
+    eager_tokens_per_s: float  # a rank's steady real tokens per second, eager
+    compiled_tokens_per_s: float  # the same, compiled
+    planned_rank_tokens: float  # real tokens one rank trains on in this job: steps x its batch x the mean row
+
+    @property
+    def saving_s(self) -> float:
+        return self.planned_rank_tokens / self.eager_tokens_per_s - self.planned_rank_tokens / self.compiled_tokens_per_s
+
+
+def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float) -> Measured | None:
+    """The node's note for these kernels as Measured (the rates of jobs of this `layout`: a rank's rate
+    holds its share of the exchange), or None where it lacks a figure. Pure."""
+    rates = noted.get("rates", {}).get(layout, {})
+    figures = [noted.get(f"{cache}_s"), rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")]
+    if figures[0] is None or not (figures[1] and figures[2] and planned_rank_tokens):
+        return None
+    return Measured(*figures, planned_rank_tokens)
+
+
+def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
+    """Whether to torch.compile, and why, in words for the log and results.json. Where this node has
+    measured it for these kernels (`measured`), the compile runs when the time it saves over this
+    rank's planned tokens exceeds its measured cost. Else by planned steps: with the kernel cache warm
+    (an earlier job compiled the same model and shapes, here or on an earlier cluster), the compile
+    costs WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
+    if mode != "auto":
+        return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
+    if measured:
+        pays = measured.saving_s > measured.compile_s
+        return pays, (f"{'on' if pays else 'off'} (measured on this node: a {cache} compile {measured.compile_s:.0f} s; "
+                      f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
+                      f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
+                      f"{measured.saving_s:.0f} s)")
+    min_steps = compile_min_steps(cache)
+    if total_steps >= min_steps:
+        return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
+    return False, (f"off (planned {total_steps} steps < {min_steps} with a {cache} kernel cache: "
+                   "the compile would not pay back)")
+
+
+def compile_min_steps(cache: str) -> int:
+    return COMPILE_MIN_STEPS if cache == "cold" else math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE)
+
+
+def every_node(flag: bool, env) -> bool:
+    """Whether `flag` holds on every rank: each node decides from its own cache and notes, and the
+    ranks must decide alike. A collective: every rank calls it, or the others wait for ever."""
+    agreed = torch.tensor([int(flag)])
+    if env.world_size > 1:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
+
+
+# ---- the node's kernel cache, and kernels shipped from home -------------------------------------------
+
+def kernel_cache(out_dir: Path, stack: str) -> Path:
+    """Where compiled kernels are kept: per node and stack, outside the job directory, so the next
+    job of the same model and shapes on this node reuses them (unless the launcher chose a place)."""
+    if INDUCTOR_CACHE_GIVEN:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    node_dir = os.environ.get("FTC_NODE_DIR")
+    return Path(node_dir) / "cache" / f"inductor-{stack}" if node_dir else out_dir / KERNEL_CACHE_DIR
+
+
+def compiled_before(cache_dir: Path) -> dict:
+    """The cache's note (COMPILED_FILE), by key_digest."""
+    try:
+        return json.loads((cache_dir / COMPILED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def shipped_kernels() -> Path | None:
+    """Where ftc puts the kernels it brought home from earlier clusters, on this node; None in a run by hand."""
+    node_dir = os.environ.get("FTC_NODE_DIR")
+    return Path(node_dir) / SHIPPED_KERNELS_DIR if node_dir else None
+
+
+def shipped_entries(folder: Path | None) -> list[tuple[Path, dict | None]]:
+    """Each shipped cache's artifacts and its key file read (None: unreadable), by name."""
+    if folder is None or not folder.is_dir():
+        return []
+    entries = []
+    for meta in sorted(folder.glob("*.json")):
+        try:
+            read = json.loads(meta.read_text())
+            entries.append((meta.with_suffix(".bin"), read if isinstance(read, dict) else None))
+        except (OSError, ValueError):
+            entries.append((meta.with_suffix(".bin"), None))
+    return entries
+
+
+def pick_shipped(key: dict, entries: list[tuple[Path, dict | None]]) -> tuple[Path | None, dict, list[str]]:
+    """The shipped cache made for this key (its artifacts and its note), and one line for each
+    shipped cache of this architecture that is not this job's (stale or foreign) or cannot be read.
+    Caches of other models are another job's, passed over without a word. Pure but for the file test."""
+    lines, digest = [], key_digest(key)
+    for artifacts, meta in entries:
+        if meta is None or not isinstance(meta.get("key"), dict):
+            lines.append(f"kernels: the shipped cache {artifacts.stem} cannot be read; ignored, compiling without it")
+        elif key_digest(meta["key"]) == digest:
+            if artifacts.is_file():
+                return artifacts, meta.get("note") if isinstance(meta.get("note"), dict) else {}, lines
+            lines.append(f"kernels: the shipped cache {artifacts.stem} lacks its artifacts; ignored, compiling without it")
+        elif meta["key"].get("architecture") == key["architecture"]:
+            lines.append(f"kernels: the shipped cache {artifacts.stem} was compiled for another setting "
+                         f"({key_difference(key, meta['key'])}); ignored, compiling without it")
+    return None, {}, lines
+
+
+def load_shipped(artifacts: Path) -> str:
+    """Torch's portable cache artifacts into this process's caches; '' when loaded, else why not."""
+    try:
+        torch.compiler.load_cache_artifacts(artifacts.read_bytes())
+        return ""
+    except Exception as exc:  # noqa: BLE001 - any failure of a cache made elsewhere means compiling without it
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What maybe_compile decided, for the log, results.json and the cache's note."""
+    note: str  # whether torch.compile ran, and why, in words
+    cache: str  # warm | cold: the kernel cache when the compile began; none: not compiled
+    source: str  # where warm kernels came from: this node | an earlier cluster; "" when cold or not compiled
+    shapes: str  # dynamic | buckets: what a compiled step runs with; "" when not compiled
+    cache_dir: Path
+    digest: str  # key_digest
+    key: dict  # compile_key
+    layout: str  # ranks and how the gradient crosses: what else a rank's rate depends on
+
+
+def cache_state(noted: dict, shipped: Path | None, env) -> tuple[str, str]:
+    """warm when every node holds kernels for this key, in its own cache (`noted`: its note there) or
+    shipped from home, else cold: the ranks must agree, or one would wait at its first step on another's
+    compile. With the source of the warm kernels: this node's own earlier jobs, or an earlier cluster."""
+    own = bool({"cold_s", "warm_s"} & noted.keys())
+    if not every_node(own or shipped is not None, env):
+        return "cold", ""
+    return "warm", "this node" if own else "an earlier cluster"
+
+
+def maybe_compile(run) -> Compiled:
+    """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
+    `run`: train.Run, after a resume (it weighs the steps left)."""
+    args, env, setup = run.args, run.env, run.setup
+    cache_dir = kernel_cache(run.out_dir, args.stack)
+    shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
+    key = compile_key(run.model.config.to_dict(), cpu_info()[1], torch.get_num_threads(), setup.precision, shapes,
+                      args.batch_size, args.max_length)
+    digest, layout = key_digest(key), f"{env.world_size} ranks, gradient {setup.grad_compress}"
+    noted = compiled_before(cache_dir).get(digest, {})
+    shipped, shipped_note = None, {}
+    if args.compile != "off" and not noted:
+        shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
+        for line in lines:
+            run.log.warning(line)
+    cache, source = cache_state(noted, shipped, env) if args.compile != "off" else ("cold", "")
+    steps_left, lengths = run.total_steps - run.step, run.data.train["lengths"]
+    planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
+    compiled, note = compile_choice(args.compile, steps_left, cache,
+                                    measured_here(noted or shipped_note, cache, layout, planned_rank_tokens))
+    # every rank takes part in every_node (a collective), whatever it decided itself
+    if args.compile == "auto" and not every_node(compiled, env) and compiled:
+        compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
+    run.log.info(f"compile: {note}")
+    if not compiled:
+        return Compiled(note, "none", "", "", cache_dir, digest, key, layout)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
+    if shipped is not None and (failed := load_shipped(shipped)):
+        run.log.warning(f"kernels: the shipped cache {shipped.stem} did not load ({failed}); ignored, compiling without it")
+    run.log.info(f"kernels: {kernels_words(cache, source)}")
+    if shapes == "buckets":
+        # one static graph per width: no automatic switch to a dynamic graph at the second width
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   2 * len(bucket_widths(args.max_length)) + 2)
+    run.model.compile(dynamic=shapes == "dynamic")
+    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
+
+
+# ---- after the job: what it measured, and its kernels for home ------------------------------------
+
+def compile_seconds(stats) -> float:
+    """The compile's cost, measured: what the first (untimed) steps took beyond steady steps.
+    `stats`: train.StepStats."""
+    steady = stats.steady_seconds / max(1, stats.steps_run - stats.warmup_steps)
+    return max(0.0, stats.seconds - stats.steady_seconds - min(stats.warmup_steps, stats.steps_run) * steady)
+
+
+def remember_compile(compiled: Compiled, stats, env) -> dict:
+    """Each node's first rank notes in its cache, for these kernels, what this job measured: the
+    compile's seconds (cold or warm) and a rank's steady real tokens per second, compiled or eager,
+    for `--compile auto` to weigh the next job by (written whole, then renamed: a reader never sees
+    half a note). Returns the note for these kernels."""
+    # A run by hand keeps its kernels in its own folder, no node's: an eager one has nothing to note there.
+    kept_by_node = INDUCTOR_CACHE_GIVEN or bool(os.environ.get("FTC_NODE_DIR"))
+    if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
+        return {}
+    notes = compiled_before(compiled.cache_dir)
+    mine = notes.setdefault(compiled.digest, {})
+    if compiled.cache != "none":
+        mine[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
+    if stats.steps_run - stats.warmup_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
+        rate = stats.steady_tokens / env.world_size / stats.steady_seconds
+        rates = mine.setdefault("rates", {}).setdefault(compiled.layout, {})
+        rates["eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"] = round(rate, 1)
+    if not mine:
+        return {}
+    written_whole(compiled.cache_dir / COMPILED_FILE, notes, "the kernel cache's note was not written; the next job "
+                                                             "counts it cold")
+    return mine
+
+
+def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
+    """Rank 0 of a job that compiled cold or from its node's cache leaves torch's portable cache
+    artifacts, with their key and this node's note, in the job's HOME_KERNELS_DIR: they come home with
+    the results, and ftc ships them to the next cluster's nodes. Kernels that came from home are there."""
+    if compiled.cache == "none" or compiled.source == "an earlier cluster":
+        return
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return
+    folder = out_dir / HOME_KERNELS_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{compiled.digest}.bin").write_bytes(saved[0])
+    except OSError as exc:
+        print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
+        return
+    written_whole(folder / f"{compiled.digest}.json", {"key": compiled.key, "note": note,
+                                                        "cluster": os.environ.get("FTC_CLUSTER", "")},
+                  "kernels: their key was not written; the next cluster compiles cold")
+
+
+def written_whole(path: Path, data: dict, failure: str) -> None:
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(data, indent=1))
+        partial.replace(path)
+    except OSError as exc:  # a full disk or a read-only cache: this job's results stand
+        print(f"compile: {failure} ({exc})", file=sys.stderr)

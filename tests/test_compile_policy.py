@@ -1,0 +1,149 @@
+"""The compile policy's pure decisions, without a node: whether a rank compiles, what makes kept kernels
+valid, which shipped cache a job takes (and the one line for one it cannot), and the length buckets."""
+
+import json
+import math
+
+from runner.node.compile_policy import (
+    BUCKET_STEP,
+    WARM_COMPILE_SHARE,
+    architecture,
+    bucket_width,
+    bucket_widths,
+    compile_choice,
+    compile_key,
+    compile_min_steps,
+    compile_seconds,
+    key_digest,
+    measured_here,
+    pick_shipped,
+    shapes_of,
+    shipped_entries,
+)
+from runner.node.protocol import kernels_words
+from runner.node.recipes import COMPILE_MIN_STEPS
+from runner.node.stepstats import PHASES, StepStats
+
+CONFIG = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "id2label": {"0": "a", "1": "b"},
+          "_name_or_path": "/here/distilbert", "transformers_version": "5.0"}
+
+
+# ---- whether a rank compiles ------------------------------------------------------------------------
+
+def test_compile_choice_auto_compiles_from_the_step_count_that_pays_back():
+    assert compile_choice("auto", COMPILE_MIN_STEPS) == (
+        True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS} with a cold kernel cache: "
+              "the compile pays back)")
+    assert compile_choice("auto", COMPILE_MIN_STEPS - 1) == (
+        False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS} with a cold kernel cache: "
+               "the compile would not pay back)")
+
+
+def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
+    warm_min = compile_min_steps("warm")
+    assert warm_min == math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE) < COMPILE_MIN_STEPS
+    assert compile_choice("auto", warm_min, "warm")[0]
+    assert not compile_choice("auto", warm_min - 1, "warm")[0]
+    assert not compile_choice("auto", warm_min, "cold")[0]
+
+
+def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
+    two = "2 ranks, gradient bf16"
+    noted = {"cold_s": 170.0, "warm_s": 50.0,
+             "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
+                       "1 ranks, gradient bf16": {"eager_tokens_per_s": 9000.0}}}
+    # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
+    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 600_000.0)) == (
+        True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
+              "compiled: the 400 planned steps save 56 s)")
+    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 500_000.0))[0]
+    # planned steps alone would say on
+    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_800_000.0))[0]
+    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_900_000.0))[0]
+    # a figure this node has not measured, for these kernels or this layout: by planned steps
+    assert measured_here({**noted, "cold_s": None}, "cold", two, 9e9) is None
+    assert measured_here(noted, "warm", "1 ranks, gradient bf16", 9e9) is None  # no compiled rate at 1 rank
+    assert measured_here(noted, "warm", "4 ranks, gradient bf16", 9e9) is None
+    assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
+    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
+
+
+def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
+    stats = StepStats(warmup_steps=3)
+    for seconds in (40.0, 5.0, 2.0, 1.0, 1.0, 1.0):
+        stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 1, 1, 0.5)
+    assert compile_seconds(stats) == 47.0 - 3 * 1.0
+
+
+def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():
+    assert compile_choice("on", 5) == (True, "on (--compile on, planned 5 steps)")
+    assert compile_choice("off", 5000) == (False, "off (--compile off, planned 5000 steps)")
+
+
+# ---- what makes kept kernels valid ------------------------------------------------------------------
+
+def key(**changed) -> dict:
+    settings = dict(config=CONFIG, isa=["avx512f", "amx_bf16"], threads=16, precision="bf16", shapes="buckets",
+                    batch_size=32, max_length=128) | changed
+    return compile_key(**settings)
+
+
+def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_shapes():
+    # inductor writes the rank's threads into its CPU kernels (`omp parallel num_threads(N)`), so the
+    # 4-thread ranks of a node that kept a 16-thread rank's kernels compile again, and count it so
+    assert key_digest(key()) == key_digest(key())
+    for changed in (dict(threads=4), dict(precision="fp32"), dict(isa=["avx2"]), dict(shapes="dynamic"),
+                    dict(batch_size=16), dict(config=CONFIG | {"n_layers": 12}),
+                    dict(config=CONFIG | {"id2label": {"0": "a", "1": "b", "2": "c"}})):
+        assert key_digest(key(**changed)) != key_digest(key()), changed
+    # a copy of the model under another name, or saved by another transformers, is the same architecture
+    assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
+
+
+def ship(folder, name: str, meta, artifacts: bool = True) -> None:
+    (folder / f"{name}.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    if artifacts:
+        (folder / f"{name}.bin").write_bytes(b"torch's bytes")
+
+
+def test_a_shipped_cache_of_this_key_is_taken_with_its_note(tmp_path):
+    ship(tmp_path, "mine", {"key": key(), "note": {"cold_s": 90.0}})
+    ship(tmp_path, "other-model", {"key": key(config=CONFIG | {"n_layers": 2}, threads=4)})  # passed over silently
+    assert pick_shipped(key(), shipped_entries(tmp_path)) == (tmp_path / "mine.bin", {"cold_s": 90.0}, [])
+    assert shipped_entries(tmp_path / "none") == [] and shipped_entries(None) == []
+
+
+def test_a_stale_foreign_or_broken_shipped_cache_is_one_line_each_and_never_taken(tmp_path):
+    ship(tmp_path, "stale", {"key": key() | {"torch": "2.11.0"}})
+    ship(tmp_path, "foreign", {"key": key(isa=["avx2"], threads=4)})
+    ship(tmp_path, "broken", "{not json")
+    ship(tmp_path, "bare", {"key": key()}, artifacts=False)
+    here = key()
+    assert pick_shipped(here, shipped_entries(tmp_path)) == (None, {}, [
+        "kernels: the shipped cache bare lacks its artifacts; ignored, compiling without it",
+        "kernels: the shipped cache broken cannot be read; ignored, compiling without it",
+        "kernels: the shipped cache foreign was compiled for another setting (isa 'avx2' here 'avx512f,amx_bf16', "
+        "threads 4 here 16); ignored, compiling without it",
+        f"kernels: the shipped cache stale was compiled for another setting (torch '2.11.0' here {here['torch']!r}); "
+        "ignored, compiling without it"])
+
+
+def test_kernels_words_say_where_warm_kernels_came_from():
+    assert kernels_words("warm", "an earlier cluster") == "warm (from an earlier cluster)"
+    assert kernels_words("warm", "this node") == "warm (from this node)"
+    assert kernels_words("cold", "") == "cold (compiled on the cluster)"
+    assert kernels_words("none", "") == "not compiled"
+
+
+# ---- length buckets ------------------------------------------------------------------------------------
+
+def test_a_batch_is_padded_to_the_smallest_bucket_that_holds_its_longest_row():
+    assert [bucket_width(n, 128) for n in (1, BUCKET_STEP, BUCKET_STEP + 1, 100, 128)] == [32, 32, 64, 128, 128]
+    assert bucket_width(70, 80) == 80  # the last bucket ends at --max-length
+    assert bucket_widths(128) == [32, 64, 96, 128] and bucket_widths(80) == [32, 64, 80]
+
+
+def test_shapes_auto_are_buckets_but_a_speed_split_batch_needs_dynamic_ones():
+    assert shapes_of("auto", uneven_split=False) == "buckets"
+    assert shapes_of("dynamic", uneven_split=False) == "dynamic"
+    assert shapes_of("buckets", uneven_split=True) == "dynamic"
