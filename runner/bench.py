@@ -16,6 +16,7 @@ bert-base-uncased vocabulary) with random weights: speed does not depend on the 
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -37,7 +38,16 @@ from . import netem
 from .jobspec import glue_dir
 from .model_files import packaged_model
 from .node import facts as node_facts
-from .node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
+from .node.protocol import (
+    HOME_KERNELS_DIR,
+    LAUNCH_SCRIPT,
+    OUTPUT_LOG,
+    RESULTS_FILE,
+    SCRIPT_WORKDIR,
+    SHIPPED_KERNELS_DIR,
+    TrainResults,
+    parse_allreduce,
+)
 from .node.recipes import POWERSGD_RANK, RECIPES, wire_compress
 from .report import pyplot
 
@@ -1180,27 +1190,37 @@ class LongJobLaunch:
     ranks_per_node: int
     compiled: bool  # ftc: --compile on, kernels kept in the node's cache; the peer: Trainer's torch_compile
     pinned: bool  # each rank on its own share of the node's cores (ftc's ranks always are)
+    shapes: str = ""  # compiled: ftc's --shapes (buckets | dynamic), the peer's static shapes (static)
+    from_home: bool = False  # ftc: a fresh node holding only the kernels an earlier compiled run left for home
 
 
 def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
-    """ftc's default launch (the ranks per node `ftc finetune` picks) uncompiled and compiled, and ftc
-    compiled at the peer's fastest launch; the peer's launch --node-shapes measured fastest (the most
-    ranks per node, unpinned on one node), and the peer compiled at one rank per node, where a compile
-    gains most (a rank's threads are the most). Pure."""
+    """ftc's default launch (the ranks per node `ftc finetune` picks) compiled in length buckets (its
+    default shapes); the same on a fresh node that holds only the kernels that run brought home (a new
+    cluster's first job); the peer compiled with static shapes at one rank per node, where a compile
+    gains most (a rank's threads are the most); ftc compiled with dynamic shapes; the peer's launch
+    --node-shapes measured fastest (the most ranks per node, unpinned on one node); ftc uncompiled; and
+    ftc compiled at the peer's fastest launch. The start costs first: a call cut short keeps them. Pure."""
     ppn, most = default_ppn(1), shape_launches(nodes, cores)[0][-1]
 
-    def named(program: str, per_node: int, compiled: bool, pinned: bool) -> LongJobLaunch:
-        how = ("" if program == "ftc" else " pinned" if pinned else " unpinned") + (" compiled" if compiled else "")
-        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled,
-                             pinned)
-    ftc = [named("ftc", ppn, False, True), *(named("ftc", p, True, True) for p in dict.fromkeys((ppn, most)))]
-    return ftc + [named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
+    def named(program: str, per_node: int, pinned: bool, shapes: str = "", from_home: bool = False) -> LongJobLaunch:
+        how = ("" if program == "ftc" else " pinned" if pinned else " unpinned") + (" compiled" if shapes else "")
+        how += {"dynamic": " dynamic", "static": " static"}.get(shapes, "") + (", kernels from home" if from_home else "")
+        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, bool(shapes),
+                             pinned, shapes, from_home)
+    first = [named("ftc", ppn, True, "buckets"), named("ftc", ppn, True, "buckets", from_home=True),
+             named("peer", 1, True, "static"), named("ftc", ppn, True, "dynamic"),
+             named("peer", most, nodes > 1 or most == 1), named("ftc", ppn, True)]
+    return first + ([named("ftc", most, True, "buckets")] if most != ppn else [])
 
 
 def long_job_run(results: dict, cache: str) -> dict:
     """What one run measured: its passes ([rows, seconds] each, as the program timed them) and the
-    kernel cache it found (cold, warm, or none when not compiled). Pure."""
-    return {"cache": cache, "passes": [[e["pass_rows"], e["pass_seconds"]] for e in results["epoch_metrics"]]}
+    kernel cache it found (cold, warm, warm from home: shipped from an earlier run, or none when not
+    compiled). Pure."""
+    home = results.get("compile_cache_from") == "an earlier cluster"
+    return {"cache": "warm from home" if home else cache,
+            "passes": [[e["pass_rows"], e["pass_seconds"]] for e in results["epoch_metrics"]]}
 
 
 def failure_line(output: str) -> str:
@@ -1244,9 +1264,12 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     def job_seconds(label: str, rows: float) -> float:
         """`rows` trained by `label`: its start cost (warm where measured so) and the rows at its later rate."""
         costs = launches[label]["start_cost_s"]
-        return costs.get("warm", costs.get("none", costs.get("cold", 0.0))) + rows / launches[label]["later_rows_per_s"]
+        start = next(costs[cache] for cache in ("warm", "warm from home", "none", "cold") if cache in costs)
+        return start + rows / launches[label]["later_rows_per_s"]
 
-    sides = {program: [label for label in launches if label.startswith(program + " ")] for program in ("ftc", "peer")}
+    # a run from home measures a start: its kernels, and so its rate, are the run's that compiled them
+    sides = {program: [label for label in launches if label.startswith(program + " ") and not label.endswith(" home")]
+             for program in ("ftc", "peer")}
     if not (sides["ftc"] and sides["peer"]):
         return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
     ftc, peer = (max(sides[program], key=lambda label: launches[label]["later_rows_per_s"]) for program in ("ftc", "peer"))
@@ -1260,7 +1283,30 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
             "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
             "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
-            "jobs": jobs, "launches": launches, "failed": failed}
+            "jobs": jobs, "compile": compile_starts(launches), "launches": launches, "failed": failed}
+
+
+def compile_starts(launches: dict) -> dict:
+    """What a compile costs ftc and the peer at the start, cold, side by side: ftc's default shapes (length
+    buckets) against its dynamic ones and against the peer's static ones, and a new cluster's first job
+    that starts from the kernels an earlier one brought home, as a share of the cold start. Pure."""
+    def cold(label: str) -> float | None:
+        return launches.get(label, {}).get("start_cost_s", {}).get("cold")
+    buckets = next((label for label in launches if label.startswith("ftc ") and label.endswith(" compiled")), "")
+    figures = {"ftc_launch": buckets, "ftc_cold_start_s": cold(buckets)}
+    home = launches.get(f"{buckets}, kernels from home", {}).get("start_cost_s", {}).get("warm from home")
+    dynamic, peer = f"{buckets} dynamic", next((label for label in launches if label.endswith(" compiled static")), "")
+    figures |= {"from_home_start_s": home, "dynamic_cold_start_s": cold(dynamic), "peer_launch": peer,
+                "peer_cold_start_s": cold(peer)}
+    if figures["ftc_cold_start_s"]:
+        base = figures["ftc_cold_start_s"]
+        figures["from_home_share"] = round(home / base, 3) if home is not None else None
+        figures["dynamic_start_vs_buckets"] = round(cold(dynamic) / base, 3) if cold(dynamic) else None
+        figures["start_vs_peer_compiled"] = round(base / cold(peer), 3) if cold(peer) else None
+        if dynamic in launches and buckets in launches:
+            figures["buckets_rate_vs_dynamic"] = round(launches[buckets]["later_rows_per_s"]
+                                                       / launches[dynamic]["later_rows_per_s"], 3)
+    return figures
 
 
 def long_jobs_section(setting: dict, runs: list[dict], commands: list[str]) -> dict:
@@ -1331,21 +1377,41 @@ def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, ro
     """One run of `launch` on its shape: what it measured (long_job_run) or, when the peer's program
     fails, its error line: the peer is another project's program, and its failing on this job is a finding."""
     at = replace(bench, cores_per_rank=cores // launch.ranks_per_node)
-    name, ranks = f"long-{launch.label.replace(' ', '-')}-r{round_}", nodes * launch.ranks_per_node
+    name, ranks = f"long-{launch.label.replace(',', '').replace(' ', '-')}-r{round_}", nodes * launch.ranks_per_node
     record = {"shape": f"{nodes}x{cores}", "launch": launch.label, "round": round_}
     if launch.program == "ftc":
-        results = at.ftc(name, ranks, extra=["--compile", "on" if launch.compiled else "off"], passes=LONG_JOB_PASSES)
+        extra = ["--compile", "on", "--shapes", launch.shapes] if launch.compiled else ["--compile", "off"]
+        with fresh_node_from_home(bench, round_) if launch.from_home else contextlib.nullcontext():
+            results = at.ftc(name, ranks, extra=extra, passes=LONG_JOB_PASSES)
         return {**record, **long_job_run(results, results["compile_cache"])}
     # one folder per rank's threads: inductor writes them into its CPU kernels, as on ftc's side
     kernels = peer_kernels / f"{at.cores_per_rank}-threads"
     warm = kernels.is_dir() and any(kernels.iterdir())
     cache = ("warm" if warm else "cold") if launch.compiled else "none"
+    compiled = ["--torch-compile", *(["--static-shapes"] if launch.shapes == "static" else [])] if launch.compiled else []
     try:
-        results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, ["--torch-compile"] if launch.compiled else [],
+        results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, compiled,
                           {"TORCHINDUCTOR_CACHE_DIR": str(kernels)} if launch.compiled else None)
     except SystemExit:  # run_peer's tail; the line that names the error is in the whole log
         return {**record, "cache": cache, "failed": failure_line((bench.out / "runs" / name / OUTPUT_LOG).read_text())}
     return {**record, **long_job_run(results, cache)}
+
+
+@contextlib.contextmanager
+def fresh_node_from_home(bench: Bench, round_: int):
+    """The bench's node, for one run, a new one (an empty kernel cache) holding the kernels every earlier
+    compiled run of this call left for home, shipped where ftc ships them to a new cluster's nodes."""
+    node, kept = bench.out / f"node-from-home-r{round_}", os.environ["FTC_NODE_DIR"]
+    shutil.rmtree(node, ignore_errors=True)
+    shipped = node / SHIPPED_KERNELS_DIR
+    shipped.mkdir(parents=True)
+    for made in (bench.out / "runs").glob(f"*/{HOME_KERNELS_DIR}/*"):
+        shutil.copy(made, shipped / made.name)
+    os.environ["FTC_NODE_DIR"] = str(node)
+    try:
+        yield
+    finally:
+        os.environ["FTC_NODE_DIR"] = kept
 
 
 def trained_shape(target: Path, vocab_from: Path, layers: int) -> Path:

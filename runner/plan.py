@@ -193,7 +193,7 @@ def compile_figures(path: str):
         shape = json.loads(Path(path).read_text())["long_jobs"]["shapes"][0]
         launches = shape["launches"]
         compiled = launches[shape["ftc_launch"]]
-        eager = launches[shape["ftc_launch"].removesuffix(" compiled")]
+        eager = launches[shape["ftc_launch"].split(" compiled")[0]]
         return Compile(round(compiled["later_rows_per_s"] / eager["later_rows_per_s"], 3),
                        float(compiled["start_cost_s"]["cold"]))
     except (OSError, ValueError, KeyError, IndexError, TypeError):

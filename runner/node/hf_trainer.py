@@ -35,6 +35,9 @@ if os.environ.get("FTC_PEER_PIN") == "1":  # before torch loads: its threads inh
 
 import torch  # noqa: E402
 
+# --static-shapes: every batch padded to a multiple of this many tokens (4 widths up to 128)
+STATIC_MULTIPLE = 32
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -55,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--torch-compile", action="store_true",
                    help="Trainer's own torch.compile (inductor); its kernels cached where TORCHINDUCTOR_CACHE_DIR says")
+    p.add_argument("--static-shapes", action="store_true",
+                   help=f"with --torch-compile: a few static shapes, each compiled once (batches padded to a multiple "
+                        f"of {STATIC_MULTIPLE}, automatic dynamic shapes off, the last partial batch dropped)")
     return p.parse_args(argv)
 
 
@@ -143,8 +149,14 @@ def main(argv=None) -> int:
         num_train_epochs=args.epochs, max_steps=steps, warmup_steps=int(0.06 * planned), lr_scheduler_type="linear",
         train_sampling_strategy="group_by_length", dataloader_num_workers=0, ddp_find_unused_parameters=False,
         eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
-        seed=args.seed, torch_compile=args.torch_compile)
-    collator = CountingCollator(DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8))
+        seed=args.seed, torch_compile=args.torch_compile, dataloader_drop_last=args.static_shapes)
+    if args.static_shapes:
+        # a graph per width, each static: dynamo would otherwise recompile the second width with symbolic
+        # shapes, the dynamic graph whose inductor code fails on this model (a size never codegen-ed)
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+    collator = CountingCollator(DataCollatorWithPadding(
+        tokenizer, pad_to_multiple_of=STATIC_MULTIPLE if args.static_shapes else 8))
     timer = step_timer(args.warmup_steps_untimed)
     trainer = Trainer(model=model, args=training, train_dataset=train, data_collator=collator, callbacks=[timer])
     trainer.train()
@@ -178,12 +190,16 @@ def results_of(args, timer, collator, world: int, precision: str, native: bool, 
     tokens = sum(collator.tokens[first:first + steps]) * world  # this rank's share, as ftc counts it
     samples = steps * args.batch_size * world
     rows, real_tokens = len(train), sum(len(ids) for ids in train.encoded["input_ids"])
+    if args.static_shapes:  # the partial batch is dropped: a pass trains whole global batches only
+        trained = rows - rows % (args.batch_size * world)
+        rows, real_tokens = trained, round(real_tokens * trained / max(1, len(train)))
     passes = [{"epoch": i + 1, "pass_seconds": round(end - begin, 3), "pass_rows": rows, "pass_tokens": real_tokens}
               for i, (begin, end) in enumerate(p for p in timer.passes if len(p) == 2)]
     return {"trainer": "transformers.Trainer", "task": args.task, "model": args.model, "precision": precision,
             "native_bf16": native, "world_size": world, "threads_per_rank": torch.get_num_threads(),
             "batch_size_per_rank": args.batch_size, "lr": args.lr, "epochs": args.epochs, "sampling": "group_by_length",
-            "padding": "longest, multiple of 8",
+            "padding": f"longest, multiple of {STATIC_MULTIPLE if args.static_shapes else 8}",
+            "static_shapes": args.static_shapes,
             "torch_compile": args.torch_compile, "steps": len(timer.ends), "steady_steps": steps,
             "steady_samples_per_second": round(samples / seconds, 3) if seconds else 0.0,
             "steady_tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,

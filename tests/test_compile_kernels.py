@@ -1,0 +1,58 @@
+"""Kernels that outlive the cluster, on real local nodes: a compiled job's kernels come home into
+FTC_HOME/kernels, the next cluster's first job gets them and starts warm from them, and a cache made
+for another setting, or one that cannot be read, is one line each while the job trains."""
+
+import json
+import shutil
+
+import pytest
+from conftest import ftc
+from helpers import toy_csv
+from test_train import results_of_run
+
+
+@pytest.mark.slow
+def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_foreign_cache_is_one_line(
+        ftc_home, tmp_path, tiny_bert):
+    # one word a row: every batch in the first length bucket, so each cluster compiles one shape
+    job = ["--train-file", str(toy_csv(tmp_path / "train.csv", 48)),
+           "--validation-file", str(toy_csv(tmp_path / "dev.csv", 16, offset=1)), "--model", tiny_bert,
+           "--text-columns", "review", "--label-column", "stars", "--epochs", "1", "--compile", "on"]
+
+    def one_cluster_one_job(name: str) -> str:
+        assert ftc("up", "--name", name, "--nodes", "1").returncode == 0
+        try:
+            done = ftc("finetune", "--name", name, *job, timeout=900)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            return done.stdout
+        finally:
+            assert ftc("down", "--name", name).returncode == 0
+
+    first = one_cluster_one_job("k1")
+    assert "kernels: cold (compiled on the cluster)" in first
+    (kept,) = (ftc_home / "kernels").glob("*.json")
+    key = json.loads(kept.read_text())["key"]
+    assert key["threads"] == results_of_run(ftc_home, "k1")["threads_per_rank"] and key["shapes"] == "buckets of 32 to 128"
+    assert kept.with_suffix(".bin").stat().st_size > 0
+    assert not list((ftc_home / "runs" / "k1").glob("*/kernels"))  # moved home, not kept twice
+
+    # beside them at home: kernels of another torch, and a cache whose key file is not JSON
+    (ftc_home / "kernels" / "foreign.json").write_text(json.dumps({"key": key | {"torch": "0.0.1"}}))
+    (ftc_home / "kernels" / "broken.json").write_text("{not json")
+    for name in ("foreign", "broken"):
+        shutil.copy(kept.with_suffix(".bin"), ftc_home / "kernels" / f"{name}.bin")
+
+    second = one_cluster_one_job("k2")
+    assert "kernels: warm (from an earlier cluster)" in second
+    assert ("kernels: the shipped cache foreign was compiled for another setting (torch '0.0.1' here "
+            f"{key['torch']!r}); ignored, compiling without it") in second
+    assert "kernels: the shipped cache broken cannot be read; ignored, compiling without it" in second
+    results = results_of_run(ftc_home, "k2")
+    assert (results["compile_cache"], results["compile_cache_from"]) == ("warm", "an earlier cluster")
+    assert results["metrics"]["eval_accuracy"] is not None
+
+    listed = json.loads(ftc("runs", "--json").stdout)
+    assert {(r["cluster"], r["compile"], r["kernels"]) for r in listed} == {
+        ("k1", "on", "cold (compiled on the cluster)"), ("k2", "on", "warm (from an earlier cluster)")}
+    shown = ftc("runs", "show", next(r["id"] for r in listed if r["cluster"] == "k2"), env={"COLUMNS": "200"})
+    assert "warm (from an earlier cluster)" in shown.stdout
