@@ -151,7 +151,7 @@ sweep: setup
 plan: setup
 	$(FTC) plan $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
 	  $(call flag,EPOCHS,epochs) $(call flag,BATCH_SIZE,batch-size) $(call flag,FLOWS,flows) $(call flag,ALLREDUCE,allreduce) \
-	  $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget)
+	  $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,COMPILE,compile) $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget)
 
 destroy: setup
 	$(FTC) down $(NAME_FLAG) $(call flag,PROVIDER,provider) $(call flag,REGION,region)

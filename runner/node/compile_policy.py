@@ -200,18 +200,20 @@ def pick_shipped(key: dict, entries: list[tuple[Path, dict | None]]) -> tuple[Pa
     """The shipped cache made for this key (its artifacts and its note), and one line for each
     shipped cache of this architecture that is not this job's (stale or foreign) or cannot be read.
     Caches of other models are another job's, passed over without a word. Pure but for the file test."""
-    lines, digest = [], key_digest(key)
+    lines, digest, taken = [], key_digest(key), (None, {})
     for artifacts, meta in entries:
         if meta is None or not isinstance(meta.get("key"), dict):
             lines.append(f"kernels: the shipped cache {artifacts.stem} cannot be read; ignored, compiling without it")
-        elif key_digest(meta["key"]) == digest:
+        elif key_digest(meta["key"]) == digest and taken[0] is None:
             if artifacts.is_file():
-                return artifacts, meta.get("note") if isinstance(meta.get("note"), dict) else {}, lines
-            lines.append(f"kernels: the shipped cache {artifacts.stem} lacks its artifacts; ignored, compiling without it")
-        elif meta["key"].get("architecture") == key["architecture"]:
+                taken = artifacts, meta.get("note") if isinstance(meta.get("note"), dict) else {}
+            else:
+                lines.append(f"kernels: the shipped cache {artifacts.stem} lacks its artifacts; ignored, compiling "
+                             "without it")
+        elif meta["key"].get("architecture") == key["architecture"] and key_digest(meta["key"]) != digest:
             lines.append(f"kernels: the shipped cache {artifacts.stem} was compiled for another setting "
                          f"({key_difference(key, meta['key'])}); ignored, compiling without it")
-    return None, {}, lines
+    return *taken, lines
 
 
 def load_shipped(artifacts: Path) -> str:

@@ -159,7 +159,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
     p.add_argument("--stack", default=os.environ.get("FTC_STACK", "stock"))
     p.add_argument("--log-every", type=int, default=10)
-    measuring(p.add_argument_group("the bench's and the tests' own (a job from ftc sets none of these)"))
+    measuring(p.add_argument_group("the bench's and the tests' own"))
     args = p.parse_args(argv)
     for key, value in RECIPES[args.recipe].items():
         if getattr(args, key, None) is None:
