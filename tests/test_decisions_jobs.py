@@ -27,7 +27,8 @@ def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monke
                   max_eval_samples=32, recipe="seed", precision="bf16", dropout=0.0, allreduce="overlap", compile="on")
     assert train_args(job, "/out", "intel", resume=True, spot_watch="127.0.0.1:1") == [
         "--task", "rte", "--model", "/m", "--output-dir", "/out", "--recipe", "seed", "--stack", "intel",
-        "--precision", "bf16", "--dropout", "0.0", "--compile", "on", "--allreduce", "overlap", "--data-dir", "/g", "--epochs", "2",
+        "--precision", "bf16", "--dropout", "0.0", "--compile", "on", "--allreduce", "overlap", "--data-dir", "/g",
+        "--epochs", "2",
         "--batch-size", "8", "--lr", "0.0001", "--max-train-samples", "64", "--max-eval-samples", "32", "--ipex", "--resume",
         "--spot-watch", "127.0.0.1:1"]
 
