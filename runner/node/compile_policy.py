@@ -321,6 +321,14 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     return mine
 
 
+def graphs_compiled() -> dict[str, int]:
+    """How this process's compiled graphs were made: taken whole from a cache (AOT autograd's, which holds
+    inductor's kernels) or compiled (a miss, or a graph the cache passes by)."""
+    from torch._dynamo.utils import counters
+    aot = counters["aot_autograd"]
+    return {"cached": aot["autograd_cache_hit"], "compiled": aot["autograd_cache_miss"] + aot["autograd_cache_bypass"]}
+
+
 def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
     """Rank 0 of a job that compiled cold or from its node's cache leaves torch's portable cache
     artifacts, with their key and this node's note, in the job's HOME_KERNELS_DIR: they come home with
