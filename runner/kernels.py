@@ -1,5 +1,5 @@
-"""Compiled kernels that outlive the cluster: a compiled job's kernels (torch's portable cache
-artifacts, left by rank 0 in the job's HOME_KERNELS_DIR with their key) come home with its results into
+"""Compiled kernels that outlive the cluster: a compiled job's kernels (its node's kernel cache as an
+archive, left by rank 0 in the job's HOME_KERNELS_DIR with their key) come home with its results into
 FTC_HOME/kernels; before a job, the nodes that lack them get them, into SHIPPED_KERNELS_DIR of their
 own directory, where the training program takes the one whose key is its own
 (runner/node/compile_policy.py) and counts it warm.
@@ -12,7 +12,7 @@ from provision import state as st
 from provision.ssh import connect, interruptible, put_text, run
 from provision.ui import console
 
-from .node.protocol import HOME_KERNELS_DIR, SHIPPED_KERNELS_DIR
+from .node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR
 
 # Kernels kept at home at most: the newest, by when they came home (a model of DistilBERT's size keeps
 # some tens of MB a key); older ones are removed as new ones arrive.
@@ -25,7 +25,7 @@ def home_kernels() -> Path:
 
 def kept(folder: Path) -> list[str]:
     """The keys held whole in `folder` (artifacts and key file), newest first."""
-    whole = [meta for meta in folder.glob("*.json") if meta.with_suffix(".bin").is_file()] if folder.is_dir() else []
+    whole = [meta for meta in folder.glob("*.json") if meta.with_suffix(KERNELS_ARCHIVE).is_file()] if folder.is_dir() else []
     return [meta.stem for meta in sorted(whole, key=lambda meta: meta.stat().st_mtime, reverse=True)]
 
 
@@ -39,13 +39,13 @@ def bring_home(results: Path) -> None:
     home = home_kernels()
     home.mkdir(parents=True, exist_ok=True)
     for key in kept(came):
-        for suffix in (".bin", ".json"):
+        for suffix in (KERNELS_ARCHIVE, ".json"):
             (came / f"{key}{suffix}").replace(home / f"{key}{suffix}")
     for stray in came.iterdir():  # a key file without its artifacts: nothing to keep
         stray.unlink()
     came.rmdir()
     for key in kept(home)[KEPT_KEYS:]:
-        for suffix in (".json", ".bin"):
+        for suffix in (".json", KERNELS_ARCHIVE):
             (home / f"{key}{suffix}").unlink(missing_ok=True)
 
 
@@ -63,8 +63,8 @@ def ship(state: st.ClusterState) -> None:
                 console.print(f"kernels: {len(missing)} compiled by an earlier cluster to {node.name}", markup=False,
                               soft_wrap=True)
             for key in missing:
-                artifacts, meta = home_kernels() / f"{key}.bin", home_kernels() / f"{key}.json"
-                partial = f"{folder}/{key}.bin.partial"
+                artifacts, meta = home_kernels() / f"{key}{KERNELS_ARCHIVE}", home_kernels() / f"{key}.json"
+                partial = f"{folder}/{key}{KERNELS_ARCHIVE}.partial"
                 interruptible(conn.client.get_transport(), conn.put, str(artifacts), partial)
-                run(conn, node, "ship kernels", f"mv {shlex.quote(partial)} {shlex.quote(f'{folder}/{key}.bin')}")
+                run(conn, node, "ship kernels", f"mv {shlex.quote(partial)} {shlex.quote(f'{folder}/{key}{KERNELS_ARCHIVE}')}")
                 put_text(conn, meta.read_text(), f"{folder}/{key}.json")

@@ -33,14 +33,14 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     (kept,) = (ftc_home / "kernels").glob("*.json")
     key = json.loads(kept.read_text())["key"]
     assert key["threads"] == results_of_run(ftc_home, "k1")["threads_per_rank"] and key["shapes"] == "buckets of 32 to 128"
-    assert kept.with_suffix(".bin").stat().st_size > 0
+    assert kept.with_suffix(".tgz").stat().st_size > 0
     assert not list((ftc_home / "runs" / "k1").glob("*/kernels"))  # moved home, not kept twice
 
     # beside them at home: kernels of another torch, and a cache whose key file is not JSON
     (ftc_home / "kernels" / "foreign.json").write_text(json.dumps({"key": key | {"torch": "0.0.1"}}))
     (ftc_home / "kernels" / "broken.json").write_text("{not json")
     for name in ("foreign", "broken"):
-        shutil.copy(kept.with_suffix(".bin"), ftc_home / "kernels" / f"{name}.bin")
+        shutil.copy(kept.with_suffix(".tgz"), ftc_home / "kernels" / f"{name}.tgz")
 
     second = one_cluster_one_job("k2")
     assert "kernels: warm (from an earlier cluster)" in second

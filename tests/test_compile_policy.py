@@ -103,16 +103,16 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
 def ship(folder, name: str, meta, artifacts: bool = True) -> None:
     (folder / f"{name}.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
     if artifacts:
-        (folder / f"{name}.bin").write_bytes(b"torch's bytes")
+        (folder / f"{name}.tgz").write_bytes(b"a node's cache")
 
 
 def test_a_shipped_cache_of_this_key_is_taken_with_its_note(tmp_path):
     ship(tmp_path, "mine", {"key": key(), "note": {"cold_s": 90.0}})
     ship(tmp_path, "other-model", {"key": key(config=CONFIG | {"n_layers": 2}, threads=4)})  # passed over silently
-    assert pick_shipped(key(), shipped_entries(tmp_path)) == (tmp_path / "mine.bin", {"cold_s": 90.0}, [])
+    assert pick_shipped(key(), shipped_entries(tmp_path)) == (tmp_path / "mine.tgz", {"cold_s": 90.0}, [])
     ship(tmp_path, "stale", {"key": key() | {"torch": "2.11.0"}})  # said, also beside the one taken
     taken, _, lines = pick_shipped(key(), shipped_entries(tmp_path))
-    assert taken == tmp_path / "mine.bin" and len(lines) == 1 and lines[0].startswith("kernels: the shipped cache stale ")
+    assert taken == tmp_path / "mine.tgz" and len(lines) == 1 and lines[0].startswith("kernels: the shipped cache stale ")
     assert shipped_entries(tmp_path / "none") == [] and shipped_entries(None) == []
 
 

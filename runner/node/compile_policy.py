@@ -3,7 +3,7 @@
 The decision (`--compile auto|on|off`) weighs what this node measured of these kernels before (its
 cache's note), else the job's planned steps against what a compile costs with the kernel cache as it
 is: cold, warm from this node's own earlier jobs, or warm from kernels an earlier cluster compiled and
-ftc shipped here from FTC_HOME (torch's portable cache artifacts, keyed by what makes them valid).
+ftc shipped here from FTC_HOME (an earlier node's kernel cache, keyed by what makes it valid).
 
 The shapes (`--shapes`): dynamic (one graph for every sequence length), or length buckets: a few
 static widths, each compiled once, every batch padded to the smallest that holds its longest row.
@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
-from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
+from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
 from .recipes import COMPILE_MIN_STEPS  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
@@ -44,7 +45,7 @@ SHAPES = ("auto", "dynamic", "buckets")
 # --shapes auto: what a compiled step runs with. Buckets compile a few small static graphs; the dynamic
 # graph's symbolic shapes cost more to compile (docs/performance.md: Compile).
 AUTO_SHAPES = "buckets"
-# What a portable cache's key holds besides the digest of the model's architecture: a cache made under
+# What a kept cache's key holds besides the digest of the model's architecture: a cache made under
 # other values is not this job's (another torch, CPU, thread count, precision or shapes).
 KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size")
 # The config entries that name a model rather than shape it: two copies of one architecture share kernels.
@@ -190,9 +191,9 @@ def shipped_entries(folder: Path | None) -> list[tuple[Path, dict | None]]:
     for meta in sorted(folder.glob("*.json")):
         try:
             read = json.loads(meta.read_text())
-            entries.append((meta.with_suffix(".bin"), read if isinstance(read, dict) else None))
+            entries.append((meta.with_suffix(KERNELS_ARCHIVE), read if isinstance(read, dict) else None))
         except (OSError, ValueError):
-            entries.append((meta.with_suffix(".bin"), None))
+            entries.append((meta.with_suffix(KERNELS_ARCHIVE), None))
     return entries
 
 
@@ -216,12 +217,14 @@ def pick_shipped(key: dict, entries: list[tuple[Path, dict | None]]) -> tuple[Pa
     return *taken, lines
 
 
-def load_shipped(artifacts: Path) -> str:
-    """Torch's portable cache artifacts into this process's caches; '' when loaded, else why not."""
+def unpack_shipped(archive: Path, cache_dir: Path) -> str:
+    """A shipped node cache into this node's kernel cache; '' when unpacked, else why not."""
     try:
-        torch.compiler.load_cache_artifacts(artifacts.read_bytes())
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(cache_dir, filter="data")  # names inside the cache only, no links out of it
         return ""
-    except Exception as exc:  # noqa: BLE001 - any failure of a cache made elsewhere means compiling without it
+    except (OSError, EOFError, tarfile.TarError) as exc:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
@@ -263,6 +266,11 @@ def maybe_compile(run) -> Compiled:
         shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
         for line in lines:
             run.log.warning(line)
+        # one rank a node unpacks; cache_state's collective then holds every rank until it has
+        if shipped is not None and env.local_rank == 0 and (failed := unpack_shipped(shipped, cache_dir)):
+            run.log.warning(f"kernels: the shipped cache {shipped.stem} did not unpack ({failed}); ignored, "
+                            "compiling without it")
+            shipped = None
     cache, source = cache_state(noted, shipped, env) if args.compile != "off" else ("cold", "")
     steps_left, lengths = run.total_steps - run.step, run.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
@@ -276,8 +284,6 @@ def maybe_compile(run) -> Compiled:
         return Compiled(note, "none", "", "", cache_dir, digest, key, layout)
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
-    if shipped is not None and (failed := load_shipped(shipped)):
-        run.log.warning(f"kernels: the shipped cache {shipped.stem} did not load ({failed}); ignored, compiling without it")
     run.log.info(f"kernels: {kernels_words(cache, source)}")
     if shapes == "buckets":
         # one static graph per width: no automatic switch to a dynamic graph at the second width
@@ -330,18 +336,19 @@ def graphs_compiled() -> dict[str, int]:
 
 
 def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
-    """Rank 0 of a job that compiled cold or from its node's cache leaves torch's portable cache
-    artifacts, with their key and this node's note, in the job's HOME_KERNELS_DIR: they come home with
-    the results, and ftc ships them to the next cluster's nodes. Kernels that came from home are there."""
+    """Rank 0 of a job that compiled cold or from its node's cache leaves that cache (inductor's FX-graph
+    and AOT-autograd caches, and the C++ kernels they load, which torch's portable cache artifacts leave
+    out to be built again), with its key and this node's note, in the job's HOME_KERNELS_DIR: they come
+    home with the results, and ftc ships them to the next cluster's nodes. Kernels from home are there."""
     if compiled.cache == "none" or compiled.source == "an earlier cluster":
-        return
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is None:
         return
     folder = out_dir / HOME_KERNELS_DIR
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{compiled.digest}.bin").write_bytes(saved[0])
+        with tarfile.open(folder / f"{compiled.digest}{KERNELS_ARCHIVE}", "w:gz", compresslevel=1) as tar:
+            for entry in sorted(compiled.cache_dir.iterdir()):
+                if entry.name != "locks" and not entry.name.startswith(COMPILED_FILE):  # the node's own
+                    tar.add(entry, arcname=entry.name)
     except OSError as exc:
         print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
         return

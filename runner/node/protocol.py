@@ -35,9 +35,11 @@ PREEMPTED_FILE = "preempted.json"  # Preempted, when the job stopped for a spot 
 MODEL_DIR = "model"  # rank 0's fine-tuned model and tokenizer (not with --no-save)
 TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
 KERNEL_CACHE_DIR = "inductor-cache"  # compiled kernels, in a run by hand (a node keeps them in its own cache/)
-# A compiled job's kernels as torch's portable cache (<key digest>.bin, its key and note in .json): left in
-# the job's directory by rank 0, they come home with the results into FTC_HOME/kernels ...
+# A compiled job's kernels: its node's kernel cache (inductor's FX-graph and AOT-autograd caches with the
+# compiled C++ kernels beside them) as <key digest>.tgz, its key and note in <key digest>.json; left in the
+# job's directory by rank 0, they come home with the results into FTC_HOME/kernels ...
 HOME_KERNELS_DIR = "kernels"
+KERNELS_ARCHIVE = ".tgz"
 # ... and ftc ships them into this folder of each node's directory (FTC_NODE_DIR) before a job there
 SHIPPED_KERNELS_DIR = "cache/shipped-kernels"
 
