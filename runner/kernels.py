@@ -60,8 +60,8 @@ def ship(state: st.ClusterState) -> None:
             held = run(conn, node, "ship kernels", f"mkdir -p {shlex.quote(folder)} && ls {shlex.quote(folder)}").split()
             missing = [key for key in keys if f"{key}.json" not in held]
             if missing:
-                console.print(f"kernels: {len(missing)} compiled by an earlier cluster to {node.name}", markup=False,
-                              soft_wrap=True)
+                console.print(f"kernels: copying {len(missing)} kept in {home_kernels()} (compiled on earlier "
+                              f"clusters) to {node.name}", markup=False, soft_wrap=True)
             for key in missing:
                 artifacts, meta = home_kernels() / f"{key}{KERNELS_ARCHIVE}", home_kernels() / f"{key}.json"
                 partial = f"{folder}/{key}{KERNELS_ARCHIVE}.partial"

@@ -331,11 +331,14 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     """The model in fp32, whatever dtype its checkpoint was saved in: autocast computes in bf16,
     but AdamW must update fp32 master weights (bf16 weights would lose small updates). transformers
     5 would otherwise load a bf16 checkpoint as bf16 parameters. The task's class names become the
-    config's id2label, so the saved model says what each output means."""
+    config's id2label, so the saved model says what each output means. Its problem type is set here, as
+    the model's first forward would set it: a compiled step's guards would otherwise fail at the second
+    step and dynamo trace the whole model again."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
     names = dict(enumerate(task.labels)) if task.labels else {0: "score"}
     config = AutoConfig.from_pretrained(args.model, num_labels=task.num_labels, id2label=names,
-                                        label2id={name: i for i, name in names.items()})
+                                        label2id={name: i for i, name in names.items()},
+                                        problem_type="single_label_classification" if task.labels else "regression")
     if args.dropout is not None:
         for key in DROPOUT_KEYS:
             if hasattr(config, key):
