@@ -1,4 +1,4 @@
-"""`ftc bench --end-to-end`: a job's wall time split from what the job records (its decisions, on a
+"""`ftc bench end-to-end`: a job's wall time split from what the job records (its decisions, on a
 results.json as a real run wrote it), the peer launched as a user would by hand, the refusals, and
 one real run of both sides on a slice of MRPC."""
 
@@ -10,8 +10,8 @@ import pytest
 from conftest import ftc
 from helpers import one_error
 
-from runner import end_to_end
-from runner.end_to_end import PHASES, Job, finetune_command, peer_command, phase_split, report, table
+from runner.bench import end_to_end
+from runner.bench.end_to_end import PHASES, Job, finetune_command, peer_command, phase_split, report, table
 
 # What a 2-node run of 64 rows and 1 epoch wrote (results.json's fields the split reads; run.json's
 # started_at), with the command's own start and end around it.
@@ -106,7 +106,7 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
 ])
 def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, tmp_path, flag, value, message):
     out = tmp_path / "out"
-    proc = ftc("bench", "--end-to-end", "--out", str(out), flag, value)
+    proc = ftc("bench", "end-to-end", "--out", str(out), flag, value)
     assert proc.returncode == 2
     assert one_error(proc).startswith(f"error: {message}")
     assert not out.exists()
@@ -115,7 +115,7 @@ def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, 
 @pytest.mark.slow
 def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(ftc_home, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = ftc("bench", "--end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
+    proc = ftc("bench", "end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
                timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / end_to_end.RESULT_NAME).read_text())
