@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from provision.errors import UsageError, option
+from provision.errors import FtcError, UsageError, option
 from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
@@ -173,7 +173,8 @@ def started(out: str) -> tuple[Path, str]:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     mpi = node_facts.mpi_flavour()
     if mpi not in MPI_FLAVOURS:
-        raise SystemExit("bench: no mpirun on PATH (Intel MPI from the stack, MPICH or Open MPI)")
+        raise FtcError("no mpirun on PATH: the bench launches ftc's ranks with it (Intel MPI from the stack, "
+                       "MPICH or Open MPI)")
     path = Path(out).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path, mpi
@@ -181,16 +182,34 @@ def started(out: str) -> tuple[Path, str]:
 
 # ---- one run: ftc through its launch script, the peer through torchrun --------------------------------
 
-def run_launch_script(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, program: str,
-           args: list[str], allocator: str = "", workdir: Path | None = None,
-           network: netem.Layout | None = None, flows: int = 1) -> tuple[Path, str]:
-    """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly.
-    `workdir`: your script's folder, copied to where script_rank runs it (the job's workdir/).
-    `network`: each rank in its own node's namespace of that network, gloo on its first `flows`
-    interfaces (one device each); else all of them over loopback."""
+TAIL = 3000  # characters of a failed command's output shown
+
+
+def run_logged(command: list[str], what: str, log: Path, **kwargs) -> str:
+    """`command` run to its end, its output kept in `log`; a failure is an FtcError with its tail. Its stdout."""
+    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise FtcError(f"{what} failed (exit {proc.returncode}); its output ends:\n" + (proc.stdout + proc.stderr)[-TAIL:])
+    return proc.stdout
+
+
+def fresh_job_dir(out: Path, name: str) -> Path:
+    """OUT/runs/NAME, emptied: each run's own files and log."""
     job_dir = out / "runs" / name
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.mkdir(parents=True)
+    return job_dir
+
+
+def run_launch_script(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, program: str,
+                      args: list[str], allocator: str = "", workdir: Path | None = None,
+                      network: netem.Layout | None = None, flows: int = 1) -> tuple[Path, str]:
+    """Run `program` on `ranks` ranks through the rendered launch script; ranks split `cores` evenly.
+    `workdir`: your script's folder, copied to where script_rank runs it (the job's workdir/).
+    `network`: each rank in its own node's namespace of that network, gloo on its first `flows`
+    interfaces (one device each); else all of them over loopback. The job's folder and its stdout."""
+    job_dir = fresh_job_dir(out, name)
     if workdir:
         shutil.copytree(workdir, job_dir / SCRIPT_WORKDIR)
     hostfile = job_dir / "hostfile"
@@ -208,12 +227,9 @@ def run_launch_script(name: str, out: Path, ranks: int, cores: list[int], cores_
     script.write_text(render_launch(spec))
     # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
     # each rank then takes its own equal share (Intel MPI's pin domains, or FTC_SELF_PIN).
-    proc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), "bash", str(script)],
-                          capture_output=True, text=True)
-    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
-    return job_dir, proc.stdout
+    stdout = run_logged(["taskset", "-c", ",".join(map(str, cores)), "bash", str(script)], f"bench {name}",
+                        job_dir / OUTPUT_LOG)
+    return job_dir, stdout
 
 
 def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank: int, mpi: str, train_args: list[str],
@@ -222,7 +238,7 @@ def run_config(name: str, out: Path, ranks: int, cores: list[int], cores_per_ran
     bench reads ftc's and the peer's records side by side, by their shared keys)."""
     job_dir = out / "runs" / name
     job_dir, _ = run_launch_script(name, out, ranks, cores, cores_per_rank, mpi, "train",
-                        train_args + ["--output-dir", str(job_dir)], allocator, network=network, flows=flows)
+                                   train_args + ["--output-dir", str(job_dir)], allocator, network=network, flows=flows)
     return TrainResults.read(job_dir).to_dict()
 
 
@@ -232,10 +248,10 @@ def allreduce_seconds(out: Path, ranks: int, cores: list[int], cores_per_rank: i
     `chunks` all_reduces in flight at once."""
     name = f"allreduce-{ranks}" + (f"-{flows}-flows" if network else "")
     _, stdout = run_launch_script(name, out, ranks, cores, cores_per_rank, mpi, "allreduce_check",
-                       ["--time-mb", str(megabytes), "--chunks", str(chunks)], network=network, flows=flows)
+                                  ["--time-mb", str(megabytes), "--chunks", str(chunks)], network=network, flows=flows)
     report = parse_allreduce(stdout)
     if report is None or report.allreduce_seconds is None:
-        raise SystemExit(f"bench {name}: no timed ALLREDUCE line in its output:\n{stdout[-3000:]}")
+        raise FtcError(f"bench {name}: no timed ALLREDUCE line in its output:\n{stdout[-TAIL:]}")
     return report.allreduce_seconds
 
 
@@ -245,18 +261,13 @@ def run_peer(name: str, out: Path, ranks: int, cores: list[int], cores_per_rank:
     OMP_NUM_THREADS = cores per rank. Pinned: each rank on its own share of the cores, as
     `torch.backends.xeon.run_cpu` places instances; unpinned: every rank's threads free to run
     on all of them (once measured the faster at 4 ranks). The bench runs both."""
-    job_dir = out / "runs" / name
-    shutil.rmtree(job_dir, ignore_errors=True)
-    job_dir.mkdir(parents=True)
+    job_dir = fresh_job_dir(out, name)
     env = {**os.environ, "OMP_NUM_THREADS": str(cores_per_rank), "PYTHONPATH": str(REPO),
            "FTC_PEER_PIN": "1" if pinned else "0", **(env_extra or {})}
     command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
                "--standalone", "--nproc-per-node", str(ranks), "-m", "runner.node.hf_trainer",
                *peer_args, "--output-dir", str(job_dir)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
-    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
+    run_logged(command, f"bench {name}", job_dir / OUTPUT_LOG, env=env, cwd=job_dir)
     return json.loads((job_dir / RESULTS_FILE).read_text())
 
 
@@ -294,10 +305,10 @@ class Bench:
         """A mode's bench from its checked options: distilbert's architecture with random weights (2 of
         its 6 layers when quick, so that a 2-core CI machine runs every configuration in minutes); the
         rows and repeats given, else the mode's defaults (quick, full); ftc's allocator, as on a cluster."""
-        layers, quick = (2, 0) if args.quick else (6, 1)
+        layers, which = (2, 0) if args.quick else (6, 1)
         return cls(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers),
                    args.data_dir, physical_cores(), getattr(args, "cores_per_rank", None), mpi,
-                   rows=args.rows or rows[1 - quick], repeats=args.repeats or repeats[1 - quick],
+                   rows=args.rows or rows[which], repeats=args.repeats or repeats[which],
                    allocator=pick_allocator(node_facts.gather("")),
                    ftc_extra=["--grad-compress", args.grad_compress] if getattr(args, "grad_compress", None) else [])
 

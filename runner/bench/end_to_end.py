@@ -41,7 +41,7 @@ from ..jobspec import glue_dir
 from ..node import facts as node_facts
 from ..node.protocol import RESULTS_FILE
 from ..runs import RECORD
-from .common import REPO, pretrained_model, progress
+from .common import REPO, TAIL, pretrained_model, progress, run_logged
 
 NAME = "end-to-end"
 HELP = "`ftc finetune` on local nodes from the command to results at home, split into its phases, against the peer"
@@ -52,7 +52,6 @@ CLUSTER = "e2e"
 DEFAULT_LR = 1e-4
 PHASES = ("startup", "tokenization", "training", "evaluation", "checkpoint", "fetch")
 RESULT_NAME = "end_to_end.json"
-TAIL = 3000  # characters of a failed command's output shown
 
 
 @dataclass(frozen=True)
@@ -227,29 +226,19 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -
     return 0
 
 
-def checked_run(command: list[str], what: str, log: Path, **kwargs) -> subprocess.CompletedProcess:
-    """`command` run to its end, its output kept in `log`; a failure is an FtcError with its tail."""
-    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    log.write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise FtcError(f"{what} failed (exit {proc.returncode}); its output ends:\n"
-                       + (proc.stdout + proc.stderr)[-TAIL:])
-    return proc
-
-
 def time_ftc(job: Job, base: Path) -> dict:
     """A private FTC_HOME: up (untimed), `ftc finetune` timed, down. What report() reads of it."""
     env = {**os.environ, "FTC_HOME": str(base / "ftc-home")}
     results = base / "ftc-results"
     try:  # a failed `up` leaves what it started to `down` as well: FTC_HOME goes with the temporary folder
         up_start = time.time()
-        checked_run([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
+        run_logged([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
                     env=env, cwd=base)
         cluster_up_s = time.time() - up_start
         command, load_before = finetune_command(job, results), os.getloadavg()[0]
         progress(f"ftc: cluster up in {cluster_up_s:.1f} s; timing `ftc {' '.join(command)}`")
         start = time.time()
-        checked_run([*FTC, *command], "ftc finetune", base / "ftc-finetune.log", env=env, cwd=base)
+        run_logged([*FTC, *command], "ftc finetune", base / "ftc-finetune.log", env=env, cwd=base)
         end = time.time()
         load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     finally:
@@ -271,7 +260,7 @@ def time_peer(job: Job, cores: list[int], ranks: int, threads: int, base: Path) 
     load_before = os.getloadavg()[0]
     progress(f"peer: timing `{' '.join(command)}`")
     start = time.time()
-    checked_run(command, "the peer's torchrun", base / "peer.log", env={**os.environ, **added}, cwd=base)
+    run_logged(command, "the peer's torchrun", base / "peer.log", env={**os.environ, **added}, cwd=base)
     wall = time.time() - start
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     progress(f"peer: {wall:.1f} s")

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,9 +20,11 @@ from .common import (
     add_workload,
     check_layout,
     check_workload,
+    fresh_job_dir,
     physical_cores,
     progress,
     run_launch_script,
+    run_logged,
     started,
     summary,
     today,
@@ -107,16 +108,13 @@ def launch_row(setting: dict, rates: dict[str, list[float]]) -> dict:
 
 def by_hand_torchrun(name: str, out: Path, ranks: int, cores: list[int], per_rank: int, script: Path,
                      script_args: list[str]) -> dict:
-    job_dir = out / "runs" / name
-    shutil.rmtree(job_dir, ignore_errors=True)
-    job_dir.mkdir(parents=True)
+    """The script under torchrun as a user starts it by hand: the same cores, OMP_NUM_THREADS = cores
+    per rank, no pinning, no allocator. What it wrote (result.json)."""
+    job_dir = fresh_job_dir(out, name)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["OMP_NUM_THREADS"] = str(per_rank)
     command = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "torch.distributed.run",
                "--standalone", "--nproc-per-node", str(ranks), str(script), *script_args,
                "--output-dir", str(job_dir / "output")]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=job_dir)
-    (job_dir / OUTPUT_LOG).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"bench {name} failed (exit {proc.returncode}); tail:\n" + (proc.stdout + proc.stderr)[-3000:])
+    run_logged(command, f"bench {name}", job_dir / OUTPUT_LOG, env=env, cwd=job_dir)
     return json.loads((job_dir / "output" / "result.json").read_text())

@@ -12,7 +12,7 @@ import argparse
 import os
 from dataclasses import dataclass, replace
 
-from provision.errors import UsageError
+from provision.errors import FtcError, UsageError
 from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import default_ppn
 
@@ -163,7 +163,7 @@ def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, ro
     try:
         results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, list(launch.args),
                           {"TORCHINDUCTOR_CACHE_DIR": str(kernels)} if launch.compiled else None)
-    except SystemExit:  # run_peer's tail; the line that names the error is in the whole log
+    except FtcError:  # run_peer's tail; the line that names the error is in the whole log
         return {**record, "cache": cache, "failed": failure_line((bench.out / "runs" / name / OUTPUT_LOG).read_text())}
     return {**record, **long_job_run(results, cache)}
 
