@@ -342,8 +342,7 @@ class Bench:
 
     def report(self, name: str) -> None:
         r = whole_pass(self.runs[name])
-        print(f"  {name}: {r['rows_per_s']:.1f} rows/s, {r['tokens_per_s']:.0f} tokens/s "
-              f"({r['pass_seconds']:.1f} s pass)", flush=True)
+        progress(f"  {name}: {r['rows_per_s']:.1f} rows/s, {r['tokens_per_s']:.0f} tokens/s ({r['pass_seconds']:.1f} s pass)")
 
 
 def read_section(out: Path, key: str) -> dict | None:

@@ -96,10 +96,13 @@ def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
     def named(program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
               extra: tuple[str, ...] = ()) -> LongJobLaunch:
         """A launch, its label and its program's flags; `variant` and `extra`: a launch's own way, named."""
-        how = ("" if program == "ftc" else " pinned" if pinned else " unpinned") + (" compiled" if compiled else "")
-        own = ("--compile", "on" if compiled else "off") if program == "ftc" else ("--torch-compile",) * compiled
-        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}" + (f" {variant}" * bool(variant)),
-                             program, per_node, compiled, pinned, own + extra)
+        if program == "ftc":
+            how, own = "", ("--compile", "on" if compiled else "off")
+        else:
+            how, own = " pinned" if pinned else " unpinned", ("--torch-compile",) if compiled else ()
+        how += (" compiled" if compiled else "") + (f" {variant}" if variant else "")
+        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled, pinned,
+                             own + extra)
     ftc = [named("ftc", ppn, False, True), *(named("ftc", p, True, True) for p in dict.fromkeys((ppn, most)))]
     peer = [named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
     return ftc + peer

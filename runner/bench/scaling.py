@@ -29,6 +29,7 @@ from .common import (
     allreduce_seconds,
     check_layout,
     check_workload,
+    progress,
     started,
     summary,
     today,
@@ -76,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     the report's remaining measurements (GEMM peak, the raw all-reduce)."""
     out, mpi = started(args.out)
     bench = Bench.of(args, out, mpi, rows=(128, 2048), repeats=(2, 3))
-    print(f"bench on {node_facts.cpu_info()[0]}: {len(bench.physical)} physical cores, {bench.cores_per_rank} per "
-          f"simulated node, ranks {args.ranks}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
-          f"allocator {bench.allocator or 'glibc'}", flush=True)
+    progress(f"bench on {node_facts.cpu_info()[0]}: {len(bench.physical)} physical cores, {bench.cores_per_rank} per "
+             f"simulated node, ranks {args.ranks}, {bench.rows} rows per pass, {bench.repeats} repeats, mpirun {mpi}, "
+             f"allocator {bench.allocator or 'glibc'}")
     # The seed recipe pads every row to 128, so its rate hardly depends on which rows: a quarter
     # of the rows, once, is enough for the ratio.
     seed = bench.ftc("seed-1", 1, "seed", rows=max(32, bench.rows // 4))
