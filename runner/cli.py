@@ -162,8 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, action in sub.choices.items():  # `ftc up --help` says what `up` does, as `ftc --help` lists it
         action.description = action.description or next(c.help for c in sub._choices_actions if c.dest == name)
 
-    p = sub.add_parser("bench", help="measure ftc side by side with what users run instead, a mode at a time (see --help)",
-                       add_help=False)
+    p = sub.add_parser("bench", help="ftc measured beside what users run instead, one mode at a time", add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="a mode and its options: `ftc bench --help`")
     return parser
 
