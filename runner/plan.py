@@ -185,7 +185,7 @@ BUDGET = number(0, 1e6)  # dollars
 
 
 def compile_figures(path: str):
-    """What compiling does to a long job, from a bench.json's long jobs (`ftc bench --long-jobs`): ftc's
+    """What compiling does to a long job, from a bench.json's long jobs (`ftc bench long-jobs`): ftc's
     compiled rate over its eager one at the same launch, and the cold compile's start cost; None where
     the bench has no such pair (the plan then offers no compile)."""
     from provision.estimate import Compile

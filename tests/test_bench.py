@@ -217,6 +217,19 @@ def test_network_runs_merge_into_one_report_per_network_and_machine():
     assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["networks"][0]["commands"] == ["--ranks [4]"]
 
 
+def test_a_network_run_rewritten_after_each_node_count_names_its_command_once():
+    from runner.bench.network import network_merged
+    earlier = network_merged(None, {"instance": "c7i.16xlarge", "ena_express": True, "machine": "host", "command": "call 1",
+                                    "link_check": {}, "entries": [{"nodes": 2, "lever": "flows"}]})
+    report = {"instance": "c7i.16xlarge", "ena_express": True, "machine": "host", "command": "call 2", "link_check": {},
+              "entries": [{"nodes": 2, "lever": "flows"}]}
+    after_two = network_merged(earlier, report)
+    report["entries"].append({"nodes": 4, "lever": "flows"})  # the next node count, merged into what OUT held before
+    after_four = network_merged(earlier, report)
+    assert after_two["networks"][0]["commands"] == after_four["networks"][0]["commands"] == ["call 1", "call 2"]
+    assert [e["nodes"] for e in after_four["entries"]] == [2, 4]
+
+
 def test_long_jobs_run_ftcs_default_launch_both_ways_against_the_peers_fastest_and_the_peer_compiled():
     from runner.bench.long_jobs import long_job_launches
     assert [launch.label for launch in long_job_launches(1, 16)] == [

@@ -82,12 +82,12 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
             "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}]}}
     slower = {**ftc_side, "command_end": COMMAND_END + 5.0, "results": {**RESULTS, "eval_accuracy": 0.5}}
     r = report(JOB, [slower, ftc_side, slower], [peer, {**peer, "wall_s": 12.0}, {**peer, "wall_s": 10.0}],
-               "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
     # medians over the rounds; the split and the accuracy from ftc's median run
     assert r["ftc_wall_s"] == round(COMMAND_END + 5.0 - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
     assert r["speedup"] == round(11.0 / (COMMAND_END + 5.0 - COMMAND_START), 3) and r["repeats"] == 3
     assert r["peer_wall_s_runs"] == [11.0, 12.0, 10.0] and len(r["ftc_wall_s_runs"]) == 3
-    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
     assert one["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and one["repeats"] == 1
     r = one
     assert (r["ftc_accuracy"], r["peer_accuracy"]) == (0.681373, 0.7) and r["epochs"] == 1
