@@ -5,7 +5,7 @@ the raw all-reduce, MFU against a measured GEMM peak, and each of --levers alone
 
 Every ftc configuration is a real run of runner/node/train.py through the rendered mpirun launch
 script (templates/launch.sh.j2); the peer is runner/node/hf_trainer.py through torchrun, on the
-same cores and rows. OUT/bench.json is written after the seed recipe and after each rank count, so
+same cores and rows. OUT/bench.json is written after each rank count (the 2021 recipe runs first), so
 a run cut short keeps what it measured (`complete`: false); scaling.md and scaling.png at the end.
 """
 
