@@ -207,6 +207,7 @@ def follow(state: st.ClusterState, connections: NodeConnections, from_start: boo
                           next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name "
                                     f"{name} -f`; `ftc status --name {name}` says what is up")
     colour, mark = sys.stdout.isatty(), line_mark(job.id)
+    interrupted = False
 
     def on_line(line: str) -> None:
         print(for_terminal(line, colour), flush=True)
@@ -227,6 +228,8 @@ def follow(state: st.ClusterState, connections: NodeConnections, from_start: boo
             console.print(f"\ndetached: job {job.id} keeps running on {state.head.name}. "
                           f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
             return 0
+        interrupted = True
+    if interrupted:  # out of the handler: a second Ctrl-C while the job stops is not told as raised inside it
         return stop_on_interrupt(state, job, connections)
     gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
                     f"is in {job.results_dir}")
