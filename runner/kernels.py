@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from provision import state as st
-from provision.ssh import connect, interruptible, put_text, run
+from provision.ssh import NodeConnections, interruptible, put_text, run
 from provision.ui import console
 
 from .node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR
@@ -49,22 +49,22 @@ def bring_home(results: Path) -> None:
             (home / f"{key}{suffix}").unlink(missing_ok=True)
 
 
-def ship(state: st.ClusterState) -> None:
+def ship(state: st.ClusterState, connections: NodeConnections) -> None:
     """Every kernel kept at home to each node that lacks it: a new cluster's first job starts warm where
     an earlier cluster compiled the same kernels. Artifacts first, key file last (the node reads a key
     file's artifacts only), each written beside and moved into place."""
     keys = kept(home_kernels())
     for node in state.nodes if keys else []:
         folder = f"{node.workdir}/{SHIPPED_KERNELS_DIR}"
-        with connect(state, node) as conn:
-            held = run(conn, node, "ship kernels", f"mkdir -p {shlex.quote(folder)} && ls {shlex.quote(folder)}").split()
-            missing = [key for key in keys if f"{key}.json" not in held]
-            if missing:
-                console.print(f"kernels: copying {len(missing)} kept in {home_kernels()} (compiled on earlier "
-                              f"clusters) to {node.name}", markup=False, soft_wrap=True)
-            for key in missing:
-                artifacts, meta = home_kernels() / f"{key}{KERNELS_ARCHIVE}", home_kernels() / f"{key}.json"
-                partial = f"{folder}/{key}{KERNELS_ARCHIVE}.partial"
-                interruptible(conn.client.get_transport(), conn.put, str(artifacts), partial)
-                run(conn, node, "ship kernels", f"mv {shlex.quote(partial)} {shlex.quote(f'{folder}/{key}{KERNELS_ARCHIVE}')}")
-                put_text(conn, meta.read_text(), f"{folder}/{key}.json")
+        conn = connections.to(state, node)
+        held = run(conn, node, "ship kernels", f"mkdir -p {shlex.quote(folder)} && ls {shlex.quote(folder)}").split()
+        missing = [key for key in keys if f"{key}.json" not in held]
+        if missing:
+            console.print(f"kernels: copying {len(missing)} kept in {home_kernels()} (compiled on earlier "
+                          f"clusters) to {node.name}", markup=False, soft_wrap=True)
+        for key in missing:
+            archive, meta = home_kernels() / f"{key}{KERNELS_ARCHIVE}", home_kernels() / f"{key}.json"
+            partial = f"{folder}/{key}{KERNELS_ARCHIVE}.partial"
+            interruptible(conn.client.get_transport(), conn.put, str(archive), partial)
+            run(conn, node, "ship kernels", f"mv {shlex.quote(partial)} {shlex.quote(f'{folder}/{key}{KERNELS_ARCHIVE}')}")
+            put_text(conn, meta.read_text(), f"{folder}/{key}.json")

@@ -47,6 +47,7 @@ from .protocol import (
     PREEMPTED_FILE,
     RELEASE_FILE,
     RESULTS_FILE,
+    SPOT_NOTICE_ENV,
     DevMetrics,
     Preempted,
     Progress,
@@ -155,9 +156,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None,
                    help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's)")
     p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
-    p.add_argument("--spot-watch", default="", metavar="URL",
+    p.add_argument("--spot-watch", default=os.environ.get(SPOT_NOTICE_ENV, ""), metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
-                        f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
+                        f"checkpoint where the job stands and exit {EXIT_PREEMPTED} (default: {SPOT_NOTICE_ENV}, "
+                        "as the controller's launch sets it on a spot cluster)")
     p.add_argument("--stack", default=os.environ.get("FTC_STACK", "stock"))
     p.add_argument("--log-every", type=int, default=10)
     measuring(p.add_argument_group("the bench's and the tests' own"))
