@@ -8,7 +8,7 @@ import pytest
 from provision import state as st
 from provision.errors import ClusterBusy, UsageError
 from provision.spec import ClusterSpec
-from runner.bench import rank_layout
+from runner.bench.common import rank_layout
 from runner.finetune_job import job_settings
 from runner.job import refuse_if_busy
 from runner.jobspec import JobSpec, train_args
@@ -184,7 +184,7 @@ def test_data_files_stay_where_they_are_for_local_nodes_and_are_copied_by_role_e
 
 
 def test_the_bench_s_mfu_divides_by_the_peak_of_every_rank_s_cores():
-    from runner.bench import mfu
+    from runner.bench.scaling import mfu
     one = mfu(1000.0, 1e8, 1.0, 1)  # 0.1 TFLOP/s of a 1 TFLOP/s rank
     assert one == 0.1 and mfu(4000.0, 1e8, 1.0, 4) == one  # four ranks: four times the work, four times the peak
 
