@@ -114,6 +114,9 @@ class Sandbox:
         Sandbox.made += 1
         self.tag = f"{PREFIX}{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[Sandbox.made % 26]}"
         self.bridge = f"{self.tag}b"
+        # job ids of its own: the sandboxes that run at once share this machine's /tmp, where a job's files on a
+        # node are named by its job id (as a site's job ids are its own)
+        self.first_job_id = ((os.getpid() % 2000) * 26 + Sandbox.made % 26) * 1000 + 1
         self.net = ""
         self.procs: list[subprocess.Popen] = []
         self.namespaces: list[str] = []
@@ -232,6 +235,7 @@ ReturnToService=2
 Epilog={self.root / 'epilog.sh'}
 SlurmdTimeout=30
 MinJobAge=600
+FirstJobId={self.first_job_id}
 {nodes}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime={MAX_MINUTES} State=UP
 PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
@@ -283,7 +287,16 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
     # ---- stop --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Every process, namespace and file of the sandbox, gone."""
+        """Every process, namespace and file of the sandbox, gone: its jobs first, as a site ends them (each
+        step's SIGTERM, so what a job keeps in the nodes' /tmp goes with it), then the daemons."""
+        if self.procs and self.conf.exists():
+            env = {**os.environ, **self.env()}
+            subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True, env=env)  # noqa: S603, S607
+            try:
+                _until(lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True,  # noqa: S603, S607
+                                                  env=env).stdout.strip(), "empty queue", self.root / "slurmctld.log")
+            except RuntimeError:
+                pass  # a node that does not answer: its processes end with its namespace below
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

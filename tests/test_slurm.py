@@ -19,8 +19,11 @@ from provision.providers.slurm import (
     ended_line,
     minutes,
     partition_of,
+    reach_line,
     refusals,
+    relay_argv,
     sbatch_argv,
+    sshd_ready_argv,
     waiting_line,
 )
 from provision.spec import resolve_spec
@@ -31,9 +34,12 @@ from provision.spec import resolve_spec
 def test_the_allocation_is_one_exclusive_sbatch_named_after_the_cluster_with_the_time_limit_rounded_up():
     spec = resolve_spec({"provider": "slurm", "name": "big", "partition": "cpu", "nodes": "4", "max_hours": "1.01",
                          "account": "lab", "qos": "normal", "constraint": "spr&ib"}, {})
-    assert sbatch_argv(spec) == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
-                                 "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
-                                 "--qos=normal", "--constraint=spr&ib", "--wrap", "exec sleep infinity"]
+    assert sbatch_argv(spec)[:-1] == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
+                                      "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
+                                      "--qos=normal", "--constraint=spr&ib", "--wrap"]
+    # the batch script sleeps, and starts the nodes' private sshd only when ftc signals it (ssh did not reach them)
+    assert sbatch_argv(spec)[-1].startswith("trap 'srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c ")
+    assert sbatch_argv(spec)[-1].endswith("' USR1; while :; do sleep 3600 & wait $!; done")
     plain = resolve_spec({"provider": "slurm", "partition": "cpu"}, {})
     assert "--account" not in " ".join(sbatch_argv(plain)) and "--time=240" in sbatch_argv(plain)
 
@@ -58,6 +64,18 @@ def test_a_partition_too_small_or_too_short_is_refused_one_line_each():
     assert lines == ["--nodes=3 is more than --partition='debug' has (2); allowed: 1..2",
                      "--max-hours=9 is more than --partition='debug' allows (480 min); allowed: up to 8"]
     assert refusals(spec, Partition("debug", 4, None, "DOWN")) == []  # a DOWN partition queues: the job waits
+
+
+def test_which_way_the_nodes_are_reached_is_said_in_one_line_with_why():
+    assert reach_line("7", ["", ""]) == "nodes reached over ssh: every allocated node answers it and logs you in"
+    assert reach_line("7", ["", "ftcn2 (10.0.0.2) does not answer ssh on port 22 from here"]) == \
+        "nodes reached through srun --jobid 7 --overlap, not ssh: ftcn2 (10.0.0.2) does not answer ssh on port 22 from here"
+    assert reach_line("7", ["a", "b", "c"]).endswith(": a (and 2 more)")
+    # each node's private sshd listens on the allocation's port on its loopback; ssh reaches it by srun's stdio
+    relay = relay_argv("30007", "ftcn2")
+    assert relay[:8] == ["srun", "--jobid=30007", "--overlap", "--nodelist=ftcn2", "--nodes=1", "--ntasks=1",
+                         "--unbuffered", "--quiet"] and relay[8:10] == ["python3", "-c"] and relay[-1] == "20007"
+    assert "cat /tmp/ftc-sshd-30007.ftcn2/host_key.pub && " in sshd_ready_argv("30007", "ftcn2")[-1]
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -244,22 +262,42 @@ def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, 
 
 
 @pytest.mark.slow
-def test_nodes_that_refuse_ssh_are_named_and_the_allocation_is_cancelled(ftc_home, tmp_path, monkeypatch):
+def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_down(ftc_home, tmp_path, monkeypatch,
+                                                                                      tiny_bert, glue_dir):
     from slurm_sandbox import Sandbox
-    closed = Sandbox(tmp_path / "closed", nodes=1, ssh=False).start()  # a site without ssh to its nodes
+    closed = Sandbox(tmp_path / "closed", nodes=2, ssh=False).start()  # a site without ssh to its nodes
     try:
         for key, value in closed.exports().items():
             monkeypatch.setenv(key, value)
-        try:
-            up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1",
-                     timeout=300)
-        except subprocess.TimeoutExpired as exc:  # a hang: say where ftc stood and what Slurm said
-            log = (closed.root / "slurmctld.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"ftc up hung: {exc.stderr}\nqueue: {queue(closed)}\nslurmctld.log: {log}")
-        assert up.returncode == 1, up.stderr
-        assert "Slurm node(s) ftcn1 (" in up.stderr and "do not answer ssh on port 22" in up.stderr, up.stderr
-        assert "Slurm allocation 1 cancelled" in up.stderr and "rolled back" in up.stderr, up.stderr
-        assert queue(closed) == [] and not (ftc_home / "clusters" / "shut").exists()
+        monkeypatch.setenv("HOME", str(closed.home))  # your home as the nodes see it: their sshd reads your keys there
+        before = homes(closed)
+        up = make("cluster", "NAME=shut", "PROVIDER=slurm", "NODES=2", "MAX_HOURS=1", home=ftc_home)
+        assert up.returncode == 0, up.stdout + up.stderr
+        job_id = next(line.split()[0] for line in queue(closed))
+        assert f"nodes reached through srun --jobid {job_id} --overlap, not ssh: ftcn1 (" in up.stderr
+        assert "does not answer ssh on port 22 from here (and 1 more)" in up.stderr, up.stderr
+        assert "verified: mpirun hostname on 2 node(s)" in up.stdout + up.stderr
+        steps = subprocess.run(["squeue", "-h", "-s", "-o", "%j %N"], capture_output=True, text=True, check=True,
+                               env={**os.environ, **closed.env()}).stdout.splitlines()
+        assert "sh ftcn[1-2]" in steps, steps  # the private sshd's step, one task on each node
+
+        script = tmp_path / "work" / "ranks.py"
+        script.parent.mkdir()
+        script.write_text(RANK_SCRIPT)
+        launch = make("launch", "NAME=shut", f"SCRIPT={script}", home=ftc_home)
+        assert launch.returncode == 0, launch.stdout + launch.stderr
+        seen = next((ftc_home / "runs" / "shut").glob("script-*/output/rank0.txt")).read_text()
+        assert seen.startswith("ftcn1 ") and "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0" in seen, seen
+        job = ftc("finetune", "--name", "shut", "--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir),
+                  "--max-train-samples", "32", "--max-eval-samples", "16", "--epochs", "1", timeout=400)
+        assert job.returncode == 0 and "2 (2 node(s) x 1)" in job.stdout + job.stderr, job.stdout + job.stderr
+        there = ftc("ssh", "--name", "shut", "--", "hostname")
+        assert there.returncode == 0 and there.stdout.split()[-1] == "ftcn1", there.stdout + there.stderr
+
+        down = make("destroy", "NAME=shut", home=ftc_home)
+        assert down.returncode == 0, down.stderr
+        assert queue(closed) == [] and homes(closed) == before and processes_under(closed.root) == []
+        assert not list(Path("/tmp").glob(f"ftc-sshd-{job_id}.*"))  # each node's private sshd took its files along
     finally:
         closed.stop()
 

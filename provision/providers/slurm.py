@@ -326,7 +326,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
     addresses = _addresses(spec, names)
     user = (parse_host(spec.login)[0] if spec.login else "") or getpass.getuser()
     checked, unreached = _over_ssh(state, names, [own.Host(user, addresses[name], SSH_PORT) for name in names])
-    console.print(reach_line(job_id, unreached), markup=False)
+    console.print(reach_line(job_id, unreached), markup=False, soft_wrap=True)
     if any(unreached):
         found.reach = SRUN
         record()
