@@ -18,6 +18,7 @@ from provision.providers.slurm import (
     allocation_of,
     ended_line,
     minutes,
+    notice_s,
     partition_of,
     reach_line,
     refusals,
@@ -27,6 +28,7 @@ from provision.providers.slurm import (
     waiting_line,
 )
 from provision.spec import resolve_spec
+from runner.node.slurm_notice import notice, notice_path
 
 # ---- pure ---------------------------------------------------------------------------------------
 
@@ -36,12 +38,15 @@ def test_the_allocation_is_one_exclusive_sbatch_named_after_the_cluster_with_the
                          "account": "lab", "qos": "normal", "constraint": "spr&ib"}, {})
     assert sbatch_argv(spec)[:-1] == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
                                       "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
-                                      "--qos=normal", "--constraint=spr&ib", "--wrap"]
-    # the batch script sleeps, and starts the nodes' private sshd only when ftc signals it (ssh did not reach them)
+                                      "--qos=normal", "--constraint=spr&ib", "--signal=B:TERM@120", "--wrap"]
+    # the batch script sleeps; it starts the nodes' private sshd only when ftc signals it (ssh did not reach them),
+    # and writes a notice on Slurm's SIGTERM
     assert sbatch_argv(spec)[-1].startswith("trap 'srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c ")
-    assert sbatch_argv(spec)[-1].endswith("' USR1; while :; do sleep 3600 & wait $!; done")
+    assert sbatch_argv(spec)[-1].endswith("' TERM; while :; do sleep 3600 & wait $!; done")
     plain = resolve_spec({"provider": "slurm", "partition": "cpu"}, {})
     assert "--account" not in " ".join(sbatch_argv(plain)) and "--time=240" in sbatch_argv(plain)
+    # the notice before the time limit: EC2's two minutes, or a quarter of a shorter allocation
+    assert [notice_s(m) for m in (240, 8, 1)] == [120, 120, 15]
 
 
 def test_slurms_answers_are_read_into_records():
@@ -300,6 +305,23 @@ def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_d
         assert not list(Path("/tmp").glob(f"ftc-sshd-{job_id}.*"))  # each node's private sshd took its files along
     finally:
         closed.stop()
+
+
+@pytest.mark.slow
+def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_removes_it(slurm, ftc_home):
+    up = ftc("up", "--name", "term", "--provider", "slurm", "--max-hours", "1", "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    job_id = next(line.split()[0] for line in queue(slurm))
+    assert notice(job_id) is None
+    # what Slurm sends the batch script before it preempts the job (and, by sbatch --signal, before its time limit)
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True, env={**os.environ, **slurm.env()})
+    wait_for(lambda: notice(job_id) is not None, "the batch script's notice on node 0", timeout=60)
+    found = notice(job_id)
+    assert (found["action"], found["source"]) == ("terminate", "slurm") and found["time"].endswith("Z"), found
+    assert [line.split()[1:] for line in queue(slurm)] == [["ftc-term", "RUNNING"]]  # held until Slurm ends it
+    down = ftc("down", "--name", "term")
+    assert down.returncode == 0, down.stderr
+    assert queue(slurm) == [] and not Path(notice_path(job_id)).exists()
 
 
 @pytest.mark.slow

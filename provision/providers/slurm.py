@@ -41,6 +41,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from runner.node.slurm_notice import notice_path
+
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option
 from ..spec import ClusterSpec, parse_host
@@ -59,6 +61,7 @@ IN_VAIN = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "BadCon
            "InvalidQOS")
 POLL_VARIABLE = "FTC_SLURM_POLL_S"  # how often the queue is asked while an allocation waits or ends
 GONE_WITHIN_S = 120  # scancel to the queue no longer listing it (the nodes' epilog runs meanwhile)
+NOTICE_S = 120  # the notice before the time limit, as EC2 gives before a spot reclaim
 SSH, SRUN = "ssh", "srun"  # SlurmResources.reach: how the nodes' sshd is reached
 SSHD_WITHIN_S = 60  # the signal to the batch script until every node's private sshd answers
 # The private sshd's port on a node's loopback: one per allocation (its job id's), below the ephemeral range
@@ -118,10 +121,16 @@ def minutes_of(hours: float) -> int:
 
 
 def batch_script() -> str:
-    """What holds the allocation: a shell that sleeps until its time limit and, on SIGUSR1 (sent by ftc
-    only where ssh cannot reach the nodes), starts every node's private sshd in one step of its own. Pure."""
+    """What holds the allocation: a shell on node 0 that sleeps until Slurm ends it. On SIGUSR1 (sent by ftc
+    only where ssh cannot reach the nodes) it starts every node's private sshd in one step of its own; on
+    SIGTERM (Slurm's before a preemption or an admin's cancel, or sbatch --signal's before the time limit)
+    it writes the notice a job reads as a spot node's (runner/node/slurm_notice.py) and holds on, the time
+    Slurm gives before it kills. Pure."""
     start = f"srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c {shlex.quote(SSHD)} >/dev/null 2>&1 &"
-    return f"trap {shlex.quote(start)} USR1; while :; do sleep 3600 & wait $!; done"
+    path = notice_path("$SLURM_JOB_ID")
+    notice = (f'printf \'{{"action": "terminate", "time": "%s", "source": "slurm"}}\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" '
+              f'> "{path}.part" && mv -f "{path}.part" "{path}"')
+    return f"trap {shlex.quote(start)} USR1; trap {shlex.quote(notice)} TERM; while :; do sleep 3600 & wait $!; done"
 
 
 def sbatch_argv(spec: ClusterSpec) -> list[str]:
@@ -129,7 +138,13 @@ def sbatch_argv(spec: ClusterSpec) -> list[str]:
     argv = ["sbatch", "--parsable", "--exclusive", f"--nodes={spec.nodes}", f"--job-name={job_name(spec.name)}",
             f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.partition}", "--output=/dev/null"]
     argv += [f"--{key}={getattr(spec, key)}" for key in ("account", "qos", "constraint") if getattr(spec, key)]
-    return argv + ["--wrap", batch_script()]
+    return argv + [f"--signal=B:TERM@{notice_s(minutes_of(spec.max_hours))}", "--wrap", batch_script()]
+
+
+def notice_s(minutes: int) -> int:
+    """How long before its time limit the allocation's notice comes: EC2's two minutes, or a quarter of a
+    shorter allocation. Pure."""
+    return min(NOTICE_S, minutes * 60 // 4)
 
 
 def sshd_port(job_id: str) -> int:
@@ -464,6 +479,9 @@ def terminate(state: st.ClusterState, record: Record) -> None:
     except FtcError as exc:
         left = exc
     job_ids = ({resources(state).job_id} - {""}) | set(_queued_by_name(spec, state.name))
+    if state.nodes and resources(state).job_id:  # a notice Slurm gave the allocation, on node 0
+        job_id = resources(state).job_id
+        slurm(spec, step_argv(job_id, state.head.id, ["rm", "-f", notice_path(job_id)]), check=False)
     for job_id in sorted(job_ids):
         _cancel(spec, job_id)
     if left:
@@ -482,6 +500,9 @@ def _queued_by_name(spec: ClusterSpec, cluster: str) -> list[str]:
 
 
 def _cancel(spec: ClusterSpec, job_id: str) -> None:
+    # the batch script first, by SIGKILL: ended by ftc, it writes no notice (scancel's SIGTERM would have it
+    # write one and hold the nodes until Slurm's KillWait); then the rest, each step's SIGTERM
+    slurm(spec, ["scancel", "--batch", "--signal=KILL", job_id], check=False)
     slurm(spec, ["scancel", job_id], check=False)
     deadline = time.monotonic() + GONE_WITHIN_S
     while _allocation(spec, job_id).live:
