@@ -29,6 +29,7 @@ from provision.providers.slurm import (
 )
 from provision.spec import resolve_spec
 from runner.node.slurm_notice import notice, notice_path
+from runner.plan import node_hour_price
 
 # ---- pure ---------------------------------------------------------------------------------------
 
@@ -94,6 +95,22 @@ def test_which_way_the_nodes_are_reached_is_said_in_one_line_with_why():
 def test_slurm_settings_are_checked_before_anything_is_asked(flags, named):
     with pytest.raises(UsageError, match=named.replace("(", r"\(")):
         resolve_spec(flags, {})
+
+
+def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home):
+    assert node_hour_price(None, True, 2.72) == (1.0, False) and node_hour_price("0.4", True, 2.72) == (0.4, True)
+    assert node_hour_price(None, False, 2.72) == (2.72, True)  # a catalog's instance type: its price
+    time_only = ftc("plan", "--nodes", "1,2", env={"FTC_PROVIDER": "slurm"})
+    assert time_only.returncode == 0, time_only.stderr
+    table = time_only.stdout.split("per-node rate")[0]
+    assert "time only: no price, cost in node-hours" in " ".join(table.split()) and "node-hours" in table, table
+    assert "$" not in table, table
+    priced = ftc("plan", "--nodes", "1,2", "--node-hour-price", "0.4", env={"FTC_PROVIDER": "slurm"})
+    assert priced.returncode == 0 and "$0.4/h" in priced.stdout and "│ $0." in priced.stdout, priced.stdout
+    assert_refused(ftc("plan", "--node-hour-price", "1"), "--node-hour-price is for the nodes a Slurm site lends",
+                   ftc_home)
+    assert_refused(ftc("plan", "--node-hour-price", "0", env={"FTC_PROVIDER": "slurm"}),
+                   "--node-hour-price='0' is out of range", ftc_home)
 
 
 def test_no_sbatch_and_no_login_is_refused_in_one_line(ftc_home, tmp_path):
