@@ -71,7 +71,7 @@ SSHD_PORT_BASE, SSHD_PORT_SPAN = 10000, 20000
 # ~/.ssh/authorized_keys (as your own sshd reads it), 127.0.0.1 only, its files in a directory of the job's
 # own that goes when the step ends (scancel's SIGTERM, or the time limit's).
 SSHD = """\
-d=/tmp/ftc-sshd-$SLURM_JOB_ID.$SLURMD_NODENAME
+d=%(dir)s
 mkdir -m 700 "$d" || exit 1
 trap 'rm -rf "$d"' EXIT
 trap 'kill $pid 2>/dev/null; exit 143' TERM
@@ -83,7 +83,7 @@ ssh-keygen -q -t ed25519 -N '' -C "ftc-$SLURM_JOB_ID" -f "$d/host_key" || exit 1
   -o "SetEnv=HOME=$HOME${SLURM_CONF:+ SLURM_CONF=$SLURM_CONF}" 2>"$d/log" &
 pid=$!
 wait $pid
-""" % {"base": SSHD_PORT_BASE, "span": SSHD_PORT_SPAN}
+"""
 # The relay: its standard input and output to the node's private sshd (one line: ssh_config's ProxyCommand)
 RELAY = ('import os,socket,sys,threading as t;s=socket.create_connection(("127.0.0.1",int(sys.argv[1])));'
          't.Thread(target=lambda:[*map(s.sendall,iter(lambda:os.read(0,65536),b"")),s.shutdown(1)],daemon=True).start();'
@@ -126,7 +126,8 @@ def batch_script() -> str:
     SIGTERM (Slurm's before a preemption or an admin's cancel, or sbatch --signal's before the time limit)
     it writes the notice a job reads as a spot node's (runner/node/slurm_notice.py) and holds on, the time
     Slurm gives before it kills. Pure."""
-    start = f"srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c {shlex.quote(SSHD)} >/dev/null 2>&1 &"
+    sshd = SSHD % {"dir": sshd_dir("$SLURM_JOB_ID", "$SLURMD_NODENAME"), "base": SSHD_PORT_BASE, "span": SSHD_PORT_SPAN}
+    start = f"srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c {shlex.quote(sshd)} >/dev/null 2>&1 &"
     path = notice_path("$SLURM_JOB_ID")
     notice = (f'printf \'{{"action": "terminate", "time": "%s", "source": "slurm"}}\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" '
               f'> "{path}.part" && mv -f "{path}.part" "{path}"')
