@@ -388,6 +388,18 @@ def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
     return allocation_of(job_id, done.stdout.strip().splitlines()[0])
 
 
+def _settled(spec: ClusterSpec, job_id: str) -> Allocation:
+    """The allocation's state; one that is COMPLETING (Slurm ends its steps: KillWait after a cancel or its
+    time limit, GraceTime after a preemption, while the batch script holds on for the job's checkpoint) is
+    waited for, up to GONE_WITHIN_S, so that it is named by the state it ends in, which says why."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    now = _allocation(spec, job_id)
+    while now.state == "COMPLETING" and time.monotonic() < deadline:
+        time.sleep(poll_s())
+        now = _allocation(spec, job_id)
+    return now
+
+
 def _addresses(spec: ClusterSpec, names: list[str]) -> dict[str, str]:
     """Each node's NodeAddr: where Slurm itself reaches it, so where ssh does."""
     out = slurm(spec, ["scontrol", "show", "node", "-o", ",".join(names)]).stdout
@@ -518,7 +530,7 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
     job_id = resources(state).job_id
     if not job_id:
         return [NodeStatus(node.id, "unknown", "no allocation recorded") for node in state.nodes]
-    now = _allocation(state.cluster_spec, job_id)
+    now = _settled(state.cluster_spec, job_id)
     if now.state != "RUNNING":
         return [NodeStatus(node.id, "dead", ended_line(now)) for node in state.nodes]
     return [NodeStatus(live.id, live.state, f"Slurm allocation {job_id}" if live.state == "running" else live.detail)
