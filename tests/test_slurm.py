@@ -28,7 +28,7 @@ from provision.providers.slurm import (
     waiting_line,
 )
 from provision.spec import resolve_spec
-from runner.node.slurm_notice import notice, notice_path
+from runner.node.slurm_notice import notice
 from runner.plan import node_hour_price
 
 # ---- pure ---------------------------------------------------------------------------------------
@@ -325,20 +325,23 @@ def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_d
 
 
 @pytest.mark.slow
-def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_removes_it(slurm, ftc_home):
+def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_removes_it(slurm, ftc_home, monkeypatch):
+    monkeypatch.setenv("HOME", str(slurm.home))  # your home as the nodes see it: the batch script's too
+    before = homes(slurm)
     up = ftc("up", "--name", "term", "--provider", "slurm", "--max-hours", "1", "--no-bootstrap", "--yes", "1")
     assert up.returncode == 0, up.stderr
     job_id = next(line.split()[0] for line in queue(slurm))
-    assert notice(job_id) is None
+    node_0 = str(slurm.home / ".ftc-node" / "term.ftcn1")
+    assert notice(node_0) is None
     # what Slurm sends the batch script before it preempts the job (and, by sbatch --signal, before its time limit)
     subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True, env={**os.environ, **slurm.env()})
-    wait_for(lambda: notice(job_id) is not None, "the batch script's notice on node 0", timeout=60)
-    found = notice(job_id)
+    wait_for(lambda: notice(node_0) is not None, "the batch script's notice on node 0", timeout=60)
+    found = notice(node_0)
     assert (found["action"], found["source"]) == ("terminate", "slurm") and found["time"].endswith("Z"), found
     assert [line.split()[1:] for line in queue(slurm)] == [["ftc-term", "RUNNING"]]  # held until Slurm ends it
     down = ftc("down", "--name", "term")
     assert down.returncode == 0, down.stderr
-    assert queue(slurm) == [] and not Path(notice_path(job_id)).exists()
+    assert queue(slurm) == [] and homes(slurm) == before  # the notice went with node 0's directory
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from runner.node.slurm_notice import notice_path
+from runner.node.slurm_notice import NOTICE_FILE
 
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option
@@ -120,17 +120,18 @@ def minutes_of(hours: float) -> int:
     return max(1, math.ceil(hours * 60 - 1e-9))
 
 
-def batch_script() -> str:
+def batch_script(cluster: str) -> str:
     """What holds the allocation: a shell on node 0 that sleeps until Slurm ends it. On SIGUSR1 (sent by ftc
     only where ssh cannot reach the nodes) it starts every node's private sshd in one step of its own; on
     SIGTERM (Slurm's before a preemption or an admin's cancel, or sbatch --signal's before the time limit)
-    it writes the notice a job reads as a spot node's (runner/node/slurm_notice.py) and holds on, the time
-    Slurm gives before it kills. Pure."""
+    it writes the notice a job reads as a spot node's (runner/node/slurm_notice.py) into its node's ftc
+    directory, where there is one, and holds on: the time Slurm gives before it kills. Pure."""
     sshd = SSHD % {"dir": sshd_dir("$SLURM_JOB_ID", "$SLURMD_NODENAME"), "base": SSHD_PORT_BASE, "span": SSHD_PORT_SPAN}
     start = f"srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c {shlex.quote(sshd)} >/dev/null 2>&1 &"
-    path = notice_path("$SLURM_JOB_ID")
-    notice = (f'printf \'{{"action": "terminate", "time": "%s", "source": "slurm"}}\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" '
-              f'> "{path}.part" && mv -f "{path}.part" "{path}"')
+    node_dir = own.workdir_of("$HOME", cluster, "$SLURMD_NODENAME")
+    path = f"{node_dir}/{NOTICE_FILE}"
+    notice = (f'[ -d "{node_dir}" ] && printf \'{{"action": "terminate", "time": "%s", "source": "slurm"}}\\n\' '
+              f'"$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "{path}.part" && mv -f "{path}.part" "{path}"')
     return f"trap {shlex.quote(start)} USR1; trap {shlex.quote(notice)} TERM; while :; do sleep 3600 & wait $!; done"
 
 
@@ -139,7 +140,7 @@ def sbatch_argv(spec: ClusterSpec) -> list[str]:
     argv = ["sbatch", "--parsable", "--exclusive", f"--nodes={spec.nodes}", f"--job-name={job_name(spec.name)}",
             f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.partition}", "--output=/dev/null"]
     argv += [f"--{key}={getattr(spec, key)}" for key in ("account", "qos", "constraint") if getattr(spec, key)]
-    return argv + [f"--signal=B:TERM@{notice_s(minutes_of(spec.max_hours))}", "--wrap", batch_script()]
+    return argv + [f"--signal=B:TERM@{notice_s(minutes_of(spec.max_hours))}", "--wrap", batch_script(spec.name)]
 
 
 def notice_s(minutes: int) -> int:
@@ -492,9 +493,6 @@ def terminate(state: st.ClusterState, record: Record) -> None:
     except FtcError as exc:
         left = exc
     job_ids = ({resources(state).job_id} - {""}) | set(_queued_by_name(spec, state.name))
-    if state.nodes and resources(state).job_id:  # a notice Slurm gave the allocation, on node 0
-        job_id = resources(state).job_id
-        slurm(spec, step_argv(job_id, state.head.id, ["rm", "-f", notice_path(job_id)]), check=False)
     for job_id in sorted(job_ids):
         _cancel(spec, job_id)
     if left:
