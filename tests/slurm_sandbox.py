@@ -106,9 +106,10 @@ def _kill_netns(name: str) -> None:
 class Sandbox:
     made = 0  # sandboxes this process started
 
-    def __init__(self, root: Path, nodes: int = 2, ssh: bool = True):
+    def __init__(self, root: Path, nodes: int = 2, ssh: bool = True, login: bool = False):
         self.root, self.count = root, nodes
         self.ssh = ssh  # False: the nodes run no sshd, as at a site that refuses ssh to allocated nodes
+        self.login = login  # with ssh=False: the first node runs sshd all the same, as a login node does
         # the pid, then a letter per sandbox of this process (a test may start one beside the session's);
         # an interface's name has at most 15 characters: ftcsl, 7 digits, the letter, v9
         Sandbox.made += 1
@@ -271,7 +272,8 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
         # the foreground: one process tree
         slurmd = f"{shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf}"
         inner = (f"mount --bind {self.root / 'hosts'} /etc/hosts && hostname {name} && "
-                 + (f"{{ {slurmd} & }} && exec /usr/sbin/sshd -D -e -f {config}" if self.ssh else f"exec {slurmd}"))
+                 + (f"{{ {slurmd} & }} && exec /usr/sbin/sshd -D -e -f {config}" if self.ssh or (self.login and index == 0)
+                    else f"exec {slurmd}"))
         # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup tree slurmd starts from
         self._start(["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "--propagation", "private",
                      "--", "sh", "-c", inner], f"{name}-out")

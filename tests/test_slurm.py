@@ -287,7 +287,8 @@ def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, 
 def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_down(ftc_home, tmp_path, monkeypatch,
                                                                                       tiny_bert, glue_dir):
     from slurm_sandbox import Sandbox
-    closed = Sandbox(tmp_path / "closed", nodes=2, ssh=False).start()  # a site without ssh to its nodes
+    # a site without ssh to its nodes but its login node (here the first node, whose sshd sets SLURM_CONF)
+    closed = Sandbox(tmp_path / "closed", nodes=2, ssh=False, login=True).start()
     try:
         for key, value in closed.exports().items():
             monkeypatch.setenv(key, value)
@@ -296,8 +297,8 @@ def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_d
         up = make("cluster", "NAME=shut", "PROVIDER=slurm", "NODES=2", "MAX_HOURS=1", home=ftc_home)
         assert up.returncode == 0, up.stdout + up.stderr
         job_id = next(line.split()[0] for line in queue(closed))
-        assert f"nodes reached through srun --jobid {job_id} --overlap, not ssh: ftcn1 (" in up.stderr
-        assert "does not answer ssh on port 22 from here (and 1 more)" in up.stderr, up.stderr
+        assert f"nodes reached through srun --jobid {job_id} --overlap, not ssh: ftcn2 ({closed.address(1)}) does not " \
+            "answer ssh on port 22 from here\n" in up.stderr, up.stderr
         assert "verified: mpirun hostname on 2 node(s)" in up.stdout + up.stderr
         steps = subprocess.run(["squeue", "-h", "-s", "-o", "%j %N"], capture_output=True, text=True, check=True,
                                env={**os.environ, **closed.env()}).stdout.splitlines()
@@ -320,6 +321,17 @@ def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_d
         assert down.returncode == 0, down.stderr
         assert queue(closed) == [] and homes(closed) == before and processes_under(closed.root) == []
         assert not list(Path("/tmp").glob(f"ftc-sshd-{job_id}.*"))  # each node's private sshd took its files along
+
+        # Slurm driven through LOGIN: the relays start there too
+        login = f"root@{closed.address(0)}"
+        via = ftc("up", "--name", "via", "--provider", "slurm", "--nodes", "2", "--max-hours", "1", "--login", login,
+                  "--no-bootstrap", "--yes", "1")
+        assert via.returncode == 0, via.stderr
+        assert f"Slurm (through {login}:22)" in via.stderr and "nodes reached through srun" in via.stderr, via.stderr
+        there = ftc("ssh", "--name", "via", "--node", "1", "--", "hostname")
+        assert there.returncode == 0 and there.stdout.split()[-1] == "ftcn2", there.stdout + there.stderr
+        assert ftc("down", "--name", "via").returncode == 0
+        assert queue(closed) == [] and homes(closed) == before and processes_under(closed.root) == []
     finally:
         closed.stop()
 
