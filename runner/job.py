@@ -24,7 +24,7 @@ from provision.ui import answer, console
 from provision.values import label, writable_dir
 
 from . import runs
-from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
+from .jobspec import JobSpec, refuse_unreachable_inputs, spot_watch, train_args
 from .node import glue
 from .node.protocol import (
     CHECKPOINT_FILE,
@@ -99,7 +99,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
         spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
                               "runner.node.train",
                               train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
-                                         metadata_endpoint(state.provider) if state.cluster_spec.spot else ""),
+                                         spot_watch(state.provider) if state.cluster_spec.spot else ""),
                               ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
     except ValueError as exc:
         raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
@@ -118,7 +118,7 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     writable_dir("results", results_dir)
     with runs.results_claimed(results_dir, check_unused=not (resume or resume_from)):
         state = start(state, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                                              checkpoint_s3=job.checkpoint_s3), resume_from,
+                                              checkpoint_uri=job.checkpoint_uri), resume_from,
                       lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
         record = state.jobs[-1]
         runs.record_start(state, record, settings)

@@ -409,8 +409,8 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     if job.requirements:
         env[REQUIREMENTS_ENV] = digest_of(job.requirements)
     if state.cluster_spec.spot:
-        from .jobspec import metadata_endpoint
-        env["FTC_METADATA_ENDPOINT"] = metadata_endpoint(state.provider)
+        from .jobspec import spot_watch
+        env["FTC_SPOT_WATCH"] = spot_watch(state.provider)
     try:
         spec = cluster_launch(state, facts, f"{job.command} (your script, from {job.workdir})", remote_dir,
                               "runner.node.script_rank", [job.output, job.script, *job.args], ppn=job.ppn or None,

@@ -157,7 +157,7 @@ def test_extend_names_the_providers_whose_nodes_have_a_lifetime_watchdog(ftc_hom
 def test_spot_is_noted_where_its_provider_watches_no_spot_notices():
     noted = unwatched_spot(ClusterSpec(name="s", spot=True), {})
     assert noted == ("note: --spot=1 on --provider=local: no spot notices are watched there (its provider has no "
-                     "spot-notice endpoint); jobs run as on any other node")
+                     "spot-notice reader); jobs run as on any other node")
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="ssh", hosts=["h"]), {}).startswith("note: ")
     assert unwatched_spot(ClusterSpec(name="s", spot=True), {"FTC_IMDS_ENDPOINT": "http://127.0.0.1:1"}) == ""
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="aws"), {}) == ""

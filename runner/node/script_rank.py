@@ -160,10 +160,10 @@ def _children() -> list[tuple[int, str]]:
 
 
 def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
-    """On a spot cluster (FTC_METADATA_ENDPOINT), a thread that, once a notice comes, writes the note
-    the script can read and sends the script SIGTERM: two minutes to save what it needs."""
-    endpoint = os.environ.get("FTC_METADATA_ENDPOINT", "")
-    if not endpoint:
+    """On a spot cluster (FTC_SPOT_WATCH: the provider's SpotReader.watch), a thread that, once a notice
+    comes, writes the note the script can read and sends the script SIGTERM: two minutes to save what it needs."""
+    watch = os.environ.get("FTC_SPOT_WATCH", "")
+    if not watch:
         return None
 
     class Notify(Watcher):
@@ -172,7 +172,7 @@ def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
             if self.notice is not None:
                 note.write_text("FTC_PREEMPTED=1\n")
                 _signal_group(child.pid, signal.SIGTERM)
-    watcher = Notify(endpoint)
+    watcher = Notify(watch)
     watcher.start()
     return watcher
 

@@ -161,8 +161,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None,
                    help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's)")
     p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
-    p.add_argument("--spot-watch", default="", metavar="URL",
-                   help="spot nodes: watch this metadata service for an interruption notice; on one, "
+    p.add_argument("--spot-watch", default="", metavar="READER@ENDPOINT",
+                   help="spot nodes: ask the provider's reader (module:function) at its metadata service for an "
+                        "interruption notice; on one, "
                         f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
     p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                    help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
@@ -877,8 +878,8 @@ def hold(run: Run) -> None:
         time.sleep(0.1)
 
 
-def watch_spot(url: str) -> spot.Watcher:
-    watcher = spot.Watcher(url)
+def watch_spot(watch: str) -> spot.Watcher:
+    watcher = spot.Watcher(watch)
     watcher.start()
     return watcher
 
