@@ -219,9 +219,9 @@ def own_settings() -> dict[str, tuple[str, Setting]]:
     for name, provider in registered().items():
         for key, setting in provider.world.settings.items():
             if key in PARSERS or key in found:
-                whose = "ftc's own" if key in PARSERS else f"provider {found[key][0]!r}'s"
-                raise UsageError(f"provider {name!r} has a setting {key!r}, which is {whose}; allowed: a setting "
-                                 "of a name of its own")
+                whose = "the spec" if key in PARSERS else f"provider {found[key][0]!r}"
+                raise UsageError(f"provider {name!r} has a setting {key!r}, which is already a setting of {whose}; "
+                                 "allowed: a setting of a name of its own")
             found[key] = (name, setting)
     return found
 

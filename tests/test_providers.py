@@ -4,6 +4,7 @@ reads of it. The provider defined only under tests/ has its own test: test_fourt
 
 import inspect
 import json
+from dataclasses import replace
 from importlib import import_module
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from helpers import one_error, state_path
 from provision.errors import UsageError
 from provision.providers import OPTIONAL, REQUIRED, OptionalVerbs, Provider, Verbs, providers_with, records
 from provision.providers.records import registered
-from provision.spec import ClusterSpec
+from provision.spec import ClusterSpec, every_parser
 from provision.state import ClusterState
 from runner.cli import unwatched_spot
 from runner.node.spot import SpotReader
@@ -84,6 +85,17 @@ def test_a_provider_in_ftc_providers_whose_name_another_has_is_refused_and_the_s
                                          r"another provider has; allowed: a provider of a name of its own") as refused:
         records.registered()
     assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("key, whose", [("tiny_image", "provider 'tinycloud'"), ("nodes", "the spec")])
+def test_a_providers_setting_of_a_name_another_setting_has_is_refused_in_one_line(monkeypatch, key, whose):
+    monkeypatch.setattr(records, "_REGISTERED", dict(records._REGISTERED))  # this process's registry stays as it is
+    records.register(TINYCLOUD)
+    twin = replace(TINYCLOUD, name="twin", world=replace(TINYCLOUD.world, settings={key: TINYCLOUD.world.settings["tiny_image"]}))
+    records.register(twin)
+    with pytest.raises(UsageError, match=rf"^provider 'twin' has a setting '{key}', which is already a setting of "
+                                         rf"{whose}; allowed: a setting of a name of its own$"):
+        every_parser()
 
 
 def test_plan_resolves_only_the_provider_and_its_instance_type(ftc_home):

@@ -298,8 +298,8 @@ def test_a_space_separated_host_list_is_echoed_as_given_and_no_host_is_glued_tog
 
 
 def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_ones_to_plan():
-    from runner.jobflags import JOB_FLAGS
-    given = {key: f"v{i}" for i, key in enumerate(JOB_FLAGS)}
+    from runner.jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
+    given = {key: f"v{i}" for i, key in enumerate([*JOB_FLAGS, *JOB_FLAG_ALIASES])}  # former names too
     assignments = [f"{key.upper()}={value}" for key, value in given.items()]
     for target in ("finetune", "run", "sweep"):
         dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,
@@ -313,8 +313,8 @@ def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_
 
 
 def test_make_passes_every_cluster_setting_to_cluster_run_and_sweep():
-    from provision.spec import PARSERS
-    given = {key: f"v{i}" for i, key in enumerate(PARSERS)}
+    from provision.spec import every_parser
+    given = {key: f"v{i}" for i, key in enumerate(every_parser())}  # the built-in providers' own settings too
     assignments = [f"{key.upper()}={value}" for key, value in given.items()]
     for target in ("cluster", "run", "sweep"):
         dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,
