@@ -60,7 +60,7 @@ PICK_FLAGS = $(if $(filter auto,$(value INSTANCE_TYPE) $(value NODES)),$(call fl
   $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget))
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
-  ec2-emulator aws-catalog slurm-sandbox
+  ec2-emulator aws-catalog slurm-sandbox settings-doc
 
 setup: $(STAMP)
 
@@ -194,3 +194,7 @@ aws-catalog: setup
 # then `ready`; Ctrl-C stops it and removes every node, namespace and file of it.
 slurm-sandbox: setup
 	$(VENV)/bin/python tests/slurm_sandbox.py $(call given_or,NODES,2)
+
+# docs/settings.md, written from this Makefile's variables and ftc's argument parser (a test fails when stale).
+settings-doc: setup
+	$(VENV)/bin/python tests/settings_doc.py
