@@ -13,11 +13,12 @@ import pytest
 from conftest import FTC, REPO, ftc, sshd_pids
 from fourth_provider import IMAGE_FILE
 from helpers import assert_refused, held_job, one_error, state_path
-from tinycloud_node import NOTICE, TAKEN
+from tinycloud_node import NOTICE, TAKEN, read_notice
 
 from provision.providers.records import registered
 from provision.spec import ClusterSpec
 from provision.state import ClusterState
+from runner.node.spot import SpotReader, Watcher
 
 TESTS = Path(__file__).resolve().parent
 WITH_TINYCLOUD = {"FTC_PROVIDERS": "fourth_provider:TINYCLOUD", "PYTHONPATH": str(TESTS)}
@@ -72,6 +73,20 @@ def test_its_checkpoint_store_is_the_one_a_tiny_uri_names_and_others_are_refused
     assert bad.returncode == 2
     assert one_error(bad) == ("error: --checkpoint-uri='gs://bucket/x' is not an S3 URI or a tinycloud store URI; "
                               "allowed: s3://bucket/prefix, tiny://bucket/prefix")
+
+
+def test_its_reader_hears_a_notice_once_through_the_nodes_watcher(tmp_path):
+    """The node's own watch thread, given what a job gives it (SpotReader.watch), reads TinyCloud's notice
+    with TinyCloud's reader; the notice is taken once, as a reclaim takes one node."""
+    reader = SpotReader("tinycloud_node:read_notice", f"file://{tmp_path}")
+    (tmp_path / NOTICE).write_text("2026-12-05T00:00:00Z")
+    first = Watcher(reader.watch, interval=0.01)
+    first.start()
+    first.join(timeout=60)
+    assert first.notice == {"action": "preempt", "time": "2026-12-05T00:00:00Z"} and (tmp_path / TAKEN).exists()
+    assert read_notice(reader.endpoint) is None  # taken: the next node, or the recreated cluster, sees none
+    with pytest.raises(ValueError, match="is not a spot reader; allowed: module:function@endpoint"):
+        Watcher(f"file://{tmp_path}")  # an endpoint alone names no reader
 
 
 def tinycloud_state(name: str) -> str:

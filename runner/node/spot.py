@@ -96,15 +96,15 @@ class Watcher(threading.Thread):
         given = SpotReader.parse(watch)
         self.read, self.endpoint, self.interval = given.reader(), given.endpoint, interval
         self.notice: dict | None = None
-        self._stop = threading.Event()
+        self._stop_asked = threading.Event()  # not `_stop`: Thread's own method of that name ends a join()
 
     def run(self) -> None:
-        while not self._stop.is_set() and self.notice is None:
+        while not self._stop_asked.is_set() and self.notice is None:
             try:
                 self.notice = self.read(self.endpoint, 2.0)
             except (OSError, ValueError):
                 pass  # not answering, or no notice yet that parses: asked again at the next poll
-            self._stop.wait(self.interval)
+            self._stop_asked.wait(self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop_asked.set()
