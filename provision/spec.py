@@ -245,6 +245,8 @@ def world_help() -> dict[str, str]:
         "region": f"region ({each(lambda w: f'default {w.default_region}')}; {fallback})",
         "zones": f"zones to try in order, comma list ({each(lambda w: w.zone_form.allowed)}; default: every zone of "
                  "the region)",
+        "spot": f"1: spot nodes, whose jobs watch for reclaim notices (the providers that have them: "
+                f"{', '.join(p.world.title or n for n, p in registered().items() if p.world.spot_reader)})",
         "owner": f"who owns what the cluster creates, as a label "
                  f"({'; '.join(f'{w.title}: {w.label_form.what}' for w in worlds if w.label_form)}; default: your "
                  "user name)",

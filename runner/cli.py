@@ -20,6 +20,7 @@ from rich.markup import escape
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError, command
 from provision.providers import World, default_world, names
+from provision.providers.records import registered
 from provision.spec import (
     MAX_NODES,
     PARSERS,
@@ -45,7 +46,6 @@ SPEC_HELP = {
     "provider": "where the nodes run: {providers} (default {default})",  # the registry's, when the parser is built
     "nodes": "number of nodes, 1..64 (default 2)",
     "root_volume_gb": "AWS root volume size in GB (default 100)",
-    "spot": "1: AWS spot instances; jobs watch for interruption notices",
     "ena_express": "AWS: 1 or 0, ENA Express (SRD) on the nodes' network interfaces (default: 1 where the type has it)",
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
     "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
@@ -84,9 +84,13 @@ def _name_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool = False) -> None:
-    """The job's settings; --resume (with its help) and --detach only where the command honours them."""
+    """The job's settings; --resume (with its help) and --detach only where the command honours them. The
+    checkpoint stores named are the registry's."""
+    stores = "; ".join(f"{p.world.title or p.name}: {p.world.checkpoint_store.allowed}"
+                       for p in registered().values() if p.world.checkpoint_store)
     for flag, help_text in JOB_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(),
+                       help=help_text.format(stores=stores))
     for alias, flag in JOB_FLAG_ALIASES.items():
         p.add_argument(f"--{alias.replace('_', '-')}", dest=alias, default=None, metavar=flag.upper(),
                        help=f"the former name of --{flag.replace('_', '-')}")
