@@ -431,7 +431,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
-    from runner import script_job
+    from runner import job, script_job
     words = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     if args.script is not None:  # from make: SCRIPT and ARGS
         try:
@@ -445,10 +445,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise UsageError(f"{label('script')}={words[0]!r} looks like an option; give your script's path")
         raise UsageError(f"the script {words[0]!r} looks like an option; put ftc's options before `--` and the "
                          "script after it: `ftc launch --name X -- train.py --epochs 1`")
-    job = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
-                              ppn=args.ppn, requirements=args.requirements, env=args.env,
-                              max_workdir_mb=args.max_workdir_mb)
-    return script_job.launch(_cluster_name(args), job, detach=_switch(args, "detach"), render_only=args.render_only)
+    script = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
+                                 ppn=args.ppn, requirements=args.requirements, env=args.env,
+                                 max_workdir_mb=args.max_workdir_mb)
+    return job.launch(_cluster_name(args), script, detach=_switch(args, "detach"), render_only=args.render_only)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
