@@ -146,7 +146,7 @@ def test_a_batch_is_padded_to_the_smallest_bucket_that_holds_its_longest_row():
     assert bucket_widths(128) == [32, 64, 96, 128] and bucket_widths(80) == [32, 64, 80]
 
 
-def test_shapes_auto_are_buckets_but_a_speed_split_batch_needs_dynamic_ones():
-    assert shapes_of("auto", uneven_split=False) == "buckets"
-    assert shapes_of("dynamic", uneven_split=False) == "dynamic"
+def test_shapes_auto_are_dynamic_and_a_speed_split_batch_keeps_dynamic_ones():
+    assert shapes_of("auto", uneven_split=False) == "dynamic"
+    assert shapes_of("buckets", uneven_split=False) == "buckets"
     assert shapes_of("buckets", uneven_split=True) == "dynamic"

@@ -92,13 +92,13 @@ class LongJobLaunch:
 
 
 def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
-    """ftc's default launch (the ranks per node `ftc finetune` picks) compiled in length buckets (its
-    default shapes); the same on a fresh node that holds only the kernels that run brought home (a new
-    cluster's first job); the peer compiled with static shapes at one rank per node, where a compile
-    gains most (a rank's threads are the most); ftc compiled with dynamic shapes; the peer's fastest
-    launch (the most ranks per node, unpinned on one node: measured so on node shapes,
-    docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled at the peer's fastest launch. The
-    start costs first: a call cut short keeps them. Pure."""
+    """ftc's default launch (the ranks per node `ftc finetune` picks) compiled in length buckets; the
+    same on a fresh node that holds only the kernels that run brought home (a new cluster's first job);
+    the peer compiled with static shapes at one rank per node, where a compile gains most (a rank's
+    threads are the most); ftc compiled with dynamic shapes; the peer's fastest launch (the most ranks
+    per node, unpinned on one node: measured so on node shapes, docs/probes/node_shapes.json); ftc
+    uncompiled; and ftc compiled at the peer's fastest launch. The start costs first: a call cut short
+    keeps them. Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
 

@@ -126,7 +126,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"torch.compile the model (auto: when the job plans {COMPILE_MIN_STEPS} steps or more)")
     p.add_argument("--shapes", choices=SHAPES, default="auto",
                    help="a compiled step's shapes: dynamic (one graph for every length) or length buckets (a few static "
-                        "widths, each compiled once); auto: buckets")
+                        "widths, each compiled once); auto: dynamic")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="per rank")
     p.add_argument("--lr", type=float, default=None)
