@@ -174,7 +174,9 @@ def _launch_parser(sub) -> None:
     p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
     p.add_argument("--output", default=None,
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
-    p.add_argument("--requirements", default=None, help="a requirements file installed into the stack on every node")
+    p.add_argument("--requirements", default=None, help="a requirements file pip-installed on every node, into a venv layered on the stack")
+    p.add_argument("--data", action="append", default=[], metavar="PATH",
+                   help="a file or folder outside the workdir, copied into its copy as NAME (repeatable, or a comma list)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a variable for every rank (repeatable)")
     p.add_argument("--max-workdir-mb", default=None, help="refuse a bigger workdir, in MB (default 200)")
     p.add_argument("--detach", nargs="?", const="1", default=None, metavar="1|0",
@@ -447,7 +449,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                          "script after it: `ftc launch --name X -- train.py --epochs 1`")
     job = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
                               ppn=args.ppn, requirements=args.requirements, env=args.env,
-                              max_workdir_mb=args.max_workdir_mb)
+                              max_workdir_mb=args.max_workdir_mb, data=args.data)
     return script_job.launch(_cluster_name(args), job, detach=_switch(args, "detach"), render_only=args.render_only)
 
 

@@ -26,7 +26,7 @@ from provision.stacks import STACKS
 from provision.ui import console
 from provision.values import label, local_path, refuse_control_character, refuse_not_utf8, whole
 
-from . import runs
+from . import runs, script_data
 from .node.facts import NodeFacts
 from .node.protocol import (
     LOGS_DIR,
@@ -64,6 +64,7 @@ class ScriptJob:
     output: str = "output"  # rank 0's output folder, relative to the workdir: fetched home
     ppn: int = 0  # ranks per node; 0: the node facts' default, as for ftc's own jobs
     requirements: Path | None = None  # installed on every node into a venv layered on the stack, once per content
+    data: list[Path] = field(default_factory=list)  # outside the workdir: copied into its copy, each under its name
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
     max_workdir_mb: int = MAX_WORKDIR_MB
 
@@ -77,7 +78,7 @@ class ScriptJob:
 
 def validate(script: str, args: list[str], workdir: str | None = None, output: str | None = None,
              ppn: str | None = None, requirements: str | None = None, env: list[str] | None = None,
-             max_workdir_mb: str | None = None) -> ScriptJob:
+             max_workdir_mb: str | None = None, data: list[str] | None = None) -> ScriptJob:
     """Every setting of `ftc launch` checked before anything starts; one UsageError naming the value."""
     if not script:
         raise UsageError(f"{label('script')} is missing; give your training script"
@@ -109,6 +110,7 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                     max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
                     else MAX_WORKDIR_MB)
     refuse_output_on_a_file(root, job.output, output or "output")
+    job.data = script_data.checked(data or [], root, job.output, private_folders())
     if requirements:
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
@@ -257,11 +259,21 @@ def private_folders() -> dict[Path, str]:
             (home / ".ssh").resolve(): "your ssh keys", (home / ".aws").resolve(): "your AWS credentials"}
 
 
-def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
-    """The bytes to copy; over the limit, refused naming the largest entries of the workdir."""
+def copy_of(job: ScriptJob) -> dict[str, Path]:
+    """What the nodes' copy of the workdir holds, by its path there: the workdir's files, and each --data
+    under its own name (a folder's files chosen as the workdir's are)."""
+    copy = {path.relative_to(job.workdir).as_posix(): path for path in workdir_files(job.workdir)}
+    for data in job.data:
+        copy |= ({f"{data.name}/{path.relative_to(data).as_posix()}": path for path in workdir_files(data)}
+                 if data.is_dir() else {data.name: data})
+    return copy
+
+
+def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> int:
+    """The bytes to copy; over the limit, refused naming the largest entries of the copy."""
     sizes: dict[str, int] = {}
-    for path in files:
-        top = path.relative_to(root).parts[0] + ("/" if len(path.relative_to(root).parts) > 1 else "")
+    for name, path in copy.items():
+        top = name.split("/")[0] + ("/" if "/" in name else "")
         sizes[top] = sizes.get(top, 0) + path.stat().st_size
     total = sum(sizes.values())
     if total > limit_mb * 2**20:
@@ -275,8 +287,7 @@ def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
 
 # ---- on the nodes --------------------------------------------------------------------------------------
 
-def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_dir: str,
-                 requirements: Path | None) -> None:
+def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str, requirements: Path | None) -> None:
     """The workdir's copy into <job>/workdir on every node, in its own job directory (local nodes share
     this machine: the head's copy serves them all), and the requirements file beside it."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
@@ -284,7 +295,7 @@ def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_d
         job_dir = node_path(state, node, remote_dir)
         with connect(state, node) as conn:
             run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
-            send_tree(conn, node, root, files, f"{job_dir}/{SCRIPT_WORKDIR}")
+            send_tree(conn, node, copy, f"{job_dir}/{SCRIPT_WORKDIR}")
             if requirements:
                 conn.put(str(requirements), f"{job_dir}/{REQUIREMENTS_FILE}")
 
@@ -398,11 +409,11 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     from . import job as jobs
     state = st.load(name)
     facts = load_facts(state)
-    files = workdir_files(job.workdir)
-    if not any(f.relative_to(job.workdir).as_posix() == job.script for f in files):
+    copy = copy_of(job)
+    if job.script not in copy:
         raise UsageError(f"{label('script')}={job.script!r} is left out of the copy by the .gitignore of "
                          f"{label('workdir')}={str(job.workdir)!r}; un-ignore it")
-    refuse_oversized(job.workdir, files, job.max_workdir_mb)
+    refuse_oversized(job.workdir, copy, job.max_workdir_mb)
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     env = {**passed_on(dict(os.environ), state.provider), **job.env, "FTC_RUN_ID": job_id}
@@ -423,12 +434,13 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
     jobs.refuse_dead_nodes(state)
     results_dir = runs.default_results_dir(name, job_id)
     settings = {"kind": "script", "task": "script", "model": "", "command": job.command, "workdir": str(job.workdir),
+                "data": [str(path) for path in job.data],
                 "output": job.output, "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
                 "threads_per_rank": spec.plan.threads, "exit_code": None, "output_bytes": None}
 
     def prepare(locked_state: st.ClusterState) -> None:
         try:
-            send_workdir(locked_state, job.workdir, files, remote_dir, job.requirements)
+            send_workdir(locked_state, copy, remote_dir, job.requirements)
             if job.requirements:
                 install_requirements(locked_state, facts, job.requirements, remote_dir, job_id)
         except BaseException:  # nothing starts: nothing of it runs on, and no copy of the workdir is left

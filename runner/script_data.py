@@ -1,0 +1,50 @@
+"""Files and folders outside the workdir that your script reads (`ftc launch --data PATH`): each travels
+in the nodes' copy of the workdir under its own name, on every provider, so a script run from that copy
+reads `NAME/...` wherever it runs (your servers and EC2 see none of this machine's files)."""
+
+from pathlib import Path
+
+from provision.errors import UsageError
+from provision.values import label, local_path, refuse_control_character, refuse_not_utf8
+
+
+def checked(raw: list[str], workdir: Path, output: str, private: dict[Path, str]) -> list[Path]:
+    """Each --data value (repeatable, or a comma list) as an absolute path, checked before anything
+    starts: a file or folder that exists, neither inside the workdir (its copy holds it already) nor
+    holding it, nor a folder never copied (`private`: name -> why); its name free in the copy (no entry
+    of the workdir, no other --data, not the output folder). One UsageError naming the value."""
+    paths: list[Path] = []
+    names = {entry.name: entry for entry in workdir.iterdir()}
+    for given in raw:
+        for item in given.split(","):
+            refuse_not_utf8("data", item)
+            refuse_control_character("data", item)
+            if not item or item != item.strip():
+                raise UsageError(f"{label('data')}={given!r} has an empty entry or one with a space around it; "
+                                 "give files or folders separated by commas")
+            path = Path(local_path("data", item))
+            _refuse_unfit(item, path, workdir.resolve(), private)
+            taken = (f"{label('output')}={output!r}" if path.name == output.split("/")[0] else
+                     str(names[path.name]) if path.name in names else "")
+            if taken:
+                raise UsageError(f"{label('data')}={item!r} would be copied as {path.name!r}, the name of {taken} in "
+                                 "the workdir's copy; rename one of them (a link of another name works)")
+            names[path.name] = path
+            paths.append(path)
+    return paths
+
+
+def _refuse_unfit(item: str, path: Path, workdir: Path, private: dict[Path, str]) -> None:
+    if not path.exists():
+        raise UsageError(f"{label('data')}={item!r} is not a file or folder ({path}); give one your script reads")
+    if not (path.is_file() or path.is_dir()):  # a FIFO or a device: read without end, or never
+        raise UsageError(f"{label('data')}={item!r} is not a regular file or folder; give one your script reads")
+    real = path.resolve()
+    if real == workdir or workdir.is_relative_to(real):
+        raise UsageError(f"{label('data')}={item!r} holds the workdir ({workdir}); give the data's own folder")
+    if real.is_relative_to(workdir):
+        raise UsageError(f"{label('data')}={item!r} lies inside the workdir, whose copy holds it already; drop it "
+                         f"from {label('data')} and give your script its path inside the workdir")
+    why = next((why for folder, why in private.items() if real == folder or real.is_relative_to(folder)), None)
+    if why:
+        raise UsageError(f"{label('data')}={item!r} is never copied to the nodes ({why}); give your data's folder")
