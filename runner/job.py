@@ -356,7 +356,7 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
             ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
             runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
             where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
-            if ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
+            if not failed and ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
                 console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
                               "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
                               "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "

@@ -99,6 +99,65 @@ def test_links_in_the_workdir_copy_files_not_folders_and_a_name_not_utf8_is_refu
         script_job.workdir_files(tmp_path)
 
 
+def test_data_outside_the_workdir_travels_in_its_copy_under_its_own_name(tmp_path):
+    workdir, shared = tmp_path / "work", tmp_path / "shared"
+    for name in ("work/train.py", "shared/mrpc/train.tsv", "shared/mrpc/dev.tsv", "shared/mrpc/notes.log",
+                 "shared/mrpc/.gitignore", "shared/model/config.json", "shared/vocab.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (shared / "mrpc" / ".gitignore").write_text("*.log\n")  # a data folder's files are chosen as the workdir's
+    job = script_job.validate(str(workdir / "train.py"), [], data=[f"{shared / 'mrpc'},{shared / 'model'}",
+                                                                   str(shared / "vocab.txt")])
+    copy = script_job.copy_of(job)
+    assert {name: path.relative_to(tmp_path).as_posix() for name, path in copy.items()} == {
+        "train.py": "work/train.py", "mrpc/.gitignore": "shared/mrpc/.gitignore",
+        "mrpc/train.tsv": "shared/mrpc/train.tsv", "mrpc/dev.tsv": "shared/mrpc/dev.tsv",
+        "model/config.json": "shared/model/config.json", "vocab.txt": "shared/vocab.txt"}
+    (shared / "mrpc" / "big.bin").write_bytes(b"\0" * 2**21)  # counted with the workdir's files
+    with pytest.raises(script_job.UsageError, match=r"over the 1 MB limit \(largest: mrpc/ 2\.0 MB"):
+        script_job.refuse_oversized(workdir, script_job.copy_of(job), 1)
+
+
+def test_data_that_cannot_travel_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTC_HOME", str(tmp_path / "state"))
+    for name in ("work/train.py", "work/mrpc/x.tsv", "a/mrpc/train.tsv", "b/mrpc/train.tsv", "c/output/x",
+                 "state/clusters/c/key"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    script = str(tmp_path / "work" / "train.py")
+    cases = [
+        (str(tmp_path / "none"), "--data='{t}/none' is not a file or folder ({t}/none); give one your script reads"),
+        (str(tmp_path / "fifo"), "--data='{t}/fifo' is not a regular file or folder"),
+        (f"{tmp_path / 'a'},", "--data='{t}/a,' has an empty entry"),
+        (str(tmp_path), "--data='{t}' holds the workdir ({t}/work); give the data's own folder"),
+        (str(tmp_path / "work" / "mrpc"), "lies inside the workdir, whose copy holds it already"),
+        (str(tmp_path / "a" / "mrpc"), "--data='{t}/a/mrpc' would be copied as 'mrpc', the name of {t}/work/mrpc"),
+        (str(tmp_path / "c" / "output"), "would be copied as 'output', the name of --output='output' in the"),
+        (str(tmp_path / "state"), "is never copied to the nodes (FTC_HOME: every cluster's private keys)"),
+    ]
+    for given, said in cases:
+        with pytest.raises(script_job.UsageError) as refused:
+            script_job.validate(script, [], data=[given])
+        assert said.format(t=tmp_path) in str(refused.value), str(refused.value)
+    (tmp_path / "work" / "mrpc" / "x.tsv").unlink()
+    (tmp_path / "work" / "mrpc").rmdir()
+    with pytest.raises(script_job.UsageError, match="would be copied as 'mrpc', the name of .*/a/mrpc"):
+        script_job.validate(script, [], data=[str(tmp_path / "a" / "mrpc"), str(tmp_path / "b" / "mrpc")])
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    (["--nproc-per-node", "2"], "--nproc-per-node is torchrun's option, not ftc launch's: ranks per node are --ppn N"),
+    (["--nproc_per_node=2"], "--nproc-per-node is torchrun's option"),
+    (["--nnodes", "2"], "the job runs on every node of the cluster (`ftc up --nodes N` sets how many)"),
+    (["--standalone"], "--standalone is torchrun's option, not ftc launch's: ftc sets MASTER_ADDR and MASTER_PORT"),
+])
+def test_torchruns_own_options_are_refused_saying_what_ftc_does_instead(ftc_home, tmp_path, given, said):
+    proc = ftc("launch", "--name", "no-such", *given, "--", str(gloo_script(tmp_path)), "--nnodes", "3")
+    assert proc.returncode == 2 and said in one_error(proc), proc.stderr
+    assert not ftc_home.exists()
+
+
 @pytest.mark.parametrize("raw", ["../out", "/tmp/out", ".", "a/../../b"])
 def test_an_output_folder_outside_the_workdir_is_refused(raw):
     with pytest.raises(script_job.UsageError, match="is not a folder inside the workdir"):
@@ -144,6 +203,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--output", "gloo_job.py", "--", str(script)], "--output='gloo_job.py': gloo_job.py is a file"),
         (["--name", "nb", "--output", "big.bin/out", "--", str(script)], "--output='big.bin/out': big.bin is a file"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
+        (["--name", "nb", "--data", str(tmp_path / "no-data"), "--", str(script)], "is not a file or folder"),
+        (["--name", "nb", "--data", str(workdir / "big.bin"), "--", str(script)], "lies inside the workdir"),
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "--env='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
@@ -344,6 +405,10 @@ def test_a_trainer_script_whose_ranks_each_train_alone_is_named(ftc_home, cluste
     together = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "1")
     assert together.returncode == 0, together.stderr[-3000:]
     assert "exchanged anything" not in together.stderr
+    # ranks that failed before they could exchange anything (a missing data file): the failure is the news
+    crashed = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"))
+    assert crashed.returncode == 1 and "failed first (exit code 1)" in crashed.stderr, crashed.stderr[-3000:]
+    assert "exchanged anything" not in crashed.stderr
 
 
 @pytest.mark.slow
@@ -659,12 +724,15 @@ def _reads(path: Path) -> str:
 
 @pytest.mark.slow
 def test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default(ftc_home, minilm, glue_dir):
-    dry = make("-n", "launch", home=ftc_home)  # with no SCRIPT and no ARGS: the example on ../shared's MRPC
+    # with no SCRIPT, ARGS or DATA: the example on ../shared's MRPC and the packaged MiniLM, both sent as DATA
+    dry = make("-n", "launch", home=ftc_home)
     assert dry.returncode == 0, dry.stderr
     assert "--script='examples/hf_trainer_glue.py'" in dry.stdout
-    assert f"--args='--train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv" in dry.stdout
-    args = (f"--model {minilm} --train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv "
-            "--max-train-samples 16 --max-eval-samples 16 --batch-size 8")
+    assert f"--data='{glue_dir}/mrpc,{minilm}'" in dry.stdout
+    assert "--args='--model model --train-file mrpc/train.tsv --validation-file mrpc/dev.tsv" in dry.stdout
+    assert "--data=" not in make("-n", "launch", "SCRIPT=train.py", home=ftc_home).stdout  # your own script: yours
+    args = "--model model --train-file mrpc/train.tsv --validation-file mrpc/dev.tsv --max-train-samples 16 " \
+        "--max-eval-samples 16 --batch-size 8"
     try:
         real = make("launch", "NAME=mk", f"ARGS={args}", home=ftc_home)
         assert real.returncode == 0, real.stderr[-3000:]
