@@ -186,7 +186,8 @@ def _launch_parser(sub) -> None:
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
     p.add_argument("--requirements", default=None, help="a requirements file pip-installed on every node, into a venv layered on the stack")
     p.add_argument("--data", action="append", default=[], metavar="PATH",
-                   help="a file or folder outside the workdir, copied into its copy as NAME (repeatable, or a comma list)")
+                   help="a file or folder outside the workdir, copied into its copy under its own name "
+                        "(repeatable, or a comma list)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a variable for every rank (repeatable)")
     p.add_argument("--max-workdir-mb", default=None, help="refuse a bigger workdir, in MB (default 200)")
     p.add_argument("--detach", nargs="?", const="1", default=None, metavar="1|0",
