@@ -184,7 +184,8 @@ def _launch_parser(sub) -> None:
     p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
     p.add_argument("--output", default=None,
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
-    p.add_argument("--requirements", default=None, help="a requirements file pip-installed on every node, into a venv layered on the stack")
+    p.add_argument("--requirements", default=None,
+                   help="a requirements file pip-installed on every node into a venv layered on the stack")
     p.add_argument("--data", action="append", default=[], metavar="PATH",
                    help="a file or folder outside the workdir, copied into its copy under its own name "
                         "(repeatable, or a comma list)")
