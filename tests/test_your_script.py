@@ -309,6 +309,85 @@ def test_the_example_leaves_its_process_group_together_under_plain_torchrun(mini
     assert json.loads((tmp_path / "output" / "result.json").read_text())["world_size"] == 2
 
 
+# A plain PyTorch DDP script with its own loop, written from the docs alone: a hashed bag-of-words
+# paraphrase classifier on MRPC; rank 0 writes dev accuracy and a digest of the final weights.
+DDP_LOOP = """
+import argparse, csv, hashlib, json, os, re
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+p = argparse.ArgumentParser()
+p.add_argument("--train", required=True)
+p.add_argument("--dev", required=True)
+p.add_argument("--rows", type=int, default=256)
+p.add_argument("--out", default=os.environ.get("FTC_OUTPUT_DIR", "out"))
+args = p.parse_args()
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+def load(path):
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\\t", quoting=csv.QUOTE_NONE))[:args.rows]
+    ids = torch.zeros(len(rows), 2, 32, dtype=torch.long)
+    for i, row in enumerate(rows):
+        for j, side in enumerate(("#1 String", "#2 String")):
+            words = [int(hashlib.md5(w.encode()).hexdigest(), 16) % 4095 + 1 for w in re.findall("[a-z0-9]+", row[side].lower())]
+            ids[i, j, :len(words[:32])] = torch.tensor(words[:32], dtype=torch.long)
+    return TensorDataset(ids, torch.tensor([int(r["Quality"]) for r in rows]))
+class Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.EmbeddingBag(4096, 32, mode="mean", padding_idx=0)
+        self.head = torch.nn.Linear(128, 2)
+    def forward(self, ids):
+        a, b = self.embed(ids[:, 0]), self.embed(ids[:, 1])
+        return self.head(torch.cat([a, b, (a - b).abs(), a * b], dim=1))
+train, dev = load(args.train), load(args.dev)
+sampler = DistributedSampler(train, shuffle=True, seed=0)
+model = DDP(Pair())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for ids, labels in DataLoader(train, batch_size=16, sampler=sampler):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids), labels).backward()
+        opt.step()
+mine = torch.arange(dist.get_rank(), len(dev), dist.get_world_size())
+with torch.no_grad():
+    right = torch.tensor([float((model(dev.tensors[0][mine]).argmax(1) == dev.tensors[1][mine]).sum())])
+dist.all_reduce(right)
+if dist.get_rank() == 0:
+    os.makedirs(args.out, exist_ok=True)
+    weights = b"".join(t.detach().numpy().tobytes() for t in model.module.parameters())
+    result = {"world": dist.get_world_size(), "dev_accuracy": right.item() / len(dev),
+              "weights": hashlib.sha256(weights).hexdigest()}
+    open(os.path.join(args.out, "metrics.json"), "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_loop_gives_plain_torchruns_result_to_the_bit(ftc_home, cluster, glue_dir, tmp_path):
+    """Nothing of ftc in the script; its data sent with --data on one side, read in place by torchrun on
+    the other. Same ranks, same shards, same cores and threads: the same weights, bit for bit."""
+    import sys
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "ddp_loop.py").write_text(DDP_LOOP)
+    under_ftc = ftc("launch", "--name", cluster, "--data", str(glue_dir / "mrpc"), "--",
+                    str(tmp_path / "work" / "ddp_loop.py"), "--train", "mrpc/train.tsv", "--dev", "mrpc/dev.tsv")
+    assert under_ftc.returncode == 0, under_ftc.stderr[-3000:]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    by_hand = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), str(torchrun), "--standalone",
+                              "--nproc-per-node", "2", str(tmp_path / "work" / "ddp_loop.py"), "--train",
+                              str(glue_dir / "mrpc" / "train.tsv"), "--dev", str(glue_dir / "mrpc" / "dev.tsv"),
+                              "--out", str(tmp_path / "torchrun")], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
+    ours = json.loads((Path(last_job(ftc_home, cluster)["results_dir"]) / "output" / "metrics.json").read_text())
+    theirs = json.loads((tmp_path / "torchrun" / "metrics.json").read_text())
+    assert ours["world"] == theirs["world"] == 2 and ours == theirs
+
+
 @pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
     # A workdir and a script whose names would run commands if any shell read them unquoted.
