@@ -2,7 +2,8 @@
 in the nodes' copy of the workdir under its own name, on every provider, so a script run from that copy
 reads `NAME/...` wherever it runs (your servers and EC2 see none of this machine's files)."""
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 from provision.errors import UsageError
 from provision.values import label, local_path, refuse_control_character, refuse_not_utf8
@@ -48,3 +49,30 @@ def _refuse_unfit(item: str, path: Path, workdir: Path, private: dict[Path, str]
     why = next((why for folder, why in private.items() if real == folder or real.is_relative_to(folder)), None)
     if why:
         raise UsageError(f"{label('data')}={item!r} is never copied to the nodes ({why}); give your data's folder")
+
+
+def unseen_paths(args: list[str], copy: dict[str, Path], workdir: Path, here: Path, shared: bool) -> list[str]:
+    """A warning for each of the script's arguments (or an `--option=value`'s value) that names a file
+    or folder on this machine the ranks will not find at that path: relative to your current folder
+    but not in the workdir's copy (each rank runs from that copy), or, on nodes that are not this
+    machine, an absolute path outside the workdir. Warnings, never refusals: a path may name what the
+    script makes, or a file system every node mounts. Pure but for looking the paths up here."""
+    copied = {PurePosixPath(name) for name in copy} | {parent for name in copy for parent in PurePosixPath(name).parents}
+    found = []
+    for arg in args:
+        value = arg.partition("=")[2] if arg.startswith("-") else arg
+        if not value or value.startswith("-"):
+            continue
+        path = Path(value)
+        if not path.is_absolute():
+            if (here / path).exists() and PurePosixPath(os.path.normpath(value)) not in copied:
+                found.append(f"argument {value!r} names {here / path} from your current folder, but each rank runs "
+                             f"from its copy of the workdir ({workdir}), where it names nothing; give it relative to "
+                             f"the workdir, or send it with {label('data')}")
+        elif not shared and path.exists() and not path.resolve().is_relative_to(workdir.resolve()):
+            sent = next((name for name, local in copy.items() if local.resolve() == path.resolve()), None)
+            fix = (f"it is sent as {sent!r}: name it so" if sent else
+                   f"send it with {label('data')}={value} and name it {path.name!r}")
+            found.append(f"argument {value!r} is a path on this machine, which the nodes do not see (unless they "
+                         f"mount it too); {fix}")
+    return found

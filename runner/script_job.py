@@ -414,6 +414,8 @@ def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = 
         raise UsageError(f"{label('script')}={job.script!r} is left out of the copy by the .gitignore of "
                          f"{label('workdir')}={str(job.workdir)!r}; un-ignore it")
     refuse_oversized(job.workdir, copy, job.max_workdir_mb)
+    for line in script_data.unseen_paths(job.args, copy, job.workdir, Path.cwd(), traits(state.provider).shares_this_machine):
+        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
     job_id = f"script-{runs.utc_stamp()}"
     remote_dir = f"{state.head.workdir}/jobs/{job_id}"
     env = {**passed_on(dict(os.environ), state.provider), **job.env, "FTC_RUN_ID": job_id}

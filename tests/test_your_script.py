@@ -118,6 +118,29 @@ def test_data_outside_the_workdir_travels_in_its_copy_under_its_own_name(tmp_pat
         script_job.refuse_oversized(workdir, script_job.copy_of(job), 1)
 
 
+def test_arguments_naming_files_the_ranks_will_not_find_are_warned_of(tmp_path, monkeypatch):
+    from runner import script_data
+    for name in ("work/train.py", "work/data/a.tsv", "elsewhere/b.tsv", "shared/mrpc/train.tsv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    workdir, shared = tmp_path / "work", tmp_path / "shared"
+    copy = script_job.copy_of(script_job.validate(str(workdir / "train.py"), [], data=[str(shared / "mrpc")]))
+    args = ["--a", "data/a.tsv", "--b=mrpc/train.tsv", "work/data/a.tsv", "--c", str(tmp_path / "elsewhere" / "b.tsv"),
+            f"--d={shared}/mrpc/train.tsv", str(workdir / "data" / "a.tsv"), "--lr", "2e-5", "output/"]
+    # from the workdir, on local nodes: every relative path is in the copy, absolute ones are read in place
+    assert script_data.unseen_paths(args, copy, workdir, workdir, shared=True) == []
+    # from the folder above: 'work/data/a.tsv' names nothing in the copy (its 'data/a.tsv' does)
+    (said,) = script_data.unseen_paths(args, copy, workdir, tmp_path, shared=True)
+    assert said.startswith(f"argument 'work/data/a.tsv' names {tmp_path}/work/data/a.tsv from your current folder, "
+                           f"but each rank runs from its copy of the workdir ({workdir})")
+    # on nodes that are not this machine, absolute paths outside the workdir too, with what to do
+    assert script_data.unseen_paths(args, copy, workdir, workdir, shared=False) == [
+        f"argument '{tmp_path}/elsewhere/b.tsv' is a path on this machine, which the nodes do not see (unless they "
+        f"mount it too); send it with --data={tmp_path}/elsewhere/b.tsv and name it 'b.tsv'",
+        f"argument '{shared}/mrpc/train.tsv' is a path on this machine, which the nodes do not see (unless they mount "
+        "it too); it is sent as 'mrpc/train.tsv': name it so"]
+
+
 def test_data_that_cannot_travel_is_refused_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("FTC_HOME", str(tmp_path / "state"))
     for name in ("work/train.py", "work/mrpc/x.tsv", "a/mrpc/train.tsv", "b/mrpc/train.tsv", "c/output/x",
