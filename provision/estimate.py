@@ -3,7 +3,7 @@ costs, before anything is launched. Pure functions; the numbers come in as argum
 
 The model: each node trains its share of every global batch at a per-node rate (a bench result,
 scaled to the instance's cores and CPU class), waits for the slowest node, then the nodes average
-their gradients with a ring all-reduce. Two terms, each from its own measurement (`ftc bench`, issue 19):
+their gradients with a ring all-reduce. Two terms, each from its own measurement (`ftc bench`):
 - the raw collective: the ring moves 2(N-1)/N of the gradient bytes through every node's link,
   plus one latency per hop, at the instance's bandwidth, but no faster than its TCP flows may go
   inside a cluster placement group (10 Gbit/s each);

@@ -32,7 +32,7 @@ def test_ungrouped_batches_dealt_evenly_split_like_distributed_sampler():
 
 @pytest.mark.parametrize("size, rates, counts", [
     (128, [1.0, 1.0, 1.0, 1.0], [32, 32, 32, 32]),
-    (128, [31.6, 29.3, 25.5, 28.3], [35, 33, 28, 32]),  # issue 19's four core sets
+    (128, [31.6, 29.3, 25.5, 28.3], [35, 33, 28, 32]),  # four simulated nodes' core sets, measured alone
     (4, [1.0, 100.0, 1.0, 1.0], [1, 1, 1, 1]),  # never an empty batch
     (10, [3.0, 1.0], [7, 3]),
 ])

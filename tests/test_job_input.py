@@ -211,7 +211,7 @@ def test_glue_without_a_data_dir_offline_is_refused_before_any_node_starts(ftc_h
 @pytest.mark.parametrize("flag", ["--train-file", "--validation-file", "--model", "--data-dir", "--text-columns",
                                   "--label-column"])
 def test_a_control_character_in_any_path_or_name_is_refused_before_any_node_starts(ftc_home, tmp_path, flag):
-    """A newline in a file or model name would end a line of the launch script (issue 27: it ran a
+    """A newline in a file or model name would end a line of the launch script (a hostile trial ran a
     command on the head node); it is refused, whatever the value names."""
     bad = f"{tmp_path}/x\ntouch pwned\n.csv"
     proc = ftc("run", "--name", "cc", "--nodes", "1", "--task", "custom", "--train-file", str(tmp_path / "t.csv"),

@@ -92,7 +92,7 @@ class RankBalance:
     """Keeps ranks even: after each backward, every rank all-gathers how fast it computed (rows per
     second, smoothed), and the next global batch is split in those proportions (balanced_counts).
 
-    Simulated nodes' core sets measured 31.6, 29.3, 25.5 and 28.3 samples/s alone (issue 19), and a
+    Simulated nodes' core sets measured 31.6, 29.3, 25.5 and 28.3 samples/s alone (`ftc bench`), and a
     synchronous step runs at the slowest rank's pace; real nodes differ too (noisy neighbours,
     thermal limits). Every rank still averages the same global batch's gradient (train.py scales
     each rank's loss by its share), so the update is the one an even split would make. The
@@ -127,7 +127,7 @@ class GradSync:
     """Average the gradient across ranks after backward, all buckets in flight at once.
 
     DDP starts each bucket's all-reduce during backward, so gloo's threads run on the cores the
-    compute threads are using: issue 19 measured a 66M-element gloo all-reduce at 0.17 s with idle
+    compute threads are using: the bench measured a 66M-element gloo all-reduce at 0.17 s with idle
     cores and 1.7 s beside compute. Here backward finishes first; then each bucket is copied into
     its own buffer (bf16 when compressing: half the bytes) and started as soon as it is filled,
     so the copies of later buckets overlap the transfer of earlier ones."""
