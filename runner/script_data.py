@@ -15,7 +15,10 @@ def checked(raw: list[str], workdir: Path, output: str, private: dict[Path, str]
     holding it, nor a folder never copied (`private`: name -> why); its name free in the copy (no entry
     of the workdir, no other --data, not the output folder). One UsageError naming the value."""
     paths: list[Path] = []
-    names = {entry.name: entry for entry in workdir.iterdir()}
+    try:
+        names = {entry.name: entry for entry in workdir.iterdir()} if raw else {}
+    except OSError as exc:
+        raise UsageError(f"{label('workdir')}={str(workdir)!r} cannot be read ({exc.strerror}); make it readable") from None
     for given in raw:
         for item in given.split(","):
             refuse_not_utf8("data", item)
@@ -35,8 +38,16 @@ def checked(raw: list[str], workdir: Path, output: str, private: dict[Path, str]
     return paths
 
 
+def _exists(path: Path) -> bool:
+    """Path.exists(), False for a name no file can have (over the length limit, say)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def _refuse_unfit(item: str, path: Path, workdir: Path, private: dict[Path, str]) -> None:
-    if not path.exists():
+    if not _exists(path):
         raise UsageError(f"{label('data')}={item!r} is not a file or folder ({path}); give one your script reads")
     if not (path.is_file() or path.is_dir()):  # a FIFO or a device: read without end, or never
         raise UsageError(f"{label('data')}={item!r} is not a regular file or folder; give one your script reads")
@@ -65,11 +76,11 @@ def unseen_paths(args: list[str], copy: dict[str, Path], workdir: Path, here: Pa
             continue
         path = Path(value)
         if not path.is_absolute():
-            if (here / path).exists() and PurePosixPath(os.path.normpath(value)) not in copied:
+            if _exists(here / path) and PurePosixPath(os.path.normpath(value)) not in copied:
                 found.append(f"argument {value!r} names {here / path} from your current folder, but each rank runs "
                              f"from its copy of the workdir ({workdir}), where it names nothing; give it relative to "
                              f"the workdir, or send it with {label('data')}")
-        elif not shared and path.exists() and not path.resolve().is_relative_to(workdir.resolve()):
+        elif not shared and _exists(path) and not path.resolve().is_relative_to(workdir.resolve()):
             sent = next((name for name, local in copy.items() if local.resolve() == path.resolve()), None)
             fix = (f"it is sent as {sent!r}: name it so" if sent else
                    f"send it with {label('data')}={value} and name it {path.name!r}")

@@ -126,7 +126,8 @@ def test_arguments_naming_files_the_ranks_will_not_find_are_warned_of(tmp_path, 
     workdir, shared = tmp_path / "work", tmp_path / "shared"
     copy = script_job.copy_of(script_job.validate(str(workdir / "train.py"), [], data=[str(shared / "mrpc")]))
     args = ["--a", "data/a.tsv", "--b=mrpc/train.tsv", "work/data/a.tsv", "--c", str(tmp_path / "elsewhere" / "b.tsv"),
-            f"--d={shared}/mrpc/train.tsv", str(workdir / "data" / "a.tsv"), "--lr", "2e-5", "output/"]
+            f"--d={shared}/mrpc/train.tsv", str(workdir / "data" / "a.tsv"), "--lr", "2e-5", "output/",
+            "a prompt, not a path " * 20, "/" + "x" * 300]  # no file can have these names
     # from the workdir, on local nodes: every relative path is in the copy, absolute ones are read in place
     assert script_data.unseen_paths(args, copy, workdir, workdir, shared=True) == []
     # from the folder above: 'work/data/a.tsv' names nothing in the copy (its 'data/a.tsv' does)
