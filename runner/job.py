@@ -394,8 +394,12 @@ def script_outcome(results: Path, code: int, failed: RankExit | None, node: str)
     """A script's end: where its output is, or which rank failed first, on which node, with the last
     lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
     if code == 0:
-        console.print(f"job finished; rank 0's output: {results / SCRIPT_OUTPUT_HOME}; its log: {results / rank_log_path(0)}; "
-                      "every run: `ftc runs`", markup=False, soft_wrap=True)
+        output = results / SCRIPT_OUTPUT_HOME
+        said = (f"rank 0's output: {output}" if output.exists() else "rank 0 wrote nothing into its output folder "
+                "($FTC_OUTPUT_DIR), the one folder of the workdir's copy that comes home: have your script write "
+                f"there, or name the folder it writes with {label('output')}")
+        console.print(f"job finished; {said}; its log: {results / rank_log_path(0)}; every run: `ftc runs`",
+                      markup=False, soft_wrap=True)
         return 0
     if failed is None:
         console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "

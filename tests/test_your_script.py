@@ -412,6 +412,14 @@ def test_a_plain_ddp_loop_gives_plain_torchruns_result_to_the_bit(ftc_home, clus
     theirs = json.loads((tmp_path / "torchrun" / "metrics.json").read_text())
     assert ours["world"] == theirs["world"] == 2 and ours == theirs
 
+    # written where torchrun's user would find it (`--out results`), not into the output folder that comes home
+    elsewhere = ftc("launch", "--name", cluster, "--data", str(glue_dir / "mrpc"), "--", str(tmp_path / "work" /
+                    "ddp_loop.py"), "--train", "mrpc/train.tsv", "--dev", "mrpc/dev.tsv", "--rows", "32", "--out", "results")
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert "rank 0 wrote nothing into its output folder ($FTC_OUTPUT_DIR), the one folder of the workdir's copy that " \
+        "comes home: have your script write there, or name the folder it writes with --output" in elsewhere.stderr
+    assert not (Path(last_job(ftc_home, cluster)["results_dir"]) / "output").exists()
+
 
 @pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
