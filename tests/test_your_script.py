@@ -82,7 +82,7 @@ def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     with pytest.raises(script_job.UsageError, match=r"3\.0 MB to copy to every node, over the 2 MB limit "
                                                     r"\(largest: data/ 3\.0 MB, train\.py 0\.0 MB\)"):
-        script_job.refuse_oversized(tmp_path, script_job.workdir_files(tmp_path), 2)
+        script_job.refuse_oversized(tmp_path, script_job.copy_of(script_job.ScriptJob(tmp_path, "train.py")), 2)
 
 
 def test_links_in_the_workdir_copy_files_not_folders_and_a_name_not_utf8_is_refused(tmp_path):
