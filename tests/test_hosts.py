@@ -360,8 +360,8 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
     too) are empty read-only folders, and where the stack's Python (the test's own) no longer finds
     ftc's package by its editable install. Each node runs from its own directory: the job's, the copies
     of the model, the data and the workdir, and its own copy of ftc's node programs, never the head's
-    paths. The documented default `make launch` (the example Trainer script, its MRPC rows and its
-    model) runs there as it does on local nodes."""
+    paths. `make launch`'s example Trainer script, with the MRPC rows and the model it sends by default,
+    runs there as it does on local nodes."""
     controller = tmp_path / "controller"  # the data and the script: files only the controller has
     controller.mkdir()
     ftc_home.mkdir()
@@ -395,11 +395,13 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
 
         assert_script_runs_across_nodes(ftc_home, "homes", controller)
 
-        example = make("launch", "NAME=homes", home=ftc_home)
+        # the example's own DATA (its MRPC rows and model) and arguments that name them; fewer rows than its 512
+        example = make("launch", "NAME=homes", "ARGS=--model model --train-file mrpc/train.tsv --validation-file "
+                       "mrpc/dev.tsv --max-train-samples 64 --max-eval-samples 32", home=ftc_home, timeout=900)
         assert example.returncode == 0 and "warning" not in example.stderr, example.stderr[-3000:]
         done = json.loads((ftc_home / "clusters" / "homes" / "state.json").read_text())["jobs"][-1]
         result = json.loads((Path(done["results_dir"]) / "output" / "result.json").read_text())
-        assert result["world_size"] == 2 and result["train_samples"] == 512 and 0 <= result["eval_accuracy"] <= 1
+        assert result["world_size"] == 2 and result["train_samples"] == 64 and 0 <= result["eval_accuracy"] <= 1
 
         assert ftc("down", "--name", "homes").returncode == 0
         assert [s.listing() for s in servers] == before
