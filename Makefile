@@ -21,9 +21,9 @@ endef
 # recipe reads each through $(value), so Make expands none of them).
 INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CONFIG DATA DATA_DIR DEADLINE DETACH \
   DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
-  MAX_WORKDIR_MB MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
+  MAX_WORKDIR_MB MODE MODEL NAME NODE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
   PARTITION ACCOUNT QOS CONSTRAINT LOGIN \
-  REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
+  REQUIREMENTS RESULTS RESUME ROOT_VOLUME_GB SCRIPT SEED SHAPES SPOT SSH_CIDR SSH_KEY STACK STACK_PYTHON TASK TEXT_COLUMNS \
   TRAIN_FILE VALIDATION_FILE WORKDIR YES ZONES
 $(foreach v,$(sort $(INPUTS) $(.VARIABLES)),$(if $(or $(filter command line,$(origin $(v))),\
   $(and $(filter $(v),$(INPUTS)),$(filter environment,$(origin $(v))))),$(if $(findstring $(newline),$(value $(v))),\
@@ -182,8 +182,12 @@ fetch: setup
 inventory: setup
 	$(FTC) inventory $(NAME_FLAG)
 
+# `make bench` is `ftc bench scaling`; MODE=... another mode (`ftc bench --help`), with its operand:
+# MODE=network INSTANCE_TYPE=c7i, MODE=long-jobs SHAPES=1x16.
+BENCH_OPERAND = $(if $(filter network,$(value MODE)),$(call given_or,INSTANCE_TYPE,c7i))$(if \
+  $(filter long-jobs,$(value MODE)),$(call given_or,SHAPES,1x16))
 bench: setup
-	$(FTC) bench $(call flag,QUICK,quick) $(call flag,OUT,out)
+	$(FTC) bench $(call given_or,MODE,scaling) $(BENCH_OPERAND) $(call flag,QUICK,quick) $(call flag,OUT,out)
 
 # An EC2 endpoint on this machine whose instances are real local sshd nodes (needs root): try
 # PROVIDER=aws for free with AWS_ENDPOINT_URL=http://127.0.0.1:$(PORT). Ctrl-C stops every node.

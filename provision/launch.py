@@ -30,7 +30,7 @@ class RankPlan:
 
 def default_ppn(sockets: int) -> int:
     """Ranks per node when the job names none: one per socket, measured the fastest at the recipe's
-    global batch (docs/bench.json batch_split: on 16 AMX cores, 1 rank of 32 rows 1.12x 2 ranks of 16
+    global batch (docs/probes/batch_split.json: on 16 AMX cores, 1 rank of 32 rows 1.12x 2 ranks of 16
     and 1.22x 4 of 8). More ranks train faster only with a larger global batch (4 x 32 rows: 1.29x),
     which changes the recipe: so only when asked (--ppn)."""
     return max(1, sockets)

@@ -203,6 +203,34 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
     raise StepFailed(node.name, "connect", f"no SSH after {attempts} attempts ({last}){advice}")
 
 
+class NodeConnections:
+    """One open connection per node for a whole command, handed from phase to phase: each is opened
+    at its first use (with that use's `connect` options) and kept, so a job's checks, start, follow
+    and fetch log in to a node once; one that dropped (cut by Ctrl-C mid-copy) is opened anew. All
+    close together, at the command's end."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str], "Connection"] = {}
+
+    def to(self, state: st.ClusterState, node: st.NodeInfo, **options) -> "Connection":
+        key = (state.name, node.name)
+        conn = self.open.get(key)
+        if conn is None or not conn.is_connected:
+            conn = self.open[key] = connect(state, node, **options)
+        return conn
+
+    def close(self) -> None:
+        for conn in self.open.values():
+            conn.close()
+        self.open.clear()
+
+    def __enter__(self) -> "NodeConnections":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
 # Printed before every command's own output: whatever a server's shell start-up files print first
 # (an `echo` in ~/.bashrc, a banner) comes before it and is dropped, so no marker or JSON ftc reads
 # back is mistaken for it.
@@ -328,28 +356,29 @@ def stream(conn: "Connection", command: str, on_line, silence_s: int = 0) -> Non
         command = (f"(while sleep {beat}; do printf '%s\\n' {shlex.quote(HEARTBEAT)} || exit; done) & beat=$!; "
                    f"{command}; rc=$?; kill $beat 2>/dev/null; exit $rc")
     channel = conn.client.get_transport().open_session()
-    channel.set_combine_stderr(True)
-    channel.exec_command(command)
-    buffer, heard, begun = b"", time.monotonic(), False
-    while True:
-        if channel.recv_ready():
-            buffer += channel.recv(65536)
-            heard = time.monotonic()
-            *lines, buffer = buffer.split(b"\n")
-            for line in map(lambda raw: raw.decode(errors="replace"), lines):
-                if begun and line != HEARTBEAT:
-                    on_line(line)
-                begun = begun or line.endswith(OUTPUT_BEGINS)  # a start-up file's last words may precede it
-        elif channel.exit_status_ready():
-            break
-        elif silence_s and time.monotonic() - heard > silence_s:
-            channel.close()
-            raise NodeSilent(f"nothing from {conn.host}:{conn.port} for {silence_s} s")
-        else:
-            time.sleep(0.1)
-    if buffer and begun:
-        on_line(buffer.decode(errors="replace"))
-    channel.close()
+    try:  # closed however the stream ends (Ctrl-C too): the connection serves the command's next phase
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        buffer, heard, begun = b"", time.monotonic(), False
+        while True:
+            if channel.recv_ready():
+                buffer += channel.recv(65536)
+                heard = time.monotonic()
+                *lines, buffer = buffer.split(b"\n")
+                for line in map(lambda raw: raw.decode(errors="replace"), lines):
+                    if begun and line != HEARTBEAT:
+                        on_line(line)
+                    begun = begun or line.endswith(OUTPUT_BEGINS)  # a start-up file's last words may precede it
+            elif channel.exit_status_ready():
+                break
+            elif silence_s and time.monotonic() - heard > silence_s:
+                raise NodeSilent(f"nothing from {conn.host}:{conn.port} for {silence_s} s")
+            else:
+                time.sleep(0.1)
+        if buffer and begun:
+            on_line(buffer.decode(errors="replace"))
+    finally:
+        channel.close()
 
 
 def ssh_command(state: st.ClusterState, node: st.NodeInfo, cmd: list[str]) -> list[str]:

@@ -162,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, action in sub.choices.items():  # `ftc up --help` says what `up` does, as `ftc --help` lists it
         action.description = action.description or next(c.help for c in sub._choices_actions if c.dest == name)
 
-    p = sub.add_parser("bench", help="measure ftc against the 2021 recipe, and scaling (see --help)", add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="bench's own options: `ftc bench --help`")
+    p = sub.add_parser("bench", help="ftc measured beside what users run instead, one mode at a time", add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="a mode and its options: `ftc bench --help`")
     return parser
 
 
@@ -213,7 +213,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--instance-type", default=None, help=f"default: the cluster spec's ({DEFAULT_WORLD.default_instance_type}); "
                                                          "auto: every planned type of the catalog, and a pick")
     p.add_argument("--epochs", default="3", help="epochs (default 3)")
-    p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench --out DIR`)")
+    p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench scaling --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
     p.add_argument("--setup-minutes", default=str(SETUP_MINUTES),
@@ -448,7 +448,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
-    from runner import script_job
+    from runner import job, script_job
     habit = next((name for name in TORCHRUN_OPTIONS if getattr(args, f"torchrun_{name.replace('-', '_')}") is not None),
                  None)
     if habit:
@@ -467,10 +467,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise UsageError(f"{label('script')}={words[0]!r} looks like an option; give your script's path")
         raise UsageError(f"the script {words[0]!r} looks like an option; put ftc's options before `--` and the "
                          "script after it: `ftc launch --name X -- train.py --epochs 1`")
-    job = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
-                              ppn=args.ppn, requirements=args.requirements, env=args.env,
-                              max_workdir_mb=args.max_workdir_mb, data=args.data)
-    return script_job.launch(_cluster_name(args), job, detach=_switch(args, "detach"), render_only=args.render_only)
+    script = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
+                                 ppn=args.ppn, requirements=args.requirements, env=args.env,
+                                 max_workdir_mb=args.max_workdir_mb, data=args.data)
+    return job.launch(_cluster_name(args), script, detach=_switch(args, "detach"), render_only=args.render_only)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

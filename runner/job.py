@@ -1,16 +1,20 @@
-"""A fine-tuning job's processes on the cluster: start it, follow it, finish it, cancel it.
+"""A job's life, written once for every kind of job: start it, follow it, finish it, cancel it, show
+its logs, fetch its results. A kind is a record (runner/finetune_job.py: ftc's own trainer;
+runner/script_job.py: your script) that says what its ranks run and are given, what goes to the nodes
+first, what run.json records of it and how its end is told; `finetune` and `launch` only build one.
 
-The job runs detached on the head node (setsid + nohup), so it outlives the controller:
-`ftc finetune` follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
-reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results.
+The job runs detached on the head node (setsid + nohup), so it outlives the controller: the command
+that started it follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
+reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results. A
+command logs in to each node once and hands that connection from phase to phase (NodeConnections).
 """
 
 import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from rich.markup import escape
 
@@ -19,13 +23,14 @@ from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import ClusterBusy, FtcError, UsageError
 from provision.launch import LaunchSpec, cluster_launch, render_launch
-from provision.ssh import NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
+from provision.ssh import NodeConnections, NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
 from provision.ui import answer, console
 from provision.values import label, writable_dir
 
 from . import runs
-from .jobspec import JobSpec, metadata_endpoint, refuse_unreachable_inputs, train_args
-from .node import glue
+from .finetune_job import FinetuneJob
+from .jobspec import JobSpec, metadata_endpoint
+from .node.facts import NodeFacts
 from .node.protocol import (
     CHECKPOINT_FILE,
     CHECKPOINTS_DIR,
@@ -34,37 +39,50 @@ from .node.protocol import (
     JOB_PREEMPTED,
     JOB_RUNNING,
     LAUNCH_SCRIPT,
-    LOG_MARK_ENV,
     LOGS_DIR,
     OUTPUT_LOG,
     PREEMPTED_FILE,
-    SCRIPT_OUTPUT_HOME,
-    SCRIPT_WORKDIR,
-    RankExit,
-    first_failure,
+    SPOT_NOTICE_ENV,
     line_mark,
     parse_checkpoint,
-    rank_log_path,
-    ranks_alone,
-    read_rank_exits,
 )
-from .node.script_rank import STOP_GRACE_S
-from .plan import exchange_for, planned_steps
-from .report import for_terminal, print_results, protocol_line, show_failure
-from .script_job import output_bytes, remove_on_nodes, stop_run_processes
-from .transfer import (
-    content_digest,
-    copy_checkpoint,
-    data_files_on_nodes,
-    fetch,
-    folders_on_nodes,
-    home_checkpoint,
-    send_data_files,
-    send_folders,
-)
+from .report import for_terminal, protocol_line
+from .script_job import ScriptJob
+from .transfer import copy_checkpoint
 
-TAIL_LINES = 15  # of a failed script rank's log, shown when the job ends
 FOREGROUND = "Ctrl-C stops it, as under torchrun (`--detach` starts one that runs on)"  # said as a job starts
+
+
+class JobKind(Protocol):
+    """What the life in this module asks of one kind of job (FinetuneJob, ScriptJob)."""
+    kind: str  # as the cluster's state records it (JobInfo.kind)
+    verb: str  # the ftc command that starts it, named by the cluster's lock while it starts
+    program: str  # the module every rank runs
+    stop_grace_s: int  # at a cancel, between the stop and SIGKILL
+    ppn: int  # ranks per node; 0: the node facts' default
+    flows: int  # gloo connections per peer; 0: the launch's default
+    continues: bool  # it continues a run that its results directory holds
+    checkpoint: Path | None  # a checkpoint on the controller that the job starts from
+
+    def title(self) -> str: ...  # the launch script's description
+    def said(self) -> str: ...  # what the line that says the job started adds of it
+    def place(self, state: st.ClusterState, connections: NodeConnections, render_only: bool) -> st.JobInfo: ...
+    def arguments(self, state: st.ClusterState, record: st.JobInfo) -> list[str]: ...
+    def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]: ...
+    def refuse(self, state: st.ClusterState, launch: LaunchSpec, render_only: bool) -> None: ...
+    def settings(self, launch: LaunchSpec) -> dict: ...  # what run.json records of the job's own settings
+    def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,
+                facts: list[NodeFacts]) -> None: ...
+    # Once it has started, a job is read back from the state: these are the kind's, not the record's.
+    @staticmethod
+    def stop_leftovers(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> None: ...
+    @staticmethod
+    def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path: ...
+    @staticmethod
+    def outcome(state: st.ClusterState, job: st.JobInfo, results: Path, code: int) -> int: ...
+
+
+KINDS: dict[str, type[JobKind]] = {FinetuneJob.kind: FinetuneJob, ScriptJob.kind: ScriptJob}
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
@@ -72,105 +90,69 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     """`resume`: continue the cluster's last job in place. `resume_from`: a checkpoint kept on the
     controller (a cluster that is gone): a new job on this cluster starts from it. `one_shot`: the
     caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
+    return run_job(name, FinetuneJob(job, resume, resume_from), render_only, detach, one_shot)
+
+
+def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = False) -> int:
+    """Your script on every rank: its workdir copied, its requirements installed, then followed unless
+    detached."""
+    return run_job(name, job, render_only, detach)
+
+
+def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot: bool = False) -> int:
+    """A job of any kind, from the checks to its end: the nodes answer, the launch is planned and
+    checked (or only printed), the nodes are prepared and the job starts under the cluster's lock, and
+    it is recorded; then followed unless detached."""
     state = st.load(name)
     facts = load_facts(state)
-    if not render_only:
-        refuse_dead_nodes(state)
-    follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
-    if resume and not resume_from:
-        if not state.jobs:
-            raise UsageError(f"--resume: cluster {name!r} has run no job yet; start one without --resume")
-        job_id, remote_dir = state.jobs[-1].id, state.jobs[-1].remote_dir
+    with NodeConnections() as connections:
         if not render_only:
-            refuse_resume_without_checkpoint(state, job_id, remote_dir)
-    else:
-        job_id = f"{job.task}-{runs.utc_stamp()}"
-        remote_dir = f"{state.head.workdir}/jobs/{job_id}"
-    results_dir = job.results or (str(resume_from.parent.parent) if resume_from else
-                                  state.jobs[-1].results_dir if resume else runs.default_results_dir(name, job_id))
-    on_nodes, data_copies = data_files_on_nodes(job, state.provider, remote_dir)  # run.json keeps your own paths
-    on_nodes, folder_copies = folders_on_nodes(on_nodes, state.provider, state.head.workdir)
-    if not on_nodes.allreduce:  # auto: the faster exchange on this cluster's network, where ftc can weigh it
-        spec_now = state.cluster_spec
-        on_nodes = replace(on_nodes, allreduce=exchange_for(state.provider, spec_now.instance_type, len(state.nodes),
-                                                            spec_now.ena_express, planned_steps(job, len(state.nodes))))
+            refuse_dead_nodes(state, connections)
+        follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
+        record = kind.place(state, connections, render_only)
+        spec = planned_launch(state, facts, kind, record)
+        kind.refuse(state, spec, render_only)
+        if render_only:
+            print(render_launch(spec), end="")
+            return 0
+        settings = {**kind.settings(spec), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
+                    "threads_per_rank": spec.plan.threads}
+        if kind.continues:
+            runs.refuse_other_job(record.results_dir, name, settings)
+        writable_dir("results", record.results_dir)
+        with runs.results_claimed(record.results_dir, check_unused=not kind.continues):
+            state = start(state, spec, record, kind, connections,
+                          lambda locked: kind.prepare(locked, record, connections, facts))
+            record = state.jobs[-1]
+            runs.record_start(state, record, settings)
+        console.print(f"job {record.id} started on {state.head.name} (pid {record.pid}){kind.said()}; "
+                      f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                      + ("it runs on without this command" if detach else FOREGROUND), markup=False, soft_wrap=True)
+        if detach:
+            console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
+                          markup=False)
+            return 0
+        return follow(state, connections, one_shot=one_shot, started_here=True)
+
+
+def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind, record: st.JobInfo) -> LaunchSpec:
+    """The launch of the job's ranks (provision/launch.py, the one launch builder), with the kind's
+    program, arguments and environment, and on a spot cluster where its ranks read interruption notices."""
+    endpoint = metadata_endpoint(state.provider) if state.cluster_spec.spot else ""
+    env = {**kind.environment(state, record), **({SPOT_NOTICE_ENV: endpoint} if endpoint else {})}
     try:
-        what = Path(job.train_file).name if job.train_file else f"GLUE {job.task.upper()}"
-        spec = cluster_launch(state, facts, f"fine-tune {job.model} on {what}", remote_dir,
-                              "runner.node.train",
-                              train_args(on_nodes, remote_dir, state.cluster_spec.stack, resume or resume_from is not None,
-                                         metadata_endpoint(state.provider) if state.cluster_spec.spot else ""),
-                              ppn=job.ppn or None, env={LOG_MARK_ENV: line_mark(job_id)}, flows=job.flows or None)
+        return cluster_launch(state, facts, kind.title(), record.remote_dir, kind.program,
+                              kind.arguments(state, record), ppn=kind.ppn or None, env=env, flows=kind.flows or None)
     except ValueError as exc:
-        raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
-    if on_nodes.allreduce == "comm-core" and spec.plan.threads < 2 and spec.nodes * spec.plan.ppn > 1:
-        raise UsageError(f"{label('allreduce')}=comm-core keeps one of a rank's cores for gloo's threads, but each rank "
-                         f"here has {spec.plan.threads} core; allowed: fewer {label('ppn')}, or {label('allreduce')}="
-                         "after-backward or overlap")
-    if render_only:
-        print(render_launch(spec), end="")
-        return 0
-    refuse_unreachable_inputs(job, state.provider)
-    settings = {**job_settings(job), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
-                "threads_per_rank": spec.plan.threads, "flows": len(spec.gloo_iface.split(","))}
-    if resume or resume_from:
-        runs.refuse_other_job(results_dir, name, settings)
-    writable_dir("results", results_dir)
-    with runs.results_claimed(results_dir, check_unused=not (resume or resume_from)):
-        state = start(state, spec, st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                                              checkpoint_s3=job.checkpoint_s3), resume_from,
-                      lambda locked: (send_folders(locked, folder_copies), send_data_files(locked, data_copies)))
-        record = state.jobs[-1]
-        runs.record_start(state, record, settings)
-    console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}); "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
-                  + ("it runs on without this command" if detach else FOREGROUND), markup=False, soft_wrap=True)
-    if detach:
-        console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`")
-        return 0
-    return follow(state, one_shot=one_shot, started_here=True)
+        raise UsageError(f"{label('ppn')}={kind.ppn}: {exc}") from None
 
 
-def refuse_dead_nodes(state: st.ClusterState) -> None:
+def refuse_dead_nodes(state: st.ClusterState, connections: NodeConnections) -> None:
     """One connect attempt per node before a job launches: a node that does not answer is one line
-    now, not a launch followed by minutes of retries."""
+    now, not a launch followed by minutes of retries. The connections serve the rest of the command."""
     advice = f"`ftc down --name {state.name}`, then `ftc up` makes the cluster anew"
     for node in state.nodes:
-        with connect(state, node, attempts=1, next_step=advice):
-            pass
-
-
-def refuse_resume_without_checkpoint(state: st.ClusterState, job_id: str, remote_dir: str) -> None:
-    """A job stopped before its first checkpoint has nothing to resume from: said now, not after the
-    ranks have started and loaded the model."""
-    with connect(state, state.head) as conn:
-        held = run(conn, state.head, "resume", f"test -e {shlex.quote(remote_dir)}/{CHECKPOINT_FILE} && echo held || true")
-    if not held.strip():
-        raise UsageError(f"--resume: job {job_id} saved no checkpoint (it stopped before its first epoch ended); "
-                         "start it anew without --resume")
-
-
-def job_settings(job: JobSpec) -> dict:
-    """What run.json records of a job's own settings (the cluster adds nodes, ranks and threads)."""
-    return {"task": job.task, "model": job.model, "data_dir": job.data_dir, "train_file": job.train_file or None,
-            "validation_file": job.validation_file or None, "precision": job.precision,
-            "recipe": job.recipe, "epochs": job.epochs or None, "batch_size": job.batch_size or None,
-            "lr": job.lr or None, "max_train_samples": job.max_train_samples or None, "dropout": job.dropout,
-            "grad_compress": job.grad_compress or None, "seed": job.seed, "max_eval_samples": job.max_eval_samples or None,
-            "text_columns": job.text_columns or None,
-            "label_column": job.label_column or None, **data_digests(job)}
-
-
-def data_digests(job: JobSpec) -> dict[str, str | None]:
-    """The content of the rows the job trains and evaluates on (your files, or a local GLUE task's),
-    each file's: a resume on changed data is another job. None for GLUE from the hub."""
-    if job.train_file:
-        files = [Path(job.train_file), Path(job.validation_file)]
-    elif job.data_dir:
-        files = [glue.split_file(job.data_dir, job.task, split) for split in ("train", "dev")]
-    else:
-        return {"train_sha256": None, "validation_sha256": None}
-    return {f"{role}_sha256": content_digest(Path("/"), [f.absolute()]) for role, f in zip(("train", "validation"), files)}
+        connections.to(state, node, attempts=1, next_step=advice)
 
 
 def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
@@ -185,44 +167,45 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
-def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, resume_from: Path | None,
-          prepare: Callable[[st.ClusterState], None]) -> st.ClusterState:
+def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, kind: JobKind,
+          connections: NodeConnections, prepare: Callable[[st.ClusterState], None]) -> st.ClusterState:
     """`prepare` the nodes (data files, a script's workdir), put the launch script (and a checkpoint to
     resume from) on the head node and start it detached, under the cluster's lock and only if no other
     job runs; record it in the state. The state is read anew under the lock (another command may have
     started a job since `loaded` was read); the state so read, with the job last in it, is returned."""
-    with st.locked(loaded.name, "launch" if record.kind == "script" else "finetune"):
+    with st.locked(loaded.name, kind.verb):
         state = st.load(loaded.name)
-        refuse_if_busy(state, ended_job_code(state))
+        refuse_if_busy(state, ended_job_code(state, connections))
         prepare(state)
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
-        with connect(state, state.head) as conn:
-            run(conn, state.head, "launch", f"mkdir -p {in_dir}/{LOGS_DIR} {in_dir}/{CHECKPOINTS_DIR}")
-            put_text(conn, render_launch(spec), f"{remote_dir}/{LAUNCH_SCRIPT}", 0o755)
-            if resume_from:
-                interruptible(conn.client.get_transport(), conn.put, str(resume_from), f"{remote_dir}/{CHECKPOINT_FILE}")
-            # The pid and its start time: only that process is ever signalled (a pid may be reused).
-            # No start time: the script had already ended, and nothing of it is left to signal.
-            pid, *started = run(conn, state.head, "launch",
-                                f"cd {in_dir} && rm -f {EXIT_CODE_FILE} && (setsid nohup bash {LAUNCH_SCRIPT} "
-                                f">> {OUTPUT_LOG} 2>&1 < /dev/null & pid=$!; echo $pid $({procs.START_OF.format(pid='$pid')}))"
-                                ).split()
-            record.pid, record.pid_start = int(pid), int(started[0]) if started else 0
+        conn = connections.to(state, state.head)
+        run(conn, state.head, "launch", f"mkdir -p {in_dir}/{LOGS_DIR} {in_dir}/{CHECKPOINTS_DIR}")
+        put_text(conn, render_launch(spec), f"{remote_dir}/{LAUNCH_SCRIPT}", 0o755)
+        if kind.checkpoint:
+            interruptible(conn.client.get_transport(), conn.put, str(kind.checkpoint), f"{remote_dir}/{CHECKPOINT_FILE}")
+        # The pid and its start time: only that process is ever signalled (a pid may be reused).
+        # No start time: the script had already ended, and nothing of it is left to signal.
+        pid, *started = run(conn, state.head, "launch",
+                            f"cd {in_dir} && rm -f {EXIT_CODE_FILE} && (setsid nohup bash {LAUNCH_SCRIPT} "
+                            f">> {OUTPUT_LOG} 2>&1 < /dev/null & pid=$!; echo $pid $({procs.START_OF.format(pid='$pid')}))"
+                            ).split()
+        record.pid, record.pid_start = int(pid), int(started[0]) if started else 0
         record.started_at, record.pids_by_node = time.time(), {state.head.name: [record.pid]}
         state.jobs = [j for j in state.jobs if j.id != record.id] + [record]
         st.save(state)
     return state
 
 
-def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = False, started_here: bool = False) -> int:
+def follow(state: st.ClusterState, connections: NodeConnections, from_start: bool = True, one_shot: bool = False,
+           started_here: bool = False) -> int:
     """Print the output of the state's last job until it ends; then fetch. Ctrl-C in the command that
     started the job (`started_here`) stops it, as Ctrl-C stops torchrun, and exits 130; in a follower
     (`ftc logs -f`) it detaches, the job runs on; in a one-shot run it stops the run. A cluster destroyed
     meanwhile ends the follower with that said."""
     name, job = state.name, state.jobs[-1]
-    conn = connect(state, state.head, within_s=follow_silence_s(),
-                   next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name {name} -f`; "
-                             f"`ftc status --name {name}` says what is up")
+    conn = connections.to(state, state.head, within_s=follow_silence_s(),
+                          next_step=f"job {job.id} may still be running. Reattach when it answers: `ftc logs --name "
+                                    f"{name} -f`; `ftc status --name {name}` says what is up")
     colour, mark = sys.stdout.isatty(), line_mark(job.id)
     interrupted = False
 
@@ -246,14 +229,12 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
                           f"Reattach: `ftc logs --name {name} -f`; stop it: `ftc cancel --name {name}`")
             return 0
         interrupted = True
-    finally:
-        conn.close()
-    if interrupted:
-        return stop_on_interrupt(state, job)
+    if interrupted:  # out of the handler: a second Ctrl-C while the job stops is not told as raised inside it
+        return stop_on_interrupt(state, job, connections)
     gone = FtcError(f"cluster {name} was destroyed while job {job.id} ran; what reached the controller "
                     f"is in {job.results_dir}")
     try:
-        return finish(state, gone)
+        return finish(state, connections, gone)
     except (ClusterBusy, UsageError):
         if destroyed(name):  # `ftc down` holds the lock, or took the state away
             raise gone from None
@@ -264,12 +245,12 @@ def follow(state: st.ClusterState, from_start: bool = True, one_shot: bool = Fal
         raise
 
 
-def stop_on_interrupt(state: st.ClusterState, job: st.JobInfo) -> int:
+def stop_on_interrupt(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> int:
     """Ctrl-C in the command that started the job: the job is stopped as `ftc cancel` stops it (what it
     wrote so far comes home), and the command exits 130, as torchrun does."""
     console.print(f"\ninterrupted: stopping job {job.id} (Ctrl-C stops a job started in the foreground, as under "
                   "torchrun; `--detach` starts one that runs on)", markup=False, soft_wrap=True)
-    cancel(state.name)
+    stop(state.name, connections)
     return 130
 
 
@@ -291,13 +272,12 @@ def destroyed(name: str) -> bool:
         return False
 
 
-def ended_job_code(state: st.ClusterState) -> int | None:
+def ended_job_code(state: st.ClusterState, connections: NodeConnections) -> int | None:
     """The exit code of the job recorded running, if it has in fact ended (nobody fetched it yet)."""
     running = [j for j in state.jobs if j.state == "running"]
     if not running:
         return None
-    with connect(state, state.head) as conn:
-        return job_exit_code(conn, state, running[-1])
+    return job_exit_code(connections.to(state, state.head), state, running[-1])
 
 
 def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
@@ -316,18 +296,18 @@ def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
 
 
-def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
-    """The job has ended: record how, fetch its files, print the outcome. The state is read anew under
-    the lock (a `cancel` may have changed it since `loaded` was read). `gone`, when given, is raised
-    for a cluster that `ftc down` is taking apart (it marks the state first)."""
+def finish(loaded: st.ClusterState, connections: NodeConnections, gone: FtcError | None = None) -> int:
+    """The job has ended: record how, bring its files home (its kind says which), tell the outcome. The
+    state is read anew under the lock (a `cancel` may have changed it since `loaded` was read). `gone`,
+    when given, is raised for a cluster that `ftc down` is taking apart (it marks the state first)."""
     name = loaded.name
     with st.locked(name, "fetch"):
         state = st.load(name)
         if gone and state.phase == "terminating":
             raise gone
         job = state.jobs[-1]
-        with connect(state, state.head) as conn:
-            code = job_exit_code(conn, state, job)
+        kind = KINDS[job.kind]
+        code = job_exit_code(connections.to(state, state.head), state, job)
         # an allocation that ended took the job with it, whatever its processes have yet to notice
         ended = nodes_ended_under(state) if code != 0 else []
         if code is None and not ended:
@@ -339,40 +319,13 @@ def finish(loaded: st.ClusterState, gone: FtcError | None = None) -> int:
         for line in ended if job.state == "failed" else []:
             console.print(f"[red]job {job.id}: {escape(line)}[/]", soft_wrap=True)
         runs.record_end(job.results_dir, "incomplete")  # until every file is home: a fetch cut short shows as such
-        if job.kind == "script":  # what its script left running in a session of its own ends with it
-            stop_run_processes(state, job.id)
-        results = fetch(state, job)
-        if job.kind == "script":
-            remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}")  # home now: the copies go
+        results = kind.bring_home(state, job, connections)
         if job.state == "cancelled":  # stopped on purpose: no failure to explain
             runs.record_end(results, job.state)
             console.print(f"job {job.id} was cancelled; what it wrote before is home: {results}", markup=False,
                           soft_wrap=True)
             return 0
-        if job.kind == "script":
-            exits = read_rank_exits(results)
-            failed = first_failure(exits)
-            code = failed.code if failed and code != 0 else code
-            ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
-            runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
-            where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
-            if not failed and ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
-                console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
-                              "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
-                              "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "
-                              "TrainingArguments)", soft_wrap=True)
-            return script_outcome(results, code, failed, where)
-        runs.record_end(results, job.state)
-    if code == EXIT_PREEMPTED:
-        console.print(f"[yellow]job {job.id} stopped for a spot interruption, after a checkpoint "
-                      f"({escape(str(home_checkpoint(results)))}); `ftc run --resume` continues it on a new cluster[/]")
-        return code
-    if code != 0:
-        show_failure(results, code)
-        return 1
-    print_results(results)
-    console.print(f"its report and plot: `ftc runs show {job.id}`; every run: `ftc runs`", markup=False)
-    return 0
+        return kind.outcome(state, job, results, code)
 
 
 def nodes_ended_under(state: st.ClusterState) -> list[str]:
@@ -385,42 +338,15 @@ def nodes_ended_under(state: st.ClusterState) -> list[str]:
     return list(dict.fromkeys(live.detail for live in providers.query(state) if live.state != "running"))
 
 
-def ranks_per_node(results: Path) -> int:
-    record, _ = runs.read_run_file(results, runs.RECORD)
-    return record.get("ranks_per_node") or 1
-
-
-def script_outcome(results: Path, code: int, failed: RankExit | None, node: str) -> int:
-    """A script's end: where its output is, or which rank failed first, on which node, with the last
-    lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
-    if code == 0:
-        output = results / SCRIPT_OUTPUT_HOME
-        said = (f"rank 0's output: {output}" if output.exists() else "rank 0 wrote nothing into its output folder "
-                "($FTC_OUTPUT_DIR), the one folder of the workdir's copy that comes home: have your script write "
-                f"there, or name the folder it writes with {label('output')}")
-        console.print(f"job finished; {said}; its log: {results / rank_log_path(0)}; every run: `ftc runs`",
-                      markup=False, soft_wrap=True)
-        return 0
-    if failed is None:
-        console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "
-                      f"{escape(str(results / OUTPUT_LOG))}", soft_wrap=True)
-        return code if 0 < code < 256 else 1
-    log = results / rank_log_path(failed.rank)
-    tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
-    console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
-                  f"the last lines of its log ({escape(str(log))}):", soft_wrap=True)
-    console.print("\n".join(for_terminal(line, colour=False) for line in tail), markup=False, soft_wrap=True)
-    return failed.code if 0 < failed.code < 256 else 1
-
-
 def logs(name: str, follow_output: bool = False) -> int:
     state = st.load(name)
     if not state.jobs:
         raise UsageError(f"cluster {name!r} has run no job yet; start one with `make finetune NAME={name}`")
     job = state.jobs[-1]
-    if follow_output and job.state == "running":
-        return follow(state)
-    with connect(state, state.head, within_s=follow_silence_s()) as conn:
+    with NodeConnections() as connections:
+        if follow_output and job.state == "running":
+            return follow(state, connections)
+        conn = connections.to(state, state.head, within_s=follow_silence_s())
         output = run(conn, state.head, "logs", f"cat {shlex.quote(job.remote_dir)}/{OUTPUT_LOG}")
     colour = sys.stdout.isatty()
     print("".join(f"{for_terminal(line, colour)}\n" for line in output.splitlines()), end="")
@@ -428,6 +354,12 @@ def logs(name: str, follow_output: bool = False) -> int:
 
 
 def cancel(name: str) -> int:
+    with NodeConnections() as connections:
+        return stop(name, connections)
+
+
+def stop(name: str, connections: NodeConnections) -> int:
+    """The running job stopped on every node, recorded cancelled, and what it wrote brought home."""
     with st.locked(name, "cancel"):
         state = st.load(name)
         running = [j for j in state.jobs if j.state == "running"]
@@ -435,29 +367,28 @@ def cancel(name: str) -> int:
             console.print(f"cluster {name!r} has no running job")
             return 0
         job = running[-1]
-        with connect(state, state.head) as conn:
-            ended = job_exit_code(conn, state, job)
-            if ended is not None:  # nothing to stop, and its results are still to be had
-                console.print(f"job {job.id} already ended (exit code {ended}); `ftc fetch --name {name}` collects "
-                              "its results", markup=False)
-                return 0
-            # a script's ranks get the time to stop what it started (script_rank.STOP_GRACE_S) before SIGKILL
-            grace = 2 if job.kind != "script" else STOP_GRACE_S + 5
-            run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start, grace))
-        if job.kind == "script":
-            stop_run_processes(state, job.id)
+        kind = KINDS[job.kind]
+        conn = connections.to(state, state.head)
+        ended = job_exit_code(conn, state, job)
+        if ended is not None:  # nothing to stop, and its results are still to be had
+            console.print(f"job {job.id} already ended (exit code {ended}); `ftc fetch --name {name}` collects "
+                          "its results", markup=False)
+            return 0
+        run(conn, state.head, "cancel", procs.stop_group_command(job.pid, job.pid_start, kind.stop_grace_s))
+        kind.stop_leftovers(state, job, connections)
         job.state = "cancelled"
         st.save(state)
         runs.record_end(job.results_dir, job.state)
     console.print(f"job {job.id} cancelled")
-    return finish(state)  # what it wrote before, its logs included, comes home now: `down` would delete it
+    return finish(state, connections)  # what it wrote before, its logs included, comes home now: `down` would delete it
 
 
 def fetch_last(name: str) -> int:
     state = st.load(name)
     if not state.jobs:
         raise UsageError(f"cluster {name!r} has run no job yet")
-    return finish(state)
+    with NodeConnections() as connections:
+        return finish(state, connections)
 
 
 def describe_jobs(state: st.ClusterState, live: list) -> None:

@@ -361,7 +361,7 @@ def refuse_other_head(model: str, raw, labels) -> None:
                          "give the base model (without a head: a new one is made), or one fine-tuned on these labels")
 
 
-def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_watch: str = "") -> list[str]:
+def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[str]:
     args = ["--task", job.task, "--model", job.model, "--output-dir", output_dir, "--recipe", job.recipe,
             "--stack", stack]
     if job.precision != "auto":
@@ -385,8 +385,6 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool, spot_wat
         args.append("--ipex")
     if resume:
         args.append("--resume")
-    if spot_watch:
-        args += ["--spot-watch", spot_watch]
     if os.environ.get("FTC_HOLD_AT_STEP"):  # tests: hold the job at a known point (see train.py)
         args += ["--hold-at-step", os.environ["FTC_HOLD_AT_STEP"]]
     return args

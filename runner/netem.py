@@ -1,4 +1,4 @@
-"""A network that behaves like AWS's inside a cluster placement group, for `ftc bench --network`.
+"""A network that behaves like AWS's inside a cluster placement group, for `ftc bench network`.
 
 AWS caps one TCP flow at 10 Gbit/s and a node at its instance's rate (25 Gbit/s for a
 c7i.16xlarge). The per-flow cap is built from interfaces and `tbf` alone, which every kernel here

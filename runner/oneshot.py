@@ -19,7 +19,8 @@ from provision.spec import ClusterSpec
 from provision.ui import console
 
 from . import runs
-from .job import finetune, job_settings
+from .finetune_job import job_settings
+from .job import finetune
 from .jobspec import RECIPE_EPOCHS, JobSpec, check_ppn_fits, refuse_unreachable_inputs
 from .model_files import parameter_count
 from .node.facts import cpu_info

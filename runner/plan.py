@@ -185,7 +185,7 @@ BUDGET = number(0, 1e6)  # dollars
 
 
 def compile_figures(path: str):
-    """What compiling does to a long job, from a bench.json's long jobs (`ftc bench --long-jobs`): ftc's
+    """What compiling does to a long job, from a bench.json's long jobs (`ftc bench long-jobs`): ftc's
     compiled rate over its eager one at the same launch, and the cold compile's start cost; None where
     the bench has no such pair (the plan then offers no compile)."""
     from provision.estimate import Compile
@@ -202,7 +202,7 @@ def compile_figures(path: str):
 
 # The size a search weighs: 16xlarge, one socket of 32 cores, the seed recipe's node. A node's rate is
 # carried from the bench linearly in cores, and one rank measured far below linear from 8 to 16 cores
-# (41 and 57 rows/s, docs/bench.json node_shapes): the larger the node, the more that flatters it. A larger
+# (41 and 57 rows/s, docs/probes/node_shapes.json): the larger the node, the more that flatters it. A larger
 # size is planned when named (--instance-type).
 SEARCHED_SIZE = "16xlarge"
 

@@ -1,6 +1,6 @@
-"""Your own training script on the cluster (`ftc launch`): checked, its workdir copied to every node,
-its requirements installed once, then run on every rank as ftc's own jobs run (runner/job.py starts,
-follows, cancels and fetches it).
+"""Your own training script on the cluster (`ftc launch`) as one kind of job: checked, its workdir
+copied to every node, its requirements installed once, then run on every rank as ftc's own jobs run
+(runner/job.py lives its life: start, follow, finish, cancel).
 
 Every rank runs `python SCRIPT ARGS` from its node's copy of the workdir, through
 runner/node/script_rank.py: torchrun's environment, its own cores, the launch's threads, allocator and
@@ -14,14 +14,16 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
+
+from rich.markup import escape
 
 from provision import procs
 from provision import state as st
-from provision.bootstrap import load_facts
 from provision.errors import FtcError, UsageError, via_make
-from provision.launch import cluster_launch, node_path, node_python, render_launch
+from provision.launch import LaunchSpec, node_path, node_python
 from provision.providers import traits
-from provision.ssh import connect, interruptible, run
+from provision.ssh import NodeConnections, interruptible, run
 from provision.stacks import STACKS
 from provision.ui import console
 from provision.values import label, local_path, refuse_control_character, refuse_not_utf8, whole
@@ -30,20 +32,30 @@ from . import runs, script_data
 from .node.facts import NodeFacts
 from .node.protocol import (
     LOGS_DIR,
+    OUTPUT_LOG,
     REQUIREMENTS_DONE,
     REQUIREMENTS_ENV,
     REQUIREMENTS_FAILED,
     REQUIREMENTS_FILE,
     REQUIREMENTS_LOG,
     REQUIREMENTS_SKIPPED,
+    SCRIPT_OUTPUT_HOME,
     SCRIPT_WORKDIR,
+    RankExit,
+    first_failure,
+    rank_log_path,
+    ranks_alone,
+    read_rank_exits,
     requirements_layer,
 )
-from .transfer import send_tree
+from .node.script_rank import STOP_GRACE_S
+from .report import for_terminal
+from .transfer import fetch, send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
 MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
 MAX_REQUIREMENTS_BYTES = 2**20  # a requirements file is lines of names; more is not one
+TAIL_LINES = 15  # of a failed rank's log, shown when the job ends
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
@@ -67,11 +79,101 @@ class ScriptJob:
     data: list[Path] = field(default_factory=list)  # outside the workdir: copied into its copy, each under its name
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
     max_workdir_mb: int = MAX_WORKDIR_MB
+    copy: dict[str, Path] = field(default_factory=dict, init=False)  # the workdir's copy (path there -> file), once placed
+
+    kind: ClassVar[str] = "script"
+    verb: ClassVar[str] = "launch"  # the ftc command that starts it
+    program: ClassVar[str] = "runner.node.script_rank"
+    # at a cancel, the ranks get the time to stop what the script started (STOP_GRACE_S) before SIGKILL
+    stop_grace_s: ClassVar[int] = STOP_GRACE_S + 5
+    flows: ClassVar[int] = 0  # the launch's default
+    continues: ClassVar[bool] = False  # a script's run is never resumed by ftc
+    checkpoint: ClassVar[Path | None] = None
 
     @property
     def command(self) -> str:
         """The command as a user would type it (shown by `ftc runs`)."""
         return shlex.join(["python", self.script, *self.args])
+
+    def title(self) -> str:
+        return f"{self.command} (your script, from {self.workdir})"
+
+    def said(self) -> str:
+        return f": {self.command}"
+
+    def place(self, state: st.ClusterState, connections: NodeConnections, render_only: bool) -> st.JobInfo:
+        """The workdir's files to copy, checked; the job's id and directories."""
+        self.copy = copy_of(self)
+        if self.script not in self.copy:
+            raise UsageError(f"{label('script')}={self.script!r} is left out of the copy by the .gitignore of "
+                             f"{label('workdir')}={str(self.workdir)!r}; un-ignore it")
+        refuse_oversized(self.workdir, self.copy, self.max_workdir_mb)
+        for line in script_data.unseen_paths(self.args, self.copy, self.workdir, Path.cwd(),
+                                             traits(state.provider).shares_this_machine):
+            console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
+        job_id = f"script-{runs.utc_stamp()}"
+        return st.JobInfo(id=job_id, task="script", remote_dir=f"{state.head.workdir}/jobs/{job_id}",
+                          results_dir=runs.default_results_dir(state.name, job_id), kind="script", output=self.output)
+
+    def arguments(self, state: st.ClusterState, record: st.JobInfo) -> list[str]:
+        return [self.output, self.script, *self.args]
+
+    def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]:
+        env = {**passed_on(dict(os.environ), state.provider), **self.env, "FTC_RUN_ID": record.id}
+        return {**env, REQUIREMENTS_ENV: digest_of(self.requirements)} if self.requirements else env
+
+    def refuse(self, state: st.ClusterState, launch: LaunchSpec, render_only: bool) -> None:
+        """Nothing more: every setting was checked by validate, the workdir by place."""
+
+    def settings(self, launch: LaunchSpec) -> dict:
+        return {"kind": "script", "task": "script", "model": "", "command": self.command, "workdir": str(self.workdir),
+                "data": [str(path) for path in self.data], "output": self.output, "exit_code": None,
+                "output_bytes": None}
+
+    def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,
+                facts: list[NodeFacts]) -> None:
+        """Under the cluster's lock, before the start: the workdir on every node, the requirements
+        installed. Cut short, nothing of it runs on and no copy of the workdir is left."""
+        try:
+            send_workdir(state, self.copy, record.remote_dir, self.requirements, connections)
+            if self.requirements:
+                install_requirements(state, facts, self.requirements, record.remote_dir, record.id, connections)
+        except BaseException:
+            stop_run_processes(state, record.id, connections)
+            remove_on_nodes(state, record.remote_dir, connections)
+            raise
+
+    # ---- once it has started: for a job read back from the cluster's state ----------------------------
+
+    @staticmethod
+    def stop_leftovers(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> None:
+        """What the script left running in a session of its own (a daemon) ends with the job."""
+        stop_run_processes(state, job.id, connections)
+
+    @staticmethod
+    def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
+        """Rank 0's output folder and every rank's log home; then the workdir's copies go."""
+        stop_run_processes(state, job.id, connections)
+        results = fetch(state, job, connections)
+        remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}", connections)
+        return results
+
+    @staticmethod
+    def outcome(state: st.ClusterState, job: st.JobInfo, results: Path, code: int) -> int:
+        """Recorded with the exit code of the rank that failed first and the output's size; told as
+        script_outcome tells it, with a warning for ranks that each ran the whole job alone."""
+        exits = read_rank_exits(results)
+        failed = first_failure(exits)
+        code = failed.code if failed and code != 0 else code
+        ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
+        runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
+        where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
+        if not failed and ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
+            console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
+                          "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
+                          "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "
+                          "TrainingArguments)", soft_wrap=True)
+        return script_outcome(results, code, failed, where)
 
 
 # ---- checks: pure but for reading the files named ------------------------------------------------------
@@ -287,26 +389,26 @@ def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> int:
 
 # ---- on the nodes --------------------------------------------------------------------------------------
 
-def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str, requirements: Path | None) -> None:
+def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str, requirements: Path | None,
+                 connections: NodeConnections) -> None:
     """The workdir's copy into <job>/workdir on every node, in its own job directory (local nodes share
     this machine: the head's copy serves them all), and the requirements file beside it."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         job_dir = node_path(state, node, remote_dir)
-        with connect(state, node) as conn:
-            run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
-            send_tree(conn, node, copy, f"{job_dir}/{SCRIPT_WORKDIR}")
-            if requirements:
-                conn.put(str(requirements), f"{job_dir}/{REQUIREMENTS_FILE}")
+        conn = connections.to(state, node)
+        run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
+        send_tree(conn, node, copy, f"{job_dir}/{SCRIPT_WORKDIR}")
+        if requirements:
+            conn.put(str(requirements), f"{job_dir}/{REQUIREMENTS_FILE}")
 
 
-def remove_on_nodes(state: st.ClusterState, path: str) -> None:
+def remove_on_nodes(state: st.ClusterState, path: str, connections: NodeConnections) -> None:
     """Best effort: a folder of the job (the head's path) removed from every node that answers, each its own."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         try:
-            with connect(state, node, attempts=1) as conn:
-                run(conn, node, "clean up", f"rm -rf {shlex.quote(node_path(state, node, path))}")
+            run(connections.to(state, node, attempts=1), node, "clean up", f"rm -rf {shlex.quote(node_path(state, node, path))}")
         except Exception:  # noqa: BLE001, S110 - a node that does not answer keeps it until `ftc down`
             pass
 
@@ -362,7 +464,7 @@ def pip_failure(lines: list[str], pins: dict[str, str]) -> str:
 
 
 def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str,
-                         run_id: str) -> None:
+                         run_id: str, connections: NodeConnections) -> None:
     """Your requirements into a venv of the cluster's own on every node (one on nodes that share this
     machine), layered on the stack: the stack's Python is never changed, and `down` removes the layer.
     Skipped where this file's content was installed before. pip runs in the node's copy of the workdir,
@@ -375,8 +477,8 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
         command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, run_id)
-        with connect(state, node) as conn:
-            out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
+        conn = connections.to(state, node)
+        out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
         lines = out.splitlines()
         if lines[:1] == [REQUIREMENTS_SKIPPED]:
             console.print(f"requirements {requirements.name} on {node.name}: already installed (skipped)", markup=False)
@@ -389,83 +491,47 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
                       markup=False)
 
 
-def stop_run_processes(state: st.ClusterState, run_id: str) -> None:
+def stop_run_processes(state: st.ClusterState, run_id: str, connections: NodeConnections) -> None:
     """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
     behind), found by the run's id in its environment, stopped."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         try:
-            with connect(state, node, attempts=1) as conn:
-                run(conn, node, "stop", procs.stop_carrying_command([f"FTC_RUN_ID={run_id}"]))
+            run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"FTC_RUN_ID={run_id}"]))
         except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
             pass
 
 
-# ---- the command ---------------------------------------------------------------------------------------
-
-def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = False) -> int:
-    """Check everything, copy the workdir, install the requirements, start the ranks; then follow the job
-    (runner/job.py) unless detached."""
-    from . import job as jobs
-    state = st.load(name)
-    facts = load_facts(state)
-    copy = copy_of(job)
-    if job.script not in copy:
-        raise UsageError(f"{label('script')}={job.script!r} is left out of the copy by the .gitignore of "
-                         f"{label('workdir')}={str(job.workdir)!r}; un-ignore it")
-    refuse_oversized(job.workdir, copy, job.max_workdir_mb)
-    for line in script_data.unseen_paths(job.args, copy, job.workdir, Path.cwd(), traits(state.provider).shares_this_machine):
-        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
-    job_id = f"script-{runs.utc_stamp()}"
-    remote_dir = f"{state.head.workdir}/jobs/{job_id}"
-    env = {**passed_on(dict(os.environ), state.provider), **job.env, "FTC_RUN_ID": job_id}
-    if job.requirements:
-        env[REQUIREMENTS_ENV] = digest_of(job.requirements)
-    if state.cluster_spec.spot:
-        from .jobspec import metadata_endpoint
-        env["FTC_METADATA_ENDPOINT"] = metadata_endpoint(state.provider)
-    try:
-        spec = cluster_launch(state, facts, f"{job.command} (your script, from {job.workdir})", remote_dir,
-                              "runner.node.script_rank", [job.output, job.script, *job.args], ppn=job.ppn or None,
-                              env=env)
-    except ValueError as exc:
-        raise UsageError(f"{label('ppn')}={job.ppn}: {exc}") from None
-    if render_only:
-        print(render_launch(spec), end="")
-        return 0
-    jobs.refuse_dead_nodes(state)
-    results_dir = runs.default_results_dir(name, job_id)
-    settings = {"kind": "script", "task": "script", "model": "", "command": job.command, "workdir": str(job.workdir),
-                "data": [str(path) for path in job.data],
-                "output": job.output, "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
-                "threads_per_rank": spec.plan.threads, "exit_code": None, "output_bytes": None}
-
-    def prepare(locked_state: st.ClusterState) -> None:
-        try:
-            send_workdir(locked_state, copy, remote_dir, job.requirements)
-            if job.requirements:
-                install_requirements(locked_state, facts, job.requirements, remote_dir, job_id)
-        except BaseException:  # nothing starts: nothing of it runs on, and no copy of the workdir is left
-            stop_run_processes(locked_state, job_id)
-            remove_on_nodes(locked_state, remote_dir)
-            raise
-
-    state = jobs.start(state, spec, st.JobInfo(id=job_id, task="script", remote_dir=remote_dir,
-                                               results_dir=results_dir, kind="script", output=job.output),
-                       None, prepare)
-    record = state.jobs[-1]
-    runs.record_start(state, record, settings)
-    console.print(f"job {job_id} started on {state.head.name} (pid {record.pid}): {job.command}; "
-                  f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
-                  + ("it runs on without this command" if detach else jobs.FOREGROUND), markup=False, soft_wrap=True)
-    if detach:
-        console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
-                      markup=False)
-        return 0
-    return jobs.follow(state, started_here=True)
-
+# ---- its end -------------------------------------------------------------------------------------------
 
 def output_bytes(results: Path) -> int:
     folder = results / "output"
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
+
+def ranks_per_node(results: Path) -> int:
+    record, _ = runs.read_run_file(results, runs.RECORD)
+    return record.get("ranks_per_node") or 1
+
+
+def script_outcome(results: Path, code: int, failed: RankExit | None, node: str) -> int:
+    """A script's end: where its output is, or which rank failed first, on which node, with the last
+    lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
+    if code == 0:
+        output = results / SCRIPT_OUTPUT_HOME
+        said = (f"rank 0's output: {output}" if output.exists() else "rank 0 wrote nothing into its output folder "
+                "($FTC_OUTPUT_DIR), the one folder of the workdir's copy that comes home: have your script write "
+                f"there, or name the folder it writes with {label('output')}")
+        console.print(f"job finished; {said}; its log: {results / rank_log_path(0)}; every run: `ftc runs`",
+                      markup=False, soft_wrap=True)
+        return 0
+    if failed is None:
+        console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "
+                      f"{escape(str(results / OUTPUT_LOG))}", soft_wrap=True)
+        return code if 0 < code < 256 else 1
+    log = results / rank_log_path(failed.rank)
+    tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:] if log.exists() else []
+    console.print(f"[red]rank {failed.rank} on node {escape(node)} failed first (exit code {failed.code})[/]; "
+                  f"the last lines of its log ({escape(str(log))}):", soft_wrap=True)
+    console.print("\n".join(for_terminal(line, colour=False) for line in tail), markup=False, soft_wrap=True)
+    return failed.code if 0 < failed.code < 256 else 1

@@ -12,7 +12,6 @@ import stat
 import tarfile
 import tempfile
 import threading
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
@@ -21,7 +20,7 @@ from provision import state as st
 from provision.errors import FtcError
 from provision.launch import node_path
 from provision.providers import traits
-from provision.ssh import connect, follow_silence_s, interruptible, run
+from provision.ssh import NodeConnections, follow_silence_s, interruptible, run
 from provision.ui import console
 
 from .jobspec import JobSpec
@@ -53,14 +52,14 @@ def data_files_on_nodes(job: JobSpec, provider: str, remote_dir: str) -> tuple[J
     return replace(job, train_file=train, validation_file=validation), copies
 
 
-def send_data_files(state: st.ClusterState, copies: dict[str, str]) -> None:
+def send_data_files(state: st.ClusterState, copies: dict[str, str], connections: NodeConnections) -> None:
     """Copy each file to every node, into its own job directory (the copy is whole before the job starts)."""
     for node in state.nodes if copies else []:
         on_node = {node_path(state, node, remote): local for remote, local in copies.items()}
-        with connect(state, node) as conn:
-            run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in on_node})))
-            for remote, local in on_node.items():
-                interruptible(conn.client.get_transport(), conn.put, local, remote)
+        conn = connections.to(state, node)
+        run(conn, node, "send data", "mkdir -p " + " ".join(sorted({shlex.quote(str(Path(r).parent)) for r in on_node})))
+        for remote, local in on_node.items():
+            interruptible(conn.client.get_transport(), conn.put, local, remote)
 
 
 def folders_on_nodes(job: JobSpec, provider: str, head_workdir: str) -> tuple[JobSpec, dict[str, tuple[Path, list[Path]]]]:
@@ -96,26 +95,27 @@ def content_digest(root: Path, files: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
-def send_folders(state: st.ClusterState, copies: dict[str, tuple[Path, list[Path]]]) -> None:
+def send_folders(state: st.ClusterState, copies: dict[str, tuple[Path, list[Path]]],
+                 connections: NodeConnections) -> None:
     """Each folder to every node that does not hold it whole yet (a marker written last says so),
     after a check of the node's free space: unpacked beside, then moved into place."""
     for node in state.nodes if copies else []:
-        with connect(state, node) as conn:
-            for head_path, (root, files) in copies.items():
-                remote = node_path(state, node, head_path)
-                quoted = shlex.quote(remote)
-                if run(conn, node, "send folder", f"test -e {quoted}/{FOLDER_COMPLETE} && echo HELD || true").strip():
-                    continue
-                size = sum(p.stat().st_size for p in files)
-                parent = shlex.quote(str(PurePosixPath(remote).parent))
-                free = int(run(conn, node, "send folder", f"mkdir -p {parent} && df -Pk {parent} | tail -n 1")
-                           .split()[3]) * 1024
-                if size + SPACE_MARGIN > free:
-                    raise FtcError(f"{root} needs {_mb(size + SPACE_MARGIN)} on {node.name}, which has {_mb(free)} free "
-                                   "there; free some space on the node (or use a bigger root volume) and run again")
-                console.print(f"copying {root} ({_mb(size)}) to {node.name}", markup=False, soft_wrap=True)
-                send_tree(conn, node, {path.relative_to(root).as_posix(): path for path in files}, remote)
-                run(conn, node, "send folder", f"touch {quoted}/{FOLDER_COMPLETE}")
+        conn = connections.to(state, node)
+        for head_path, (root, files) in copies.items():
+            remote = node_path(state, node, head_path)
+            quoted = shlex.quote(remote)
+            if run(conn, node, "send folder", f"test -e {quoted}/{FOLDER_COMPLETE} && echo HELD || true").strip():
+                continue
+            size = sum(p.stat().st_size for p in files)
+            parent = shlex.quote(str(PurePosixPath(remote).parent))
+            free = int(run(conn, node, "send folder", f"mkdir -p {parent} && df -Pk {parent} | tail -n 1")
+                       .split()[3]) * 1024
+            if size + SPACE_MARGIN > free:
+                raise FtcError(f"{root} needs {_mb(size + SPACE_MARGIN)} on {node.name}, which has {_mb(free)} free "
+                               "there; free some space on the node (or use a bigger root volume) and run again")
+            console.print(f"copying {root} ({_mb(size)}) to {node.name}", markup=False, soft_wrap=True)
+            send_tree(conn, node, {path.relative_to(root).as_posix(): path for path in files}, remote)
+            run(conn, node, "send folder", f"touch {quoted}/{FOLDER_COMPLETE}")
 
 
 FOLDER_COMPLETE = ".ftc-complete"  # in a folder copied to a node: the copy is whole
@@ -249,7 +249,7 @@ def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
     return output.startswith(relative_dir + "/") or (relative_dir + "/").startswith(output + "/")
 
 
-def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
+def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
     """Copy what comes home of the job (home_path) that is not home yet: for a fine-tuning job
     results.json, the model, output.log, every node's rank logs and the last checkpoint (to
     CHECKPOINT_S3 too, when given); for a script, rank 0's output folder and the logs. All that is
@@ -259,29 +259,28 @@ def fetch(state: st.ClusterState, job: st.JobInfo) -> Path:
     target = Path(job.results_dir)
     target.mkdir(parents=True, exist_ok=True)
     again = f"`ftc fetch --name {state.name}` copies what is missing"
-    with ExitStack() as connections:
-        missing = []
-        for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
-            sftp = connections.enter_context(connect(state, node)).sftp()
-            job_dir = node_path(state, node, job.remote_dir)  # each node's own
-            for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(job, d[len(job_dir) + 1:])):
-                home = home_path(job, remote[len(job_dir) + 1:], node is state.head)
-                if home and not _is_home(target / home, info):
-                    missing.append((node, sftp, remote, target / home, info))
-        short = _no_room(sum(info.st_size for *_, info in missing), target)
-        if short:
-            raise FtcError(f"the results of job {job.id} {short.replace('needs', 'need', 1)}: nothing copied, "
-                           f"the run is marked incomplete; free some space, then {again}")
-        for node, sftp, remote, local, info in missing:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                interruptible(sftp.get_channel().get_transport(), _copy_whole, sftp, remote, local, info)
-            except FileNotFoundError:  # removed on the node since it was listed: nothing of it to bring
-                console.print(f"not fetched: {remote} on {node.name} (gone since it was listed)", style="yellow",
-                              markup=False, soft_wrap=True)
-            except connection_lost() as exc:
-                raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
-                               f"incomplete and no file is left half-copied: {again}") from None
+    missing = []
+    for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
+        sftp = connections.to(state, node).sftp()
+        job_dir = node_path(state, node, job.remote_dir)  # each node's own
+        for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(job, d[len(job_dir) + 1:])):
+            home = home_path(job, remote[len(job_dir) + 1:], node is state.head)
+            if home and not _is_home(target / home, info):
+                missing.append((node, sftp, remote, target / home, info))
+    short = _no_room(sum(info.st_size for *_, info in missing), target)
+    if short:
+        raise FtcError(f"the results of job {job.id} {short.replace('needs', 'need', 1)}: nothing copied, "
+                       f"the run is marked incomplete; free some space, then {again}")
+    for node, sftp, remote, local, info in missing:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            interruptible(sftp.get_channel().get_transport(), _copy_whole, sftp, remote, local, info)
+        except FileNotFoundError:  # removed on the node since it was listed: nothing of it to bring
+            console.print(f"not fetched: {remote} on {node.name} (gone since it was listed)", style="yellow",
+                          markup=False, soft_wrap=True)
+        except connection_lost() as exc:
+            raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
+                           f"incomplete and no file is left half-copied: {again}") from None
     if job.checkpoint_s3 and home_checkpoint(target).exists():
         providers.store_checkpoint(home_checkpoint(target), job.checkpoint_s3, job.id)
     return target

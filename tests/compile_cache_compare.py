@@ -16,7 +16,7 @@ from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.bench import make_distilbert  # noqa: E402
+from runner.bench.common import make_distilbert  # noqa: E402
 from runner.node.facts import cpu_info  # noqa: E402
 
 

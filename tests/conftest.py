@@ -46,6 +46,7 @@ LONGEST = {
     "test_cancel_of_a_detached_script_leaves_no_process": 31,
     "test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time": 30,
     "test_resume_after_a_killed_run_continues_from_the_checkpoint": 27,
+    "test_a_bench_cut_short_by_ctrl_c_keeps_the_rank_counts_it_finished_and_exits_130": 25,
     "test_a_failed_job_shows_the_ranks_exception_and_a_destroy_ends_the_follower": 24,
     "test_stock_stack_installs_into_a_fresh_venv": 24,
     "test_finetune_follow_detach_reattach_and_results": 24,

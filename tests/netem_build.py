@@ -4,7 +4,7 @@ build it, else the namespaces it saw while up and left after, and the three rate
 
 Its own process because pyroute2 forks helper children (netns.create, NetNS): in a pytest-xdist
 worker, whose threads talk to the controller, a forked copy can disturb that channel and crash the
-worker. `ftc bench --network` runs it in its own single-purpose process the same way."""
+worker. `ftc bench network` runs it in its own single-purpose process the same way."""
 
 import json
 import os

@@ -25,6 +25,9 @@ MAKE_ONLY = {
     "ARGS": ("launch", "the script's arguments, split as a shell would, never run by one"),
     "BOOTSTRAPPER": ("bootstrap", "fabric (default) or ansible: what bootstraps the nodes"),
     "QUICK": ("bench", "1: the quick bench (a 2-layer model, 128 rows: minutes on 2 cores)"),
+    "MODE": ("bench", "the bench's mode (default scaling): `ftc bench --help` lists them, docs/bench.md says what each "
+             "measures"),
+    "SHAPES": ("bench", "MODE=long-jobs: node shapes, nodes x cores per node (default 1x16)"),
     "PRICES": ("aws-catalog", "Karpenter's zz_generated.pricing_aws.go, the prices of the catalog's snapshot"),
     "PORT": ("ec2-emulator", "the emulator's port (default 5000)"),
     "ID": ("runs", "one run's id: `make runs ID=<id>` shows it"),

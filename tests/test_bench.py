@@ -1,5 +1,5 @@
-"""`ftc bench --quick`: the benchmark really runs every configuration, ftc's and the peer's
-(Hugging Face Trainer through torchrun), and reports what it promises."""
+"""`ftc bench MODE`: each mode really runs every configuration, ftc's and the peer's (Hugging Face
+Trainer through torchrun), reports what it promises, and refuses bad input in one line."""
 
 import json
 import os
@@ -13,13 +13,17 @@ from provision import procs
 
 @pytest.mark.slow
 def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline(ftc_home, tmp_path):
-    from runner.bench import mfu as bench_mfu
+    from runner.bench.scaling import mfu as bench_mfu
     out = tmp_path / "bench"
+    out.mkdir()
+    # another mode's section, and an earlier scaling report's figure
+    (out / "bench.json").write_text(json.dumps({"long_jobs": {"runs": []}, "speedup_vs_seed": 99.0, "levers": ["old"]}))
     # a hang guard sized for a loaded 2-core machine: 1 + 2 + 3 runs of 128 rows each, twice, and the seed's
-    proc = ftc("bench", "--quick", "--out", str(out), timeout=3600)
+    proc = ftc("bench", "scaling", "--quick", "--out", str(out), timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())
     assert report["method"] == "whole-pass" and report["rows_per_pass"] == 128 and report["repeats"] == 2
+    assert report["complete"] is True and report["levers"] == [] and report["long_jobs"] == {"runs": []}
     for key in ("seed_samples_per_s", "ftc_samples_per_s", "speedup_vs_seed", "scaling", "gemm_peak_tflops", "mfu",
                 "precision", "backend", "peer_samples_per_s", "speedup_vs_peer", "compile", "timeline", "planner"):
         assert key in report, key
@@ -60,9 +64,9 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     bounds = [bench_mfu(first["ftc_tokens_per_s"], report["model_flops_per_token"], p, report["mfu_ranks"])
               for p in (peak + 0.0005, max(peak - 0.0005, 1e-6))]  # the peak is reported to 3 decimals
     assert bounds[0] - 0.001 <= report["mfu"] <= bounds[1] + 0.001
-    markdown = (out / "bench.md").read_text()
+    markdown = (out / "scaling.md").read_text()
     assert "simulated" in markdown and "waiting for the slowest" in markdown
-    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -74,7 +78,7 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     ("--cores-per-rank", "0", "--cores-per-rank='0' is out of range; allowed: 1..1024"),
 ])
 def test_bench_refuses_a_bad_number_in_one_line(ftc_home, tmp_path, flag, value, message):
-    proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), flag, value)
+    proc = ftc("bench", "scaling", "--quick", "--out", str(tmp_path / "bench"), flag, value)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {message}"
     assert not (tmp_path / "bench").exists()
@@ -83,7 +87,7 @@ def test_bench_refuses_a_bad_number_in_one_line(ftc_home, tmp_path, flag, value,
 @pytest.mark.slow
 def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running(ftc_home, tmp_path):
     out = tmp_path / "bench"
-    proc = ftc("bench", "--bootstrap", "--repeats", "1", "--out", str(out), timeout=1800)
+    proc = ftc("bench", "bootstrap", "--repeats", "1", "--out", str(out), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "bootstrap.json").read_text())
     assert [row["nodes"] for row in report["rows"]] == [1, 8]
@@ -96,44 +100,54 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--out", "{tmp}/afile"], "--out='{tmp}/afile' is not writable"),
-    (["--data-dir", "{tmp}/no-glue"], "--data-dir='{tmp}/no-glue' has no mrpc/train.tsv"),
-    (["--ranks", "1,256", "--cores-per-rank", "1024"], "--ranks=1,256 with --cores-per-rank=1024"),
-    (["--tokenizer", "{tmp}/no-vocab"], "--tokenizer='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
-    (["--quick=maybe"], "--quick='maybe' is not a boolean"),
-    (["--batch-split", "0"], "--batch-split='0' is out of range; allowed: 1.."),
-    (["--batch-split", "100000"], "--batch-split='100000' is out of range; allowed: 1.."),
-    (["--long-jobs", "1x\u00b2"], "--long-jobs='1x\u00b2' is not NODESxCORES, nodes of 2 cores or more; allowed: e.g. 1x16,2x8"),
-    (["--long-jobs", "1x1"], "--long-jobs='1x1' is not NODESxCORES, nodes of 2 cores or more"),
-    (["--long-jobs", "1x2", "--node-shapes", "1x2"], "--node-shapes and --long-jobs are 2 bench modes; allowed: one at a time"),
-    (["--bootstrap", "--long-jobs", "1x2"], "--bootstrap and --long-jobs are 2 bench modes; allowed: one at a time"),
-], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean", "no cores", "more cores",
-        "a superscript digit", "a node of one core", "two modes", "bootstrap and another mode"])
+    (["scaling", "--out", "{tmp}/afile"], "--out='{tmp}/afile' is not writable"),
+    (["scaling", "--data-dir", "{tmp}/no-glue"], "--data-dir='{tmp}/no-glue' has no mrpc/train.tsv"),
+    (["scaling", "--ranks", "1,256", "--cores-per-rank", "1024"], "--ranks=1,256 with --cores-per-rank=1024"),
+    (["scaling", "--tokenizer", "{tmp}/no-vocab"], "--tokenizer='{tmp}/no-vocab' holds no vocab.txt or tokenizer.json"),
+    (["scaling", "--quick=maybe"], "--quick='maybe' is not a boolean"),
+    (["launch", "--rows", "8"], "--rows='8' is out of range; allowed: 32..1000000"),
+    (["bootstrap", "--repeats", "0"], "--repeats='0' is out of range; allowed: 1..100"),
+    (["long-jobs", "1x\u00b2"], "SHAPES='1x\u00b2' is not NODESxCORES, nodes of 2 cores or more; allowed: e.g. 1x16,2x8"),
+    (["long-jobs", "1x1"], "SHAPES='1x1' is not NODESxCORES, nodes of 2 cores or more"),
+    (["long-jobs", "1x100000"], "SHAPES='1x100000' needs 100000 physical cores; this host has "),
+    ([], "the following arguments are required: MODE"),
+    (["--long-jobs", "1x2"], "'--long-jobs' is not a mode: the mode comes first, `ftc bench MODE [OPTIONS]`; allowed: "
+                             "scaling, accuracy, launch, network, long-jobs, end-to-end, bootstrap"),
+    (["nodes-shapes"], "argument MODE: invalid choice: 'nodes-shapes' (choose from 'scaling', 'accuracy', 'launch', "
+                       "'network', 'long-jobs', 'end-to-end', 'bootstrap')"),
+], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean", "too few rows",
+        "no repeats", "a superscript digit", "a node of one core", "more cores", "no mode", "a flag for a mode",
+        "not a mode"])
 def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     (tmp_path / "afile").write_text("a file")
     (tmp_path / "no-vocab").mkdir()
     flags = [f.format(tmp=tmp_path) for f in flags]
-    proc = ftc("bench", "--out", str(tmp_path / "bench"), *flags)
+    proc = ftc("bench", *flags, *([] if "--out" in flags else ["--out", str(tmp_path / "bench")] if flags else []))
     assert proc.returncode == 2 and named.format(tmp=tmp_path) in one_error(proc)
     assert not (tmp_path / "bench").exists()
 
 
-def test_quick_0_is_the_full_bench_and_every_bench_flag_has_help(ftc_home, tmp_path):
+def test_quick_0_is_the_full_bench_and_every_mode_and_flag_has_help(ftc_home, tmp_path):
     # the full bench's rank counts (1,2,4), refused here only because no host has 4 x 1024 cores
-    proc = ftc("bench", "--quick=0", "--cores-per-rank", "1024", "--out", str(tmp_path / "bench"))
+    proc = ftc("bench", "scaling", "--quick=0", "--cores-per-rank", "1024", "--out", str(tmp_path / "bench"))
     assert proc.returncode == 2 and "--ranks=1,2,4 with --cores-per-rank=1024" in one_error(proc)
-    from runner.bench import build_parser
-    assert [a.dest for a in build_parser()._actions if not a.help] == []
+    import argparse
+
+    from runner.bench import MODES, build_parser
+    (modes,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(modes.choices) == [mode.NAME for mode in MODES] and all(mode.HELP for mode in MODES)
+    assert {name: [a.dest for a in parser._actions if not a.help] for name, parser in modes.choices.items()} == {
+        mode.NAME: [] for mode in MODES}
 
 
 
 @pytest.mark.slow
 def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_the_same_cores(ftc_home, tmp_path):
     out = tmp_path / "bench"
-    proc = ftc("bench", "--launch", "--quick", "--repeats", "1", "--out", str(out), timeout=1800)
+    proc = ftc("bench", "launch", "--quick", "--repeats", "1", "--out", str(out), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     launch = json.loads((out / "bench.json").read_text())["launch"]
-    assert (launch["ranks"], launch["rows_per_pass"], launch["repeats"]) == (2, 64, 1)
+    assert (launch["ranks"], launch["rows_per_pass"], launch["repeats"], launch["rounds_done"]) == (2, 64, 1, 1)
     assert launch["launch_speedup"] == round(launch["ftc_rows_per_s"] / launch["torchrun_rows_per_s"], 3)
     ftc_out = out / "runs" / "launch-ftc-2-r0" / "workdir" / "output"
     torchrun_out = out / "runs" / "launch-torchrun-2-r0" / "output"
@@ -147,15 +161,14 @@ def test_launch_bench_runs_the_example_under_ftcs_launch_and_plain_torchrun_on_t
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--network", "c9x"], "--network='c9x' is not an instance type; allowed: c6i, c6in, c7i, c8i, c8in, m6i, m6in, "
-                           "m7i, m8i, m8in, r6i, r6in, r7i, r8i, r8in (their 16xlarge) or a type such as c7i.8xlarge"),
-    (["--network", "c7i", "--ranks", "1"], "--ranks=1: --network needs a node count above 1 in --ranks (2 or more)"),
-    (["--network", "c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a lever; allowed: one-flow, flows, "
-                                                        "flows-overlap, flows-comm-core, flows-batch-2x, flows-powersgd, ceiling "
-                                                        "(with --network)"),
+    (["c9x"], "INSTANCE='c9x' is not an instance type; allowed: c6i, c6in, c7i, c8i, c8in, m6i, m6in, "
+              "m7i, m8i, m8in, r6i, r6in, r7i, r8i, r8in (their 16xlarge) or a type such as c7i.8xlarge"),
+    (["c7i", "--ranks", "1"], "--ranks=1: `ftc bench network` needs a node count above 1 in --ranks (2 or more)"),
+    (["c7i", "--levers", "flows,overlap"], "--levers='overlap' is not a network lever; allowed: one-flow, flows, "
+                                           "flows-overlap, flows-comm-core, flows-batch-2x, flows-powersgd, ceiling"),
 ], ids=["not an instance type", "no node count above 1", "not a network lever"])
 def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
-    proc = ftc("bench", "--quick", "--out", str(tmp_path / "bench"), *flags)
+    proc = ftc("bench", "network", *flags, "--quick", "--out", str(tmp_path / "bench"))
     assert proc.returncode == 2 and one_error(proc) == f"error: {named}"
     assert not (tmp_path / "bench").exists()
 
@@ -164,16 +177,16 @@ def test_network_bench_on_a_machine_without_pyroute2_says_what_is_missing(ftc_ho
     # a pyroute2 that cannot be imported, ahead of the installed one
     (tmp_path / "hide" / "pyroute2").mkdir(parents=True)
     (tmp_path / "hide" / "pyroute2" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    proc = ftc("bench", "--quick", "--network", "c7i", "--out", str(tmp_path / "bench"),
+    proc = ftc("bench", "network", "c7i", "--quick", "--out", str(tmp_path / "bench"),
                env={"PYTHONPATH": str(tmp_path / "hide")})
     assert proc.returncode == 2
     lacking = "not root" if os.geteuid() else "no pyroute2 (netlink from Python): `make setup` installs it"
-    assert one_error(proc).startswith(f"error: --network needs root, pyroute2 and network namespaces: {lacking}")
+    assert one_error(proc).startswith(f"error: `ftc bench network` needs root, pyroute2 and network namespaces: {lacking}")
     assert not (tmp_path / "bench").exists()
 
 
 def test_network_runs_merge_into_one_report_per_network_and_machine():
-    from runner.bench import network_merged
+    from runner.bench.network import network_merged
 
     def report(nodes: list[int], machine: str = "16-core host", scale: float = 0.1, instance: str = "c7i.16xlarge",
                express: bool = True, lever: str = "flows") -> dict:
@@ -204,29 +217,21 @@ def test_network_runs_merge_into_one_report_per_network_and_machine():
     assert [e["nodes"] for e in elsewhere["entries"]] == [4] and elsewhere["networks"][0]["commands"] == ["--ranks [4]"]
 
 
-def test_batch_split_keeps_the_global_batch_then_adds_the_larger_one_for_reference():
-    from runner.bench import split_launches
-    assert split_launches(16, 32) == [(1, 32), (2, 16), (4, 8), (4, 32)]
-    assert split_launches(6, 32) == [(1, 32), (2, 16), (2, 32)]  # 4 ranks do not divide 6 cores
-    assert split_launches(1, 32) == [(1, 32)]  # nothing to split: no reference either
-
-
-def test_batch_split_entry_names_the_fastest_launch_at_the_recipes_global_batch_and_the_default_against_it():
-    from runner.bench import split_entry
-    rates = {(1, 32): [80.0, 86.0, 83.0], (2, 16): [74.0, 79.0, 71.0], (4, 8): [68.0, 66.0, 71.0],
-             (4, 32): [107.0, 106.0, 109.0]}
-    entry = split_entry(16, 32, rates, default=1)
-    assert entry["fastest_same_batch"] == entry["default_launch"] == "1x16 batch 32"  # 4x32 is another recipe
-    assert entry["default_vs_fastest"] == 1.0
-    assert entry["launches"]["4x4 batch 8"] == {"ranks": 4, "batch_per_rank": 8, "global_batch": 32,
-                                                "rows_per_s": 68.0, "rows_per_s_range": [66.0, 71.0],
-                                                "runs": [68.0, 66.0, 71.0]}
-    slower_default = split_entry(16, 32, {**rates, (2, 16): [90.0]}, default=1)
-    assert slower_default["fastest_same_batch"] == "2x8 batch 16" and slower_default["default_vs_fastest"] == 0.922
+def test_a_network_run_rewritten_after_each_node_count_names_its_command_once():
+    from runner.bench.network import network_merged
+    earlier = network_merged(None, {"instance": "c7i.16xlarge", "ena_express": True, "machine": "host", "command": "call 1",
+                                    "link_check": {}, "entries": [{"nodes": 2, "lever": "flows"}]})
+    report = {"instance": "c7i.16xlarge", "ena_express": True, "machine": "host", "command": "call 2", "link_check": {},
+              "entries": [{"nodes": 2, "lever": "flows"}]}
+    after_two = network_merged(earlier, report)
+    report["entries"].append({"nodes": 4, "lever": "flows"})  # the next node count, merged into what OUT held before
+    after_four = network_merged(earlier, report)
+    assert after_two["networks"][0]["commands"] == after_four["networks"][0]["commands"] == ["call 1", "call 2"]
+    assert [e["nodes"] for e in after_four["entries"]] == [2, 4]
 
 
 def test_long_jobs_run_ftcs_default_launch_both_ways_against_the_peers_fastest_and_the_peer_compiled():
-    from runner.bench import long_job_launches
+    from runner.bench.long_jobs import long_job_launches
     assert [launch.label for launch in long_job_launches(1, 16)] == [
         "ftc 1x1x16", "ftc 1x1x16 compiled", "ftc 1x4x4 compiled", "peer 1x4x4 unpinned", "peer 1x1x16 pinned compiled"]
     assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
@@ -241,7 +246,7 @@ def long_run(launch: str, round_: int, cache: str, first_s: float, later_s: floa
 
 
 def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for_each_job():
-    from runner.bench import JOB_ROWS, long_job_entry, start_cost
+    from runner.bench.long_jobs import JOB_ROWS, long_job_entry, start_cost
     runs = [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0), long_run("ftc 1x1x16 compiled", 1, "cold", 100.8, 0.8),
             long_run("peer 1x4x4 unpinned", 1, "none", 1.5, 1.25),
             long_run("ftc 1x1x16", 2, "none", 2.0, 1.25), long_run("ftc 1x1x16 compiled", 2, "warm", 40.8, 0.8),
@@ -262,7 +267,7 @@ def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for
 
 
 def test_long_jobs_runs_of_another_call_land_in_one_report_only_for_the_same_setting():
-    from runner.bench import long_jobs_section, same_setting
+    from runner.bench.long_jobs import long_jobs_section, same_setting
     setting = {"cpu": "cpu A", "model": "distilbert-6-layers-random", "rows_per_pass": 100, "passes": 2,
                "allocator": "glibc"}
     first = long_jobs_section(setting, [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0),
@@ -278,7 +283,7 @@ def test_long_jobs_runs_of_another_call_land_in_one_report_only_for_the_same_set
 @pytest.mark.slow
 def test_long_jobs_bench_compiles_cold_then_warm_from_the_kept_kernels_on_both_sides(ftc_home, tmp_path):
     out = tmp_path / "bench"
-    proc = ftc("bench", "--long-jobs", "1x2", "--quick", "--rows", "64", "--repeats", "2", "--out", str(out),
+    proc = ftc("bench", "long-jobs", "1x2", "--quick", "--rows", "64", "--repeats", "2", "--out", str(out),
                timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     section = json.loads((out / "bench.json").read_text())["long_jobs"]
@@ -306,7 +311,7 @@ def test_long_jobs_bench_compiles_cold_then_warm_from_the_kept_kernels_on_both_s
 
 
 def test_a_failed_peer_launch_is_kept_with_the_line_naming_its_error_and_left_out_of_the_rates():
-    from runner.bench import failure_line, long_job_entry
+    from runner.bench.long_jobs import failure_line, long_job_entry
     log = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1\n"
            "[rank0]: torch._inductor.exc.InductorError: AssertionError: For 768*s16, expected [s16]\n"
            "ChildFailedError:\n  traceback : To enable traceback see")
@@ -322,35 +327,39 @@ def test_a_failed_peer_launch_is_kept_with_the_line_naming_its_error_and_left_ou
 
 
 def test_accuracy_bench_refuses_a_bad_model_and_too_few_cores_in_one_line(ftc_home, tmp_path):
-    proc = ftc("bench", "--accuracy", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "b"))
+    proc = ftc("bench", "accuracy", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "b"))
     assert proc.returncode == 2 and one_error(proc).startswith(f"error: --model='{tmp_path / 'no-such-model'}' is not a "
                                                                "directory")
-    one_core = ftc("bench", "--accuracy", "--out", str(tmp_path / "b"),
+    one_core = ftc("bench", "accuracy", "--out", str(tmp_path / "b"),
                    preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
     assert one_core.returncode == 2
-    assert one_error(one_core) == ("error: --accuracy runs 3 programs side by side, a core each at least; this host has "
-                                   "1 physical core(s): run it on a host with 3 or more")
+    assert one_error(one_core) == ("error: `ftc bench accuracy` runs 3 programs side by side, a core each at least; this "
+                                   "host has 1 physical core(s): run it on a host with 3 or more")
     assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_bench_says_interrupted_and_exits_130(ftc_home, tmp_path):
+def test_a_bench_cut_short_by_ctrl_c_keeps_the_rank_counts_it_finished_and_exits_130(ftc_home, tmp_path):
     import signal
     import subprocess
 
     from conftest import FTC
     from helpers import wait_for
     out = tmp_path / "bench"
-    proc = subprocess.Popen([*FTC, "bench", "--quick", "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: out.is_dir() or proc.poll() is not None, "the bench to start")
+    proc = subprocess.Popen([*FTC, "bench", "scaling", "--quick", "--no-peer", "--repeats", "1", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # written once the seed recipe and the first rank count ran
+    wait_for(lambda: (out / "bench.json").exists() or proc.poll() is not None, "the first rank count", timeout=1200)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after"), err[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["complete"] is False and [row["ranks"] for row in report["scaling"]] == [1]
+    assert report["scaling"][0]["efficiency"] == 1.0 and set(report["runs"]) == {"seed-1", "ftc-1-r0"}
 
 
 def test_network_bench_refuses_ena_express_on_a_type_without_it(ftc_home, tmp_path):
-    proc = ftc("bench", "--quick", "--network", "c7i.8xlarge", "--ena-express", "1", "--out", str(tmp_path / "bench"))
+    proc = ftc("bench", "network", "c7i.8xlarge", "--quick", "--ena-express", "1", "--out", str(tmp_path / "bench"))
     assert proc.returncode == 2 and one_error(proc).startswith("error: --ena-express=1, but c7i.8xlarge has no ENA Express")
     assert not (tmp_path / "bench").exists()

@@ -8,8 +8,9 @@ import pytest
 from provision import state as st
 from provision.errors import ClusterBusy, UsageError
 from provision.spec import ClusterSpec
-from runner.bench import rank_layout
-from runner.job import job_settings, refuse_if_busy
+from runner.bench.common import rank_layout
+from runner.finetune_job import job_settings
+from runner.job import refuse_if_busy
 from runner.jobspec import JobSpec, train_args
 from runner.node.train import (
     COMPILE_MIN_STEPS,
@@ -39,11 +40,10 @@ def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monke
     monkeypatch.delenv("FTC_HOLD_AT_STEP", raising=False)
     job = JobSpec(task="rte", model="/m", data_dir="/g", epochs=2, batch_size=8, lr=1e-4, max_train_samples=64,
                   max_eval_samples=32, recipe="seed", precision="bf16", dropout=0.0, allreduce="overlap")
-    assert train_args(job, "/out", "intel", resume=True, spot_watch="127.0.0.1:1") == [
+    assert train_args(job, "/out", "intel", resume=True) == [
         "--task", "rte", "--model", "/m", "--output-dir", "/out", "--recipe", "seed", "--stack", "intel",
         "--precision", "bf16", "--dropout", "0.0", "--allreduce", "overlap", "--data-dir", "/g", "--epochs", "2",
-        "--batch-size", "8", "--lr", "0.0001", "--max-train-samples", "64", "--max-eval-samples", "32", "--ipex", "--resume",
-        "--spot-watch", "127.0.0.1:1"]
+        "--batch-size", "8", "--lr", "0.0001", "--max-train-samples", "64", "--max-eval-samples", "32", "--ipex", "--resume"]
 
 
 def test_train_args_carry_the_tests_hold_point_when_it_is_set(monkeypatch):
@@ -184,7 +184,7 @@ def test_data_files_stay_where_they_are_for_local_nodes_and_are_copied_by_role_e
 
 
 def test_the_bench_s_mfu_divides_by_the_peak_of_every_rank_s_cores():
-    from runner.bench import mfu
+    from runner.bench.scaling import mfu
     one = mfu(1000.0, 1e8, 1.0, 1)  # 0.1 TFLOP/s of a 1 TFLOP/s rank
     assert one == 0.1 and mfu(4000.0, 1e8, 1.0, 4) == one  # four ranks: four times the work, four times the peak
 

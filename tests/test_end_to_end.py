@@ -1,4 +1,4 @@
-"""`ftc bench --end-to-end`: a job's wall time split from what the job records (its decisions, on a
+"""`ftc bench end-to-end`: a job's wall time split from what the job records (its decisions, on a
 results.json as a real run wrote it), the peer launched as a user would by hand, the refusals, and
 one real run of both sides on a slice of MRPC."""
 
@@ -10,8 +10,8 @@ import pytest
 from conftest import ftc
 from helpers import one_error
 
-from runner import end_to_end
-from runner.end_to_end import PHASES, Job, finetune_command, peer_command, phase_split, report, table
+from runner.bench import end_to_end
+from runner.bench.end_to_end import PHASES, Job, finetune_command, peer_command, phase_split, report, table
 
 # What a 2-node run of 64 rows and 1 epoch wrote (results.json's fields the split reads; run.json's
 # started_at), with the command's own start and end around it.
@@ -82,12 +82,12 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
             "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}]}}
     slower = {**ftc_side, "command_end": COMMAND_END + 5.0, "results": {**RESULTS, "eval_accuracy": 0.5}}
     r = report(JOB, [slower, ftc_side, slower], [peer, {**peer, "wall_s": 12.0}, {**peer, "wall_s": 10.0}],
-               "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
     # medians over the rounds; the split and the accuracy from ftc's median run
     assert r["ftc_wall_s"] == round(COMMAND_END + 5.0 - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
     assert r["speedup"] == round(11.0 / (COMMAND_END + 5.0 - COMMAND_START), 3) and r["repeats"] == 3
     assert r["peer_wall_s_runs"] == [11.0, 12.0, 10.0] and len(r["ftc_wall_s_runs"]) == 3
-    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench --end-to-end", "2026-12-02")
+    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
     assert one["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and one["repeats"] == 1
     r = one
     assert (r["ftc_accuracy"], r["peer_accuracy"]) == (0.681373, 0.7) and r["epochs"] == 1
@@ -106,7 +106,7 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
 ])
 def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, tmp_path, flag, value, message):
     out = tmp_path / "out"
-    proc = ftc("bench", "--end-to-end", "--out", str(out), flag, value)
+    proc = ftc("bench", "end-to-end", "--out", str(out), flag, value)
     assert proc.returncode == 2
     assert one_error(proc).startswith(f"error: {message}")
     assert not out.exists()
@@ -115,7 +115,7 @@ def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, 
 @pytest.mark.slow
 def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(ftc_home, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = ftc("bench", "--end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
+    proc = ftc("bench", "end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
                timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / end_to_end.RESULT_NAME).read_text())

@@ -8,7 +8,8 @@ from conftest import REPO, ftc
 from helpers import one_error
 
 from provision import estimate
-from runner import bench, plan
+from runner import plan
+from runner.bench import common, scaling
 from runner.node.recipes import wire_compress
 
 
@@ -42,12 +43,12 @@ def test_plan_rows_by_hand():
 
 
 def test_distilbert_size_and_flops_per_token_by_hand(tmp_path):
-    model = bench.make_distilbert(tmp_path / "distilbert", tmp_path)
+    model = common.make_distilbert(tmp_path / "distilbert", tmp_path)
     per_layer = 4 * (768 * 768 + 768) + (768 * 3072 + 3072) + (3072 * 768 + 768) + 2 * 2 * 768
     dense = 6 * per_layer + (768 * 768 + 768) + (768 * 2 + 2)  # layers, pre-classifier, classifier
     embeddings = 30522 * 768 + 512 * 768 + 2 * 768
     assert dense + embeddings == estimate.DISTILBERT_PARAMS
-    assert bench.model_flops_per_token(model, 54) == 6 * dense + 12 * 6 * 768 * 54
+    assert scaling.model_flops_per_token(model, 54) == 6 * dense + 12 * 6 * 768 * 54
 
 
 def test_mrpc_train_size_is_the_file_s(glue_dir):
@@ -237,7 +238,7 @@ def test_powersgd_bytes_are_distilberts_factors_and_what_crosses_whole(tmp_path)
     the three all-reduces move about 1% of the bf16 gradient's bytes."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(
-        bench.make_distilbert(tmp_path / "distilbert", tmp_path)))
+        common.make_distilbert(tmp_path / "distilbert", tmp_path)))
     rank = estimate.POWERSGD_RANK
     words = model.get_input_embeddings().weight
     assert tuple(words.shape) == estimate.DISTILBERT_WORD_EMBEDDINGS

@@ -290,7 +290,7 @@ def test_a_relative_path_made_absolute_in_a_folder_with_a_newline_is_refused(ftc
 
 
 def test_columns_are_recorded_as_read_so_naming_the_defaults_is_the_same_job(tmp_path, minilm):
-    from runner.job import job_settings
+    from runner.finetune_job import job_settings
     from runner.jobspec import validate_job
     train = tmp_path / "t.csv"
     train.write_text("text,label\nit was great,pos\nit was awful,neg\n")

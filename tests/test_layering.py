@@ -36,6 +36,7 @@ def test_a_tree_whose_imports_point_one_way_passes(tmp_path):
 
 def test_the_command_names_a_node_program_that_imports_the_cluster_side_and_fails(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(layering, "KNOWN_CYCLES", [])
+    monkeypatch.setattr(layering, "LONG_FILES", set())
     root = tree(tmp_path, runner__node__train="import torch\n\ndef main():\n    from provision import cluster\n")
     assert layering.main([str(root)]) == 1
     assert capsys.readouterr().err == ("layering: runner.node.train imports provision.cluster: runner.node may "
@@ -75,3 +76,11 @@ def test_a_function_over_80_lines_is_named_wherever_it_is_and_one_of_80_is_not(t
     allowed = {"runner/cli.py:build", "tests/test_x.py:test_long", "runner/cli.py:main"}
     assert layering.problems(root, [], allowed) == [
         "LONG_FUNCTIONS lists runner/cli.py:main, no longer over 80 lines: remove it from tests/layering.py"]
+
+
+def test_a_module_over_600_lines_is_named_and_a_known_one_only_while_it_lasts(tmp_path):
+    root = tree(tmp_path, runner__job="x = 1\n" * 600, runner__bench="x = 1\n" * 601)
+    assert found(root) == ["runner/bench.py is 601 lines, over 600: split it"]
+    assert layering.problems(root, [], set(), frozenset({"runner/bench.py"})) == []
+    assert layering.problems(root, [], set(), frozenset({"runner/bench.py", "runner/job.py"})) == [
+        "LONG_FILES lists runner/job.py, no longer over 600 lines: remove it from tests/layering.py"]

@@ -11,7 +11,7 @@ from helpers import make, one_error, toy_csv
 from provision.errors import UsageError, command, option, switch_on
 from provision.providers import ssh
 from runner import runs, script_job
-from runner.bench import rank_layout
+from runner.bench.common import rank_layout
 
 MAKE = {"FTC_VIA_MAKE": "1"}
 

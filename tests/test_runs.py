@@ -137,7 +137,7 @@ def test_resume_refuses_another_job_naming_what_differs(ftc_home, tmp_path):
 def test_resume_refuses_changed_data_or_columns_and_run_json_records_them(ftc_home, tmp_path):
     from provision.errors import UsageError
     from runner import runs
-    from runner.job import job_settings
+    from runner.finetune_job import job_settings
     from runner.jobspec import JobSpec
     train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
     train.write_text("text,label\na,0\nb,1\n")

@@ -282,7 +282,7 @@ def test_make_passes_every_switch_value_to_ftc_and_quick_0_is_not_quick():
     dry = subprocess.run(["make", "-n", "-s", "bench", "QUICK=0", "run", "RESUME=yes", "KEEP=no"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     dry = " ".join(dry.split())
-    assert "bench --quick='0'" in dry and "--keep='no' --resume='yes'" in dry
+    assert "bench 'scaling' --quick='0'" in dry and "--keep='no' --resume='yes'" in dry
 
 
 def test_make_run_honours_resume_yes_and_refuses_a_switch_it_cannot_read(ftc_home, minilm, glue_dir):

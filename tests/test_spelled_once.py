@@ -32,7 +32,6 @@ TOKENS |= {own_servers.CLEANED: "provision/providers/ssh.py", own_servers.NOT_OU
 # The same letters meaning something else, where they do.
 OTHER_MEANINGS = {
     ("runner/report.py", p.JOB_RUNNING): "Intel MPI's own failure message, `RANK n PID p RUNNING AT host`",
-    ("runner/bench.py", p.DATA_DIR): "../shared/data/glue, the GLUE copy beside the repository",
     ("runner/jobspec.py", p.DATA_DIR): "../shared/data/glue, the GLUE copy beside the repository",
     ("runner/model_files.py", p.MODEL_DIR): "the packaged MiniLM's folder in its Python package",
     ("provision/bootstrap.py", p.REQUIREMENTS_FAILED): "the node board's word for a failed bootstrap step",

@@ -29,6 +29,7 @@ from .protocol import (
     PREEMPTED_NOTE,
     REQUIREMENTS_ENV,
     SCRIPT_WORKDIR,
+    SPOT_NOTICE_ENV,
     SYNCED_ENV,
     RankExit,
     rank_log_path,
@@ -160,9 +161,9 @@ def _children() -> list[tuple[int, str]]:
 
 
 def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
-    """On a spot cluster (FTC_METADATA_ENDPOINT), a thread that, once a notice comes, writes the note
+    """On a spot cluster (SPOT_NOTICE_ENV), a thread that, once a notice comes, writes the note
     the script can read and sends the script SIGTERM: two minutes to save what it needs."""
-    endpoint = os.environ.get("FTC_METADATA_ENDPOINT", "")
+    endpoint = os.environ.get(SPOT_NOTICE_ENV, "")
     if not endpoint:
         return None
 

@@ -51,6 +51,7 @@ from .protocol import (
     PREEMPTED_FILE,
     RELEASE_FILE,
     RESULTS_FILE,
+    SPOT_NOTICE_ENV,
     TENSORBOARD_DIR,
     CheckpointSaved,
     DevMetrics,
@@ -161,9 +162,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None,
                    help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's)")
     p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
-    p.add_argument("--spot-watch", default="", metavar="URL",
+    p.add_argument("--spot-watch", default=os.environ.get(SPOT_NOTICE_ENV, ""), metavar="URL",
                    help="spot nodes: watch this metadata service for an interruption notice; on one, "
-                        f"checkpoint where the job stands and exit {EXIT_PREEMPTED}")
+                        f"checkpoint where the job stands and exit {EXIT_PREEMPTED} (default: {SPOT_NOTICE_ENV}, "
+                        "as the controller's launch sets it on a spot cluster)")
     p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                    help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")

