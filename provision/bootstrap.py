@@ -38,7 +38,7 @@ from . import state as st
 from .errors import FtcError, UsageError, command
 from .keys import keygen
 from .launch import cluster_launch, render_launch
-from .providers import traits
+from .providers import relay, traits
 from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, UV_VERSION, missing_from_this_python
 from .templates import render
@@ -119,7 +119,8 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
     """Relative path under the node's workdir -> content."""
     venv, _ = stack_venv(state, node)
     files = {
-        "ssh_config": render("ssh_config.j2", me=node, nodes=state.nodes, cluster=state.name),
+        "ssh_config": render("ssh_config.j2", me=node, nodes=state.nodes, cluster=state.name,
+                             relays={n.name: relay(state, n, from_node=True) for n in state.nodes}),
         "known_hosts": render("known_hosts.j2", nodes=state.nodes),
         "hostfile": render("hostfile.j2", nodes=state.nodes),
         "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=traits(state.provider).own_hosts),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from . import state as st
 from .errors import FtcError, command
-from .providers import traits
+from .providers import relay, traits
 from .values import from_env, whole
 
 # paramiko, fabric and invoke take a third of a second to import, and most ftc commands import this
@@ -169,6 +169,7 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
                 node.host_key = fetch_host_key(node, min(10, left))
             # paramiko waits 15 s for a banner and 30 s for the login on top of the connect timeout
             conn = Connection(host=node.public_ip, port=node.ssh_port, user=node.ssh_user, connect_timeout=min(10, left),
+                              gateway=relay(state, node) or None,
                               config=Config(overrides={"load_ssh_configs": False}),
                               connect_kwargs={**_auth(state), "banner_timeout": min(15, left), "auth_timeout": min(30, left)})
             # Fabric auto-adds unknown keys by default; a cluster node must present its pinned key.
@@ -389,7 +390,8 @@ def ssh_command(state: st.ClusterState, node: st.NodeInfo, cmd: list[str]) -> li
     identity = ["-i", key, "-o", "IdentitiesOnly=yes"] if key else []
     base = ["ssh", *identity, "-p", str(node.ssh_port),
             "-o", f'UserKnownHostsFile="{known}"', "-o", "StrictHostKeyChecking=yes",
-            "-o", "LogLevel=ERROR", "-F", "/dev/null", f"{node.ssh_user}@{node.public_ip}"]
+            "-o", "LogLevel=ERROR", "-F", "/dev/null",
+            *(["-o", f"ProxyCommand={proxy}"] if (proxy := relay(state, node)) else []), f"{node.ssh_user}@{node.public_ip}"]
     wd = shlex.quote(node.workdir)
     # env.sh exists once the node is bootstrapped; before that, a plain shell in the workdir.
     if cmd:

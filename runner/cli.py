@@ -216,6 +216,9 @@ def _plan_parser(sub) -> None:
     p.add_argument("--bench", default=str(plan.DEFAULT_BENCH), help="a bench.json (`ftc bench scaling --out DIR`)")
     p.add_argument("--samples-per-s", default=None,
                    help="measured per-node rate on this instance type (default: the bench's, scaled by cores)")
+    p.add_argument("--node-hour-price", default=None,
+                   help="PROVIDER=slurm, whose nodes no catalog prices: what one node-hour costs you, in dollars "
+                        "(without it the plan shows node-hours: time only)")
     p.add_argument("--setup-minutes", default=str(SETUP_MINUTES),
                    help=f"launch + bootstrap, billed too (default {SETUP_MINUTES:g}: docs/performance.md)")
     p.add_argument("--batch-size", default=None, help="rows per node per step (default: the ftc recipe's, 32)")
@@ -578,6 +581,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _plan_search(args, job, given)
     kind_name, world = _planned_instance_type(args.instance_type)
     kind = world.instance_types[kind_name]
+    from provision.providers import traits
+    price, priced = plan.node_hour_price(args.node_hour_price, traits(_planned_provider()).scheduler, kind.usd_per_hour)
     cls = estimate.xeon_class(kind.native_bf16)
     steps = job.epochs * job.train_samples // (max(given["nodes"]) * job.batch_per_node)
     levers = plan.plan_levers(args, kind, world, given["compress"], steps)
@@ -585,7 +590,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     def plan_with(chosen: estimate.Levers) -> list[estimate.PlanRow]:
         rows = estimate.plan(given["nodes"], job.train_samples, job.epochs, rate, job.batch_per_node, job.grad_bytes,
-                             kind.network_gbps, job.exposure, job.wait_share, kind.usd_per_hour, job.setup_s, chosen,
+                             kind.network_gbps, job.exposure, job.wait_share, price, job.setup_s, chosen,
                              world.hop_latency_s, world.flow_gbps, job.params, kind.physical_cores,
                              world.express_flow_gbps, job.compiled)
         return [replace(row, instance_type=kind_name) for row in rows]
@@ -601,8 +606,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"rows": [plan.row_record(row) for row in rows], "recommendation": recommendation}))
         return 0
+    cost = f"${price:g}/h" if priced else "time only: no price, cost in node-hours"
     plan.print_plan(f"{given['task']} x {job.epochs} epochs, {given['model']}, {kind_name} ({kind.cpu}, "
-                    f"{kind.network_gbps:g} Gbit/s, ${kind.usd_per_hour}/h)", rows)
+                    f"{kind.network_gbps:g} Gbit/s, {cost})", rows, priced)
     answer.print(f"per-node rate {rate:.1f} samples/s ({source}); the all-reduce at most "
                  f"{cap:g} Gbit/s per TCP flow (a placement group's cap{', ENA Express' if levers.express else ''}) and "
                  f"{kind.network_gbps:g} per instance"
@@ -728,10 +734,16 @@ def _planned_instance_type(given: str | None) -> tuple[str, World]:
     so a setting that plan does not use (HOSTS of the ssh provider) is not asked for."""
     from provision.providers import spec_world
     settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
-    provider = PARSERS["provider"]("provider", settings.get("provider", ClusterSpec.provider))
+    provider = _planned_provider()
     world = spec_world(provider)
     raw = given or settings.get("instance_type") or world.default_instance_type
     return parsers_for(provider)["instance_type"]("instance_type", raw), world
+
+
+def _planned_provider() -> str:
+    """The provider `ftc plan` plans for (its PROVIDER: env > config > the default)."""
+    settings = {**load_config(None, os.environ), **env_overrides(os.environ)}
+    return PARSERS["provider"]("provider", settings.get("provider", ClusterSpec.provider))
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:

@@ -130,16 +130,31 @@ def plan_rate(given: str | None, bench: dict, kind, cls: str, params: int) -> tu
     return rate, source + f", to {kind.physical_cores} cores and {params / 1e6:.1f}M parameters"
 
 
-def print_plan(title: str, rows: list) -> None:
+def print_plan(title: str, rows: list, priced: bool = True) -> None:
+    """The plan's table; `priced`: its cost is money, else node-hours (rows costed at 1 a node-hour)."""
     from rich.table import Table
     table = Table(title=escape(title), title_justify="left")
-    for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)", "cost"):
+    for column in ("nodes", "samples/s", "efficiency", "all-reduce", "training", "wall (with setup)",
+                   "cost" if priced else "node-hours"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(str(row.nodes), f"{row.samples_per_s:.0f}", f"{row.efficiency:.2f}",
                       f"{row.allreduce_s * 1000:.0f} ms", duration(row.train_s), duration(row.wall_s),
-                      f"${row.usd:.2f}")
+                      f"${row.usd:.2f}" if priced else f"{row.usd:.2f}")
     answer.print(table)
+
+
+def node_hour_price(given: str | None, scheduled: bool, catalog_usd: float) -> tuple[float, bool]:
+    """What a plan costs a node-hour at, and whether that is money: the catalog's price of the instance type
+    planned; on the nodes a scheduler lends (`scheduled`: a Slurm site's, which no catalog prices) the price
+    you give (NODE_HOUR_PRICE, what your site charges), else 1 a node-hour, the plan then in node-hours: time
+    only. The picks among cluster sizes weigh cost by ratio, so they are the same either way. Pure."""
+    if given is None:
+        return (1.0, False) if scheduled else (catalog_usd, True)
+    if not scheduled:
+        raise UsageError(f"{label('node_hour_price')} is for the nodes a Slurm site lends, which no catalog prices; "
+                         f"this plan's price is the catalog's; allowed: leave it out, or PROVIDER=slurm")
+    return number(0, 1e6)("node_hour_price", given), True
 
 
 def plan_model(raw: str | None) -> tuple[str, int]:

@@ -106,14 +106,18 @@ def _kill_netns(name: str) -> None:
 class Sandbox:
     made = 0  # sandboxes this process started
 
-    def __init__(self, root: Path, nodes: int = 2, ssh: bool = True):
+    def __init__(self, root: Path, nodes: int = 2, ssh: bool = True, login: bool = False):
         self.root, self.count = root, nodes
         self.ssh = ssh  # False: the nodes run no sshd, as at a site that refuses ssh to allocated nodes
+        self.login = login  # with ssh=False: the first node runs sshd all the same, as a login node does
         # the pid, then a letter per sandbox of this process (a test may start one beside the session's);
         # an interface's name has at most 15 characters: ftcsl, 7 digits, the letter, v9
         Sandbox.made += 1
         self.tag = f"{PREFIX}{os.getpid()}{'abcdefghijklmnopqrstuvwxyz'[Sandbox.made % 26]}"
         self.bridge = f"{self.tag}b"
+        # job ids of its own: the sandboxes that run at once share this machine's /tmp, where a job's files on a
+        # node are named by its job id (as a site's job ids are its own)
+        self.first_job_id = ((os.getpid() % 2000) * 26 + Sandbox.made % 26) * 1000 + 1
         self.net = ""
         self.procs: list[subprocess.Popen] = []
         self.namespaces: list[str] = []
@@ -232,6 +236,7 @@ ReturnToService=2
 Epilog={self.root / 'epilog.sh'}
 SlurmdTimeout=30
 MinJobAge=600
+FirstJobId={self.first_job_id}
 {nodes}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime={MAX_MINUTES} State=UP
 PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
@@ -267,7 +272,8 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
         # the foreground: one process tree
         slurmd = f"{shutil.which('slurmd') or '/usr/sbin/slurmd'} -D -N {name} -f {self.conf}"
         inner = (f"mount --bind {self.root / 'hosts'} /etc/hosts && hostname {name} && "
-                 + (f"{{ {slurmd} & }} && exec /usr/sbin/sshd -D -e -f {config}" if self.ssh else f"exec {slurmd}"))
+                 + (f"{{ {slurmd} & }} && exec /usr/sbin/sshd -D -e -f {config}" if self.ssh or (self.login and index == 0)
+                    else f"exec {slurmd}"))
         # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup tree slurmd starts from
         self._start(["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "--propagation", "private",
                      "--", "sh", "-c", inner], f"{name}-out")
@@ -283,7 +289,16 @@ PartitionName={HELD_PARTITION} Nodes=ALL MaxTime={MAX_MINUTES} State=DOWN
     # ---- stop --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Every process, namespace and file of the sandbox, gone."""
+        """Every process, namespace and file of the sandbox, gone: its jobs first, as a site ends them (each
+        step's SIGTERM, so what a job keeps in the nodes' /tmp goes with it), then the daemons."""
+        if self.procs and self.conf.exists():
+            env = {**os.environ, **self.env()}
+            subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True, env=env)  # noqa: S603, S607
+            try:
+                _until(lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True,  # noqa: S603, S607
+                                                  env=env).stdout.strip(), "empty queue", self.root / "slurmctld.log")
+            except RuntimeError:
+                pass  # a node that does not answer: its processes end with its namespace below
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

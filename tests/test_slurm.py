@@ -18,12 +18,18 @@ from provision.providers.slurm import (
     allocation_of,
     ended_line,
     minutes,
+    notice_s,
     partition_of,
+    reach_line,
     refusals,
+    relay_argv,
     sbatch_argv,
+    sshd_ready_argv,
     waiting_line,
 )
 from provision.spec import resolve_spec
+from runner.node.slurm_notice import notice
+from runner.plan import node_hour_price
 
 # ---- pure ---------------------------------------------------------------------------------------
 
@@ -31,11 +37,17 @@ from provision.spec import resolve_spec
 def test_the_allocation_is_one_exclusive_sbatch_named_after_the_cluster_with_the_time_limit_rounded_up():
     spec = resolve_spec({"provider": "slurm", "name": "big", "partition": "cpu", "nodes": "4", "max_hours": "1.01",
                          "account": "lab", "qos": "normal", "constraint": "spr&ib"}, {})
-    assert sbatch_argv(spec) == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
-                                 "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
-                                 "--qos=normal", "--constraint=spr&ib", "--wrap", "exec sleep infinity"]
+    assert sbatch_argv(spec)[:-1] == ["sbatch", "--parsable", "--exclusive", "--nodes=4", "--job-name=ftc-big",
+                                      "--time=61", "--partition=cpu", "--output=/dev/null", "--account=lab",
+                                      "--qos=normal", "--constraint=spr&ib", "--signal=B:TERM@120", "--wrap"]
+    # the batch script sleeps; it starts the nodes' private sshd only when ftc signals it (ssh did not reach them),
+    # and writes a notice on Slurm's SIGTERM
+    assert sbatch_argv(spec)[-1].startswith("trap 'srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c ")
+    assert sbatch_argv(spec)[-1].endswith("' TERM; while :; do sleep 3600 & wait $!; done")
     plain = resolve_spec({"provider": "slurm", "partition": "cpu"}, {})
     assert "--account" not in " ".join(sbatch_argv(plain)) and "--time=240" in sbatch_argv(plain)
+    # the notice before the time limit: EC2's two minutes, or a quarter of a shorter allocation
+    assert [notice_s(m) for m in (240, 8, 1)] == [120, 120, 15]
 
 
 def test_slurms_answers_are_read_into_records():
@@ -60,6 +72,18 @@ def test_a_partition_too_small_or_too_short_is_refused_one_line_each():
     assert refusals(spec, Partition("debug", 4, None, "DOWN")) == []  # a DOWN partition queues: the job waits
 
 
+def test_which_way_the_nodes_are_reached_is_said_in_one_line_with_why():
+    assert reach_line("7", ["", ""]) == "nodes reached over ssh: every allocated node answers it and logs you in"
+    assert reach_line("7", ["", "ftcn2 (10.0.0.2) does not answer ssh on port 22 from here"]) == \
+        "nodes reached through srun --jobid 7 --overlap, not ssh: ftcn2 (10.0.0.2) does not answer ssh on port 22 from here"
+    assert reach_line("7", ["a", "b", "c"]).endswith(": a (and 2 more)")
+    # each node's private sshd listens on the allocation's port on its loopback; ssh reaches it by srun's stdio
+    relay = relay_argv("30007", "ftcn2")
+    assert relay[:8] == ["srun", "--jobid=30007", "--overlap", "--nodelist=ftcn2", "--nodes=1", "--ntasks=1",
+                         "--unbuffered", "--quiet"] and relay[8:10] == ["python3", "-c"] and relay[-1] == "20007"
+    assert "cat /tmp/ftc-sshd-30007.ftcn2/host_key.pub && " in sshd_ready_argv("30007", "ftcn2")[-1]
+
+
 @pytest.mark.parametrize("flags, named", [
     ({"provider": "slurm"}, "--provider='slurm' needs --partition"),
     ({"provider": "slurm", "partition": "-x"}, "--partition='-x' is not a Slurm name"),
@@ -71,6 +95,22 @@ def test_a_partition_too_small_or_too_short_is_refused_one_line_each():
 def test_slurm_settings_are_checked_before_anything_is_asked(flags, named):
     with pytest.raises(UsageError, match=named.replace("(", r"\(")):
         resolve_spec(flags, {})
+
+
+def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home):
+    assert node_hour_price(None, True, 2.72) == (1.0, False) and node_hour_price("0.4", True, 2.72) == (0.4, True)
+    assert node_hour_price(None, False, 2.72) == (2.72, True)  # a catalog's instance type: its price
+    time_only = ftc("plan", "--nodes", "1,2", env={"FTC_PROVIDER": "slurm"})
+    assert time_only.returncode == 0, time_only.stderr
+    table = time_only.stdout.split("per-node rate")[0]
+    assert "time only: no price, cost in node-hours" in " ".join(table.split()) and "node-hours" in table, table
+    assert "$" not in table, table
+    priced = ftc("plan", "--nodes", "1,2", "--node-hour-price", "0.4", env={"FTC_PROVIDER": "slurm"})
+    assert priced.returncode == 0 and "$0.4/h" in priced.stdout and "│ $0." in priced.stdout, priced.stdout
+    assert_refused(ftc("plan", "--node-hour-price", "1"), "--node-hour-price is for the nodes a Slurm site lends",
+                   ftc_home)
+    assert_refused(ftc("plan", "--node-hour-price", "0", env={"FTC_PROVIDER": "slurm"}),
+                   "--node-hour-price='0' is out of range", ftc_home)
 
 
 def test_no_sbatch_and_no_login_is_refused_in_one_line(ftc_home, tmp_path):
@@ -244,24 +284,76 @@ def test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason(slurm, 
 
 
 @pytest.mark.slow
-def test_nodes_that_refuse_ssh_are_named_and_the_allocation_is_cancelled(ftc_home, tmp_path, monkeypatch):
+def test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_down(ftc_home, tmp_path, monkeypatch,
+                                                                                      tiny_bert, glue_dir):
     from slurm_sandbox import Sandbox
-    closed = Sandbox(tmp_path / "closed", nodes=1, ssh=False).start()  # a site without ssh to its nodes
+    # a site without ssh to its nodes but its login node (here the first node, whose sshd sets SLURM_CONF)
+    closed = Sandbox(tmp_path / "closed", nodes=2, ssh=False, login=True).start()
     try:
         for key, value in closed.exports().items():
             monkeypatch.setenv(key, value)
-        try:
-            up = ftc("up", "--name", "shut", "--provider", "slurm", "--nodes", "1", "--max-hours", "1", "--yes", "1",
-                     timeout=300)
-        except subprocess.TimeoutExpired as exc:  # a hang: say where ftc stood and what Slurm said
-            log = (closed.root / "slurmctld.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"ftc up hung: {exc.stderr}\nqueue: {queue(closed)}\nslurmctld.log: {log}")
-        assert up.returncode == 1, up.stderr
-        assert "Slurm node(s) ftcn1 (" in up.stderr and "do not answer ssh on port 22" in up.stderr, up.stderr
-        assert "Slurm allocation 1 cancelled" in up.stderr and "rolled back" in up.stderr, up.stderr
-        assert queue(closed) == [] and not (ftc_home / "clusters" / "shut").exists()
+        monkeypatch.setenv("HOME", str(closed.home))  # your home as the nodes see it: their sshd reads your keys there
+        before = homes(closed)
+        up = make("cluster", "NAME=shut", "PROVIDER=slurm", "NODES=2", "MAX_HOURS=1", home=ftc_home)
+        assert up.returncode == 0, up.stdout + up.stderr
+        job_id = next(line.split()[0] for line in queue(closed))
+        assert f"nodes reached through srun --jobid {job_id} --overlap, not ssh: ftcn2 ({closed.address(1)}) does not " \
+            "answer ssh on port 22 from here\n" in up.stderr, up.stderr
+        assert "verified: mpirun hostname on 2 node(s)" in up.stdout + up.stderr
+        steps = subprocess.run(["squeue", "-h", "-s", "-o", "%j %N"], capture_output=True, text=True, check=True,
+                               env={**os.environ, **closed.env()}).stdout.splitlines()
+        assert "sh ftcn[1-2]" in steps, steps  # the private sshd's step, one task on each node
+
+        script = tmp_path / "work" / "ranks.py"
+        script.parent.mkdir()
+        script.write_text(RANK_SCRIPT)
+        launch = make("launch", "NAME=shut", f"SCRIPT={script}", home=ftc_home)
+        assert launch.returncode == 0, launch.stdout + launch.stderr
+        seen = next((ftc_home / "runs" / "shut").glob("script-*/output/rank0.txt")).read_text()
+        assert seen.startswith("ftcn1 ") and "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0" in seen, seen
+        job = ftc("finetune", "--name", "shut", "--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir),
+                  "--max-train-samples", "32", "--max-eval-samples", "16", "--epochs", "1", timeout=400)
+        assert job.returncode == 0 and "2 (2 node(s) x 1)" in job.stdout + job.stderr, job.stdout + job.stderr
+        there = ftc("ssh", "--name", "shut", "--", "hostname")
+        assert there.returncode == 0 and there.stdout.split()[-1] == "ftcn1", there.stdout + there.stderr
+
+        down = make("destroy", "NAME=shut", home=ftc_home)
+        assert down.returncode == 0, down.stderr
+        assert queue(closed) == [] and homes(closed) == before and processes_under(closed.root) == []
+        assert not list(Path("/tmp").glob(f"ftc-sshd-{job_id}.*"))  # each node's private sshd took its files along
+
+        # Slurm driven through LOGIN: the relays start there too
+        login = f"root@{closed.address(0)}"
+        via = ftc("up", "--name", "via", "--provider", "slurm", "--nodes", "2", "--max-hours", "1", "--login", login,
+                  "--no-bootstrap", "--yes", "1")
+        assert via.returncode == 0, via.stderr
+        assert f"Slurm (through {login}:22)" in via.stderr and "nodes reached through srun" in via.stderr, via.stderr
+        there = ftc("ssh", "--name", "via", "--node", "1", "--", "hostname")
+        assert there.returncode == 0 and there.stdout.split()[-1] == "ftcn2", there.stdout + there.stderr
+        assert ftc("down", "--name", "via").returncode == 0
+        assert queue(closed) == [] and homes(closed) == before and processes_under(closed.root) == []
     finally:
         closed.stop()
+
+
+@pytest.mark.slow
+def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_removes_it(slurm, ftc_home, monkeypatch):
+    monkeypatch.setenv("HOME", str(slurm.home))  # your home as the nodes see it: the batch script's too
+    before = homes(slurm)
+    up = ftc("up", "--name", "term", "--provider", "slurm", "--max-hours", "1", "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    job_id = next(line.split()[0] for line in queue(slurm))
+    node_0 = str(slurm.home / ".ftc-node" / "term.ftcn1")
+    assert notice(node_0) is None
+    # what Slurm sends the batch script before it preempts the job (and, by sbatch --signal, before its time limit)
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True, env={**os.environ, **slurm.env()})
+    wait_for(lambda: notice(node_0) is not None, "the batch script's notice on node 0", timeout=60)
+    found = notice(node_0)
+    assert (found["action"], found["source"]) == ("terminate", "slurm") and found["time"].endswith("Z"), found
+    assert [line.split()[1:] for line in queue(slurm)] == [["ftc-term", "RUNNING"]]  # held until Slurm ends it
+    down = ftc("down", "--name", "term")
+    assert down.returncode == 0, down.stderr
+    assert queue(slurm) == [] and homes(slurm) == before  # the notice went with node 0's directory
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ from .records import provider as registered_provider
 
 if TYPE_CHECKING:
     from ..spec import ClusterSpec
-    from ..state import ClusterState
+    from ..state import ClusterState, NodeInfo
 
 __all__ = ["TRAITS", "Catalog", "NodeStatus", "catalog", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
            "providers_with", "register", "spec_world", "supports", "traits", "world"]
@@ -77,6 +77,8 @@ class OptionalVerbs(Protocol):
     def store_checkpoint(self, checkpoint: Path, uri: str, job_id: str) -> None: ...
 
     def catalog(self, region: str, refresh: bool) -> Catalog: ...
+
+    def relay(self, state: "ClusterState", node: "NodeInfo", from_node: bool) -> str: ...
 
 
 def _verbs_of(protocol: type) -> tuple[str, ...]:
@@ -190,6 +192,14 @@ def store_checkpoint(checkpoint: Path, uri: str, job_id: str) -> None:
     """Copy a job's checkpoint file to the store `uri` names, whatever the cluster's provider (aws:
     s3://bucket/prefix, to <prefix>/<job_id>/last.pt), with the controller's credentials."""
     import_module(store_for("checkpoint_s3", uri).module).store_checkpoint(checkpoint, uri, job_id)
+
+
+def relay(state: "ClusterState", node: "NodeInfo", from_node: bool = False) -> str:
+    """A command whose standard input and output reach `node`'s sshd where its address cannot be reached
+    (slurm: through `srun --overlap` into the allocation, at a site that refuses ssh to its nodes), as
+    ssh's ProxyCommand runs it: from the controller, or (`from_node`) from another node of the cluster.
+    '' where the node is reached at its address, as on every provider without this verb."""
+    return get(state.provider).relay(state, node, from_node) if supports(state.provider, "relay") else ""
 
 
 def catalog(provider: str, region: str, refresh: bool = False) -> Catalog:

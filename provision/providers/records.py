@@ -73,6 +73,8 @@ class SshResources:
 class SlurmResources(SshResources):
     """The allocation's nodes are checked and claimed as your servers are (hosts, claim), once Slurm names them."""
     job_id: str = ""  # the allocation's Slurm job, recorded as soon as sbatch answers
+    reach: str = ""  # how the controller and the nodes reach the nodes' sshd: "ssh" (their port 22), or "srun"
+    # (a private sshd per node inside the allocation, through `srun --overlap`), as `up` found the site
 
 
 @dataclass

@@ -3,10 +3,10 @@
     confirm    before anything is queued: Slurm answers (this machine's sbatch, or LOGIN's over
                ssh), the partition exists, has NODES nodes and allows MAX_HOURS. Any problem: one
                line, exit 2, nothing submitted.
-    launch     sbatch an exclusive allocation of NODES nodes named ftc-<cluster>, holding them with
-               `sleep infinity` until its time limit; its job id is recorded before anything else.
-               While it waits: its state and Slurm's reason, on a progress line. Once it runs: its
-               nodes (Slurm's names and addresses) are reached over ssh, checked and claimed
+    launch     sbatch an exclusive allocation of NODES nodes named ftc-<cluster>, held by a batch
+               script that sleeps until its time limit; its job id is recorded before anything else.
+               While it waits: its state and Slurm's reason, on a progress line. Once it runs: how
+               its nodes are reached is found and said (below), then they are checked and claimed
                as your own servers are (providers/ssh.py), in a directory per node,
                $HOME/.ftc-node/<cluster>.<node> (a site's nodes share one home), and another
                ftc cluster's directory there is no obstacle (the nodes are this allocation's alone).
@@ -16,10 +16,18 @@
                that was queued but never recorded (ftc stopped inside sbatch) is cancelled too.
     query      the allocation's state; each node's directory while it runs
 
-Only ssh reaches the nodes: where the site refuses ssh to allocated nodes, `up` stops, says so and
-cancels the allocation (ftc does not yet bootstrap through `srun --overlap`). The decisions (the
-sbatch command line, what Slurm's answers mean, the refusals) are pure functions; Slurm is called at
-the edges below, through `slurm()`.
+How the nodes are reached: over ssh at their addresses (Slurm's NodeAddr, port 22) where every node
+answers and logs you in; else through srun. Then the batch script, on a signal from ftc, starts one
+`srun --overlap --whole` step across the allocation that runs a private sshd on each node, as you,
+listening on 127.0.0.1 only (its host key made there, read back through srun and pinned), and every
+ssh to a node, the controller's and the nodes' own (mpirun's), is relayed into it by a short
+`srun --overlap` step (relay()). The sshd's step is the batch script's child, so what its sessions
+start (a detached job, the ranks) lives as long as the allocation, in it, as Slurm's process
+tracking expects, and ends with it. Everything above the nodes (bootstrap, jobs, fetch, teardown) is
+then the same ssh as on your own servers.
+
+The decisions (the sbatch command line, what Slurm's answers mean, the refusals, which way the nodes
+are reached) are pure functions; Slurm is called at the edges below, through `slurm()`.
 """
 
 import getpass
@@ -32,6 +40,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
+
+from runner.node.slurm_notice import NOTICE_FILE
 
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option
@@ -51,6 +61,33 @@ IN_VAIN = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "BadCon
            "InvalidQOS")
 POLL_VARIABLE = "FTC_SLURM_POLL_S"  # how often the queue is asked while an allocation waits or ends
 GONE_WITHIN_S = 120  # scancel to the queue no longer listing it (the nodes' epilog runs meanwhile)
+NOTICE_S = 120  # the notice before the time limit, as EC2 gives before a spot reclaim
+SSH, SRUN = "ssh", "srun"  # SlurmResources.reach: how the nodes' sshd is reached
+SSHD_WITHIN_S = 60  # the signal to the batch script until every node's private sshd answers
+# The private sshd's port on a node's loopback: one per allocation (its job id's), below the ephemeral range
+SSHD_PORT_BASE, SSHD_PORT_SPAN = 10000, 20000
+
+# Each node's private sshd, run by the batch script's `srun` step (sh, as you): a host key made there, your
+# ~/.ssh/authorized_keys (as your own sshd reads it), 127.0.0.1 only, its files in a directory of the job's
+# own that goes when the step ends (scancel's SIGTERM, or the time limit's).
+SSHD = """\
+d=%(dir)s
+mkdir -m 700 "$d" || exit 1
+trap 'rm -rf "$d"' EXIT
+trap 'kill $pid 2>/dev/null; exit 143' TERM
+ssh-keygen -q -t ed25519 -N '' -C "ftc-$SLURM_JOB_ID" -f "$d/host_key" || exit 1
+"$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /dev/null -h "$d/host_key" \\
+  -o ListenAddress=127.0.0.1:$((%(base)d + SLURM_JOB_ID %% %(span)d)) -o "AuthorizedKeysFile=$HOME/.ssh/authorized_keys" \\
+  -o UsePAM=no -o StrictModes=no -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o PidFile=none \\
+  -o MaxStartups=200 -o MaxSessions=200 -o "Subsystem=sftp internal-sftp" \\
+  -o "SetEnv=HOME=$HOME${SLURM_CONF:+ SLURM_CONF=$SLURM_CONF}" 2>"$d/log" &
+pid=$!
+wait $pid
+"""
+# The relay: its standard input and output to the node's private sshd (one line: ssh_config's ProxyCommand)
+RELAY = ('import os,socket,sys,threading as t;s=socket.create_connection(("127.0.0.1",int(sys.argv[1])));'
+         't.Thread(target=lambda:[*map(s.sendall,iter(lambda:os.read(0,65536),b"")),s.shutdown(1)],daemon=True).start();'
+         '[*map(lambda b:os.write(1,b),iter(lambda:s.recv(65536),b""))]')
 
 
 # ---- pure: what to ask Slurm, and what its answers mean --------------------------------------
@@ -83,12 +120,69 @@ def minutes_of(hours: float) -> int:
     return max(1, math.ceil(hours * 60 - 1e-9))
 
 
+def batch_script(cluster: str) -> str:
+    """What holds the allocation: a shell on node 0 that sleeps until Slurm ends it. On SIGUSR1 (sent by ftc
+    only where ssh cannot reach the nodes) it starts every node's private sshd in one step of its own; on
+    SIGTERM (Slurm's before a preemption or an admin's cancel, or sbatch --signal's before the time limit)
+    it writes the notice a job reads as a spot node's (runner/node/slurm_notice.py) into its node's ftc
+    directory, where there is one, and holds on: the time Slurm gives before it kills. Pure."""
+    sshd = SSHD % {"dir": sshd_dir("$SLURM_JOB_ID", "$SLURMD_NODENAME"), "base": SSHD_PORT_BASE, "span": SSHD_PORT_SPAN}
+    start = f"srun --overlap --whole --mem=0 --ntasks-per-node=1 --quiet sh -c {shlex.quote(sshd)} >/dev/null 2>&1 &"
+    node_dir = own.workdir_of("$HOME", cluster, "$SLURMD_NODENAME")
+    path = f"{node_dir}/{NOTICE_FILE}"
+    notice = (f'[ -d "{node_dir}" ] && printf \'{{"action": "terminate", "time": "%s", "source": "slurm"}}\\n\' '
+              f'"$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "{path}.part" && mv -f "{path}.part" "{path}"')
+    return f"trap {shlex.quote(start)} USR1; trap {shlex.quote(notice)} TERM; while :; do sleep 3600 & wait $!; done"
+
+
 def sbatch_argv(spec: ClusterSpec) -> list[str]:
-    """The allocation as one sbatch: exclusive nodes, held by a `sleep` until its time limit."""
+    """The allocation as one sbatch: exclusive nodes, held by the batch script until its time limit."""
     argv = ["sbatch", "--parsable", "--exclusive", f"--nodes={spec.nodes}", f"--job-name={job_name(spec.name)}",
             f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.partition}", "--output=/dev/null"]
     argv += [f"--{key}={getattr(spec, key)}" for key in ("account", "qos", "constraint") if getattr(spec, key)]
-    return argv + ["--wrap", "exec sleep infinity"]
+    return argv + [f"--signal=B:TERM@{notice_s(minutes_of(spec.max_hours))}", "--wrap", batch_script(spec.name)]
+
+
+def notice_s(minutes: int) -> int:
+    """How long before its time limit the allocation's notice comes: EC2's two minutes, or a quarter of a
+    shorter allocation. Pure."""
+    return min(NOTICE_S, minutes * 60 // 4)
+
+
+def sshd_port(job_id: str) -> int:
+    """The port of the allocation's private sshd on each node's loopback (as SSHD computes it). Pure."""
+    return SSHD_PORT_BASE + int(job_id) % SSHD_PORT_SPAN
+
+
+def sshd_dir(job_id: str, node: str) -> str:
+    return f"/tmp/ftc-sshd-{job_id}.{node}"  # noqa: S108 - on the node: SSHD makes it with mkdir -m 700, which fails on one there
+
+
+def step_argv(job_id: str, node: str, argv: list[str]) -> list[str]:
+    """`argv` on one node of the allocation, beside whatever else runs there. Pure."""
+    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--unbuffered",
+            "--quiet", *argv]
+
+
+def relay_argv(job_id: str, node: str) -> list[str]:
+    """The relay to `node`'s private sshd. Pure."""
+    return step_argv(job_id, node, ["python3", "-c", RELAY, str(sshd_port(job_id))])
+
+
+def sshd_ready_argv(job_id: str, node: str) -> list[str]:
+    """Prints the node's private sshd's host key once that sshd takes connections; fails until then. Pure."""
+    listening = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {sshd_port(job_id)})).close()'"
+    return step_argv(job_id, node, ["sh", "-c", f"cat {sshd_dir(job_id, node)}/host_key.pub && {listening}"])
+
+
+def reach_line(job_id: str, unreached: list[str]) -> str:
+    """Which way the nodes are reached, and why, in one line (`unreached`: why each node ssh did not
+    reach, '' where it did). Pure."""
+    missed = [why for why in unreached if why]
+    if not missed:
+        return "nodes reached over ssh: every allocated node answers it and logs you in"
+    more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+    return f"nodes reached through srun --jobid {job_id} --overlap, not ssh: {missed[0]}{more}"
 
 
 def fields_of(line: str) -> dict[str, str]:
@@ -160,18 +254,25 @@ def poll_s() -> float:
 
 # ---- the edge: Slurm's commands, here or on LOGIN ----------------------------------------------
 
-def slurm(spec: ClusterSpec, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    """One Slurm command: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh).
+def where(spec: ClusterSpec, argv: list[str]) -> list[str]:
+    """`argv` as it runs: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh).
     LOGIN's host key: the one your known_hosts has, else the one it showed ftc first (pinned in
     $FTC_HOME/login_known_hosts, and any other refused from then on)."""
+    if not spec.login:
+        return argv
+    user, host, port = parse_host(spec.login)
+    key = ["-i", spec.ssh_key, "-o", "IdentitiesOnly=yes"] if spec.ssh_key else []
+    target = f"{user}@{host}" if user else host
+    known = f"-oUserKnownHostsFile={st.ftc_home() / 'login_known_hosts'} ~/.ssh/known_hosts"
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
+            known, "-p", str(port), *key, target, "--", shlex.join(argv)]
+
+
+def slurm(spec: ClusterSpec, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """One Slurm command, where(): here, or on LOGIN."""
     if spec.login:
-        user, host, port = parse_host(spec.login)
-        key = ["-i", spec.ssh_key, "-o", "IdentitiesOnly=yes"] if spec.ssh_key else []
-        target = f"{user}@{host}" if user else host
         st.ftc_home().mkdir(parents=True, exist_ok=True)
-        known = f"-oUserKnownHostsFile={st.ftc_home() / 'login_known_hosts'} ~/.ssh/known_hosts"
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
-                known, "-p", str(port), *key, target, "--", shlex.join(argv)]
+    argv = where(spec, argv)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)  # noqa: S603 - argv
     except FileNotFoundError:
@@ -233,15 +334,24 @@ def confirm(state: st.ClusterState, yes: bool) -> None:
 def launch(state: st.ClusterState, record: Record) -> None:
     spec = state.cluster_spec
     job_id = slurm(spec, sbatch_argv(spec)).stdout.strip().split(";")[0]
-    resources(state).job_id = job_id
+    found = resources(state)
+    found.job_id = job_id
     record()
     console.print(f"queued Slurm allocation {job_id} ({job_name(state.name)})", markup=False)
     running = _until_running(state)
     names = slurm(spec, ["scontrol", "show", "hostnames", running.nodes]).stdout.split()
     addresses = _addresses(spec, names)
-    user = parse_host(spec.login)[0] if spec.login else ""
-    hosts = [own.Host(user or getpass.getuser(), addresses[name], SSH_PORT) for name in names]
-    _checked(state, names, hosts)
+    user = (parse_host(spec.login)[0] if spec.login else "") or getpass.getuser()
+    checked, unreached = _over_ssh(state, names, [own.Host(user, addresses[name], SSH_PORT) for name in names])
+    console.print(reach_line(job_id, unreached), markup=False, soft_wrap=True)
+    if any(unreached):
+        found.reach = SRUN
+        record()
+        checked = _through_srun(state, names, user)
+    else:
+        found.reach = SSH
+    # each node goes by Slurm's name for it (ftc status, messages); the nodes reach each other at its address
+    found.hosts = [replace(host, label=name, ip=addresses[name]) for name, host in zip(names, checked)]
     own.launch(state, record, per_node=True)  # the nodes' homes may be one (NFS): a directory per node
 
 
@@ -279,6 +389,18 @@ def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
     return allocation_of(job_id, done.stdout.strip().splitlines()[0])
 
 
+def _settled(spec: ClusterSpec, job_id: str) -> Allocation:
+    """The allocation's state; one that is COMPLETING (Slurm ends its steps: KillWait after a cancel or its
+    time limit, GraceTime after a preemption, while the batch script holds on for the job's checkpoint) is
+    waited for, up to GONE_WITHIN_S, so that it is named by the state it ends in, which says why."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    now = _allocation(spec, job_id)
+    while now.state == "COMPLETING" and time.monotonic() < deadline:
+        time.sleep(poll_s())
+        now = _allocation(spec, job_id)
+    return now
+
+
 def _addresses(spec: ClusterSpec, names: list[str]) -> dict[str, str]:
     """Each node's NodeAddr: where Slurm itself reaches it, so where ssh does."""
     out = slurm(spec, ["scontrol", "show", "node", "-o", ",".join(names)]).stdout
@@ -290,24 +412,71 @@ def _addresses(spec: ClusterSpec, names: list[str]) -> dict[str, str]:
     return {name: found.get(name, name) for name in names}
 
 
-def _checked(state: st.ClusterState, names: list[str], hosts: list[own.Host]) -> None:
-    """Reach every allocated node over ssh, pin its key (the scheduler named it), check it as a server."""
+def _over_ssh(state: st.ClusterState, names: list[str], hosts: list[own.Host]) -> tuple[list, list[str]]:
+    """Every node over ssh at its address: (what each check found, why ssh did not reach each node, '' where
+    it did). A node that answers and logs you in but fails a check (its Python, its disk) is a refusal."""
     read = own.each(hosts, own.read_key)
-    refused = [f"{name} ({host.address})" for name, host, (_, why) in zip(names, hosts, read) if why]
-    if refused:
-        raise FtcError(f"Slurm node(s) {', '.join(refused)} do not answer ssh on port {SSH_PORT} from here; ftc reaches "
-                       "allocated nodes over ssh only (the site must allow ssh to the nodes of your job; ftc does not "
-                       "yet bootstrap through srun): the allocation is cancelled")
-    for name, host, (key, _) in zip(names, hosts, read):
-        console.print(f"node {name} ({host.address}): {key.split()[0]} key {fingerprint(key)}, pinned", markup=False)
-    console.print("nodes reached over ssh: every allocated node answers it", markup=False)
+    unreached = [f"{name} ({host.address}) does not answer ssh on port {SSH_PORT} from here" if why else ""
+                 for name, host, (_, why) in zip(names, hosts, read)]
+    if any(unreached):
+        return [], unreached
     checked = own.each(list(zip(hosts, [key for key, _ in read])),
                        lambda pair: own.check_host(state, *pair, one_cluster=False))
+    unreached = [f"{name} ({host.address}) answers ssh but {lines[0].split(': ', 1)[-1]}" if found is None else ""
+                 for name, host, (found, lines) in zip(names, hosts, checked)]
+    if any(unreached):
+        return [], unreached
+    _pinned(names, hosts, [key for key, _ in read])
+    return _passed(checked), unreached
+
+
+def _through_srun(state: st.ClusterState, names: list[str], user: str) -> list:
+    """Start every node's private sshd (the batch script's step), read each one's host key through srun,
+    then check every node as over ssh."""
+    spec, job_id = state.cluster_spec, resources(state).job_id
+    slurm(spec, ["scancel", "--signal=USR1", "--batch", job_id])
+    deadline, keys = time.monotonic() + SSHD_WITHIN_S, {}
+    while len(keys) < len(names):
+        for name in [n for n in names if n not in keys]:
+            done = slurm(spec, sshd_ready_argv(job_id, name), check=False)
+            if done.returncode == 0 and done.stdout.strip():
+                keys[name] = " ".join(done.stdout.split()[:2])
+        if len(keys) < len(names):
+            if time.monotonic() > deadline:
+                missing = ", ".join(n for n in names if n not in keys)
+                raise FtcError(f"no private sshd answered on {missing} within {SSHD_WITHIN_S} s of asking: reaching "
+                               "nodes through srun needs OpenSSH's sshd and ssh-keygen, and python3, on every node: "
+                               "the allocation is cancelled")
+            time.sleep(poll_s())
+    hosts = [own.Host(user, name, SSH_PORT) for name in names]  # reached by name, through relay()
+    _pinned(names, hosts, [keys[name] for name in names])
+    return _passed(own.each(list(zip(hosts, [keys[name] for name in names])),
+                            lambda pair: own.check_host(state, *pair, one_cluster=False)))
+
+
+def _pinned(names: list[str], hosts: list[own.Host], keys: list[str]) -> None:
+    """Each node's host key, shown: pinned without a question, as the scheduler named the node."""
+    for name, host, key in zip(names, hosts, keys):
+        console.print(f"node {name} ({host.address}): {key.split()[0]} key {fingerprint(key)}, pinned", markup=False)
+
+
+def _passed(checked: list) -> list:
+    """What every node's check found; any node's problem fails `up`, every one named."""
     problems = [line for _, lines in checked for line in lines]
     if problems:
         raise FtcError("\nerror: ".join(problems) + "\nerror: the allocation is cancelled")
-    # each node goes by Slurm's name for it (ftc status, messages), reached at its address
-    resources(state).hosts = [replace(found, label=name) for name, (found, _) in zip(names, checked)]
+    return [found for found, _ in checked]
+
+
+def relay(state: st.ClusterState, node: st.NodeInfo, from_node: bool = False) -> str:
+    """Where the nodes are reached through srun: the relay to `node`'s private sshd (its address is Slurm's
+    name for it), from the controller (here, or through LOGIN) or from another node; else ''."""
+    found = resources(state)
+    if found.reach != SRUN:
+        return ""
+    argv = relay_argv(found.job_id, node.public_ip)
+    # on a node its stderr would go into a job's output: Slurm's note that the relay's step ended as ssh closed
+    return f"{shlex.join(argv)} 2>/dev/null" if from_node else shlex.join(where(state.cluster_spec, argv))
 
 
 def wait(state: st.ClusterState, record: Record) -> None:
@@ -342,6 +511,9 @@ def _queued_by_name(spec: ClusterSpec, cluster: str) -> list[str]:
 
 
 def _cancel(spec: ClusterSpec, job_id: str) -> None:
+    # the batch script first, by SIGKILL: ended by ftc, it writes no notice (scancel's SIGTERM would have it
+    # write one and hold the nodes until Slurm's KillWait); then the rest, each step's SIGTERM
+    slurm(spec, ["scancel", "--batch", "--signal=KILL", job_id], check=False)
     slurm(spec, ["scancel", job_id], check=False)
     deadline = time.monotonic() + GONE_WITHIN_S
     while _allocation(spec, job_id).live:
@@ -356,7 +528,7 @@ def query(state: st.ClusterState) -> list[NodeStatus]:
     job_id = resources(state).job_id
     if not job_id:
         return [NodeStatus(node.id, "unknown", "no allocation recorded") for node in state.nodes]
-    now = _allocation(state.cluster_spec, job_id)
+    now = _settled(state.cluster_spec, job_id)
     if now.state != "RUNNING":
         return [NodeStatus(node.id, "dead", ended_line(now)) for node in state.nodes]
     return [NodeStatus(live.id, live.state, f"Slurm allocation {job_id}" if live.state == "running" else live.detail)
