@@ -19,7 +19,7 @@ define newline
 endef
 # Every variable a recipe reads: set in the environment instead, each is checked the same way (a
 # recipe reads each through $(value), so Make expands none of them).
-INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CONFIG DATA DATA_DIR DEADLINE DETACH \
+INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CHECKPOINT_URI CONFIG DATA DATA_DIR DEADLINE DETACH \
   DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS MAX_TRAIN_SAMPLES \
   MAX_WORKDIR_MB MODE MODEL NAME NODE NODE_HOUR_PRICE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER QUICK RECIPE REGION \
   PARTITION ACCOUNT QOS CONSTRAINT LOGIN \
@@ -52,7 +52,8 @@ JOB_FLAGS = $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,EPOCHS,e
   $(call flag,MAX_EVAL_SAMPLES,max-eval-samples) \
   $(call flag,DATA_DIR,data-dir) $(call flag,TRAIN_FILE,train-file) $(call flag,VALIDATION_FILE,validation-file) \
   $(call flag,TEXT_COLUMNS,text-columns) $(call flag,LABEL_COLUMN,label-column) $(call flag,RESULTS,results) $(call flag,RECIPE,recipe) \
-  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,FLOWS,flows) $(call flag,SEED,seed) $(call flag,CHECKPOINT_S3,checkpoint-s3)
+  $(call flag,PRECISION,precision) $(call flag,DROPOUT,dropout) $(call flag,ALLREDUCE,allreduce) $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,LR,lr) $(call flag,PPN,ppn) $(call flag,FLOWS,flows) $(call flag,SEED,seed) $(call flag,CHECKPOINT_URI,checkpoint-uri) \
+  $(call flag,CHECKPOINT_S3,checkpoint-s3)
 NAME_FLAG = $(call flag,NAME,name)
 # INSTANCE_TYPE=auto and NODES=auto: the cluster `ftc plan` picks for TASK, within DEADLINE and BUDGET.
 PICK_FLAGS = $(if $(filter auto,$(value INSTANCE_TYPE) $(value NODES)),$(call flag,TASK,task) $(call flag,EPOCHS,epochs) \

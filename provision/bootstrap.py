@@ -11,6 +11,7 @@ first contact, or by the local provider that generated it) and refuses any other
 import ast
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -38,7 +39,7 @@ from . import state as st
 from .errors import FtcError, UsageError, command
 from .keys import keygen
 from .launch import cluster_launch, render_launch
-from .providers import relay, traits
+from .providers import relay, traits, world
 from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, UV_VERSION, missing_from_this_python
 from .templates import render
@@ -126,7 +127,7 @@ def node_files(state: st.ClusterState, node: st.NodeInfo) -> dict[str, str]:
         "env.sh": render("env.sh.j2", me=node, cluster=state.name, venv=venv, own_host=traits(state.provider).own_hosts),
         "bin/ssh": render("ssh.sh.j2", me=node, cluster=state.name, venv=venv, stacks=stacks_elsewhere(state, node)),
     }
-    return {**files, **node_package()}
+    return {**files, **node_package(state.provider)}
 
 
 def stacks_elsewhere(state: st.ClusterState, me: st.NodeInfo) -> dict[str, str]:
@@ -142,10 +143,35 @@ def stacks_elsewhere(state: st.ClusterState, me: st.NodeInfo) -> dict[str, str]:
     return {name: "" if venv == mine else venv for name, venv in theirs.items()}
 
 
-def node_package() -> dict[str, str]:
-    """The node programs, whole: runner/node/ and the empty package above it, under ftc/."""
+def node_sources(provider: str) -> dict[str, Path]:
+    """The node programs, whole, by where each goes under the node's directory: runner/node/ and the
+    empty package above it, under ftc/; and the module of the provider's spot reader where it is not one
+    of them (a provider outside ftc: its own file, with the packages above it)."""
     paths = [REPO / "runner" / "__init__.py", *sorted((REPO / "runner" / "node").glob("*.py"))]
-    return {f"ftc/{p.relative_to(REPO)}": p.read_text() for p in paths}
+    shipped = {f"ftc/{p.relative_to(REPO)}": p for p in paths}
+    reader = world(provider).spot_reader
+    if reader and not reader.read.startswith("runner.node."):
+        shipped.update(module_files(reader.read.partition(":")[0], f"{provider}'s spot reader {reader.read!r}"))
+    return shipped
+
+
+def module_files(module: str, whose: str) -> dict[str, Path]:
+    """The files of `module` and of each package above it, as this Python finds them, by where each goes
+    under the node's directory; one not found is refused in one line naming `whose` it is."""
+    parts, files = module.split("."), {}
+    for depth in range(1, len(parts) + 1):
+        found = importlib.util.find_spec(".".join(parts[:depth]))
+        if found is None or not found.origin:
+            raise FtcError(f"{whose}: module {'.'.join(parts[:depth])!r} is not found here, so it cannot be shipped "
+                           "to the nodes; allowed: a module this Python imports (PYTHONPATH)")
+        origin = Path(found.origin)
+        files[f"ftc/{'/'.join(parts[:depth])}{'/__init__.py' if origin.name == '__init__.py' else '.py'}"] = origin
+    return files
+
+
+def node_package(provider: str) -> dict[str, str]:
+    """The node programs (node_sources) by where each goes, with its text."""
+    return {dest: source.read_text() for dest, source in node_sources(provider).items()}
 
 
 # ---- the per-node steps ---------------------------------------------------------------------
@@ -314,7 +340,7 @@ def load_facts(state: st.ClusterState) -> list[NodeFacts]:
         raise UsageError(f"{label('name')}={state.name!r} is not bootstrapped (phase {state.phase}); "
                          f"run `{command('bootstrap', name=state.name)}` first")
     shipped = node_programs_path(state.name)
-    if not shipped.exists() or shipped.read_text() != node_programs_digest():
+    if not shipped.exists() or shipped.read_text() != node_programs_digest(state.provider):
         raise UsageError(f"{label('name')}={state.name!r}: its nodes hold ftc's node programs as they were at its "
                          f"bootstrap, and this ftc's differ (it was updated since); "
                          f"`{command('bootstrap', name=state.name)}` ships them in seconds, skipping finished steps")
@@ -326,9 +352,9 @@ def node_programs_path(name: str) -> Path:
     return st.cluster_dir(name) / "node_programs"
 
 
-def node_programs_digest() -> str:
-    """Which node programs (runner/node/, node_package) this ftc ships: any edit changes it."""
-    return digest(*(f"{path}\n{text}" for path, text in sorted(node_package().items())))
+def node_programs_digest(provider: str) -> str:
+    """Which node programs (node_package) this ftc ships to a cluster of `provider`: any edit changes it."""
+    return digest(*(f"{path}\n{text}" for path, text in sorted(node_package(provider).items())))
 
 
 # ---- bookkeeping shared by the Fabric and the Ansible bootstrap -----------------------------
@@ -358,7 +384,7 @@ def mark_bootstrapped(state: st.ClusterState, facts: list[NodeFacts]) -> None:
     state.phase = "bootstrapped"
     state.bootstrapped_at = time.time()
     state.stack_python = facts[0].python_executable
-    node_programs_path(state.name).write_text(node_programs_digest())
+    node_programs_path(state.name).write_text(node_programs_digest(state.provider))
     st.save(state)
 
 

@@ -22,7 +22,7 @@ from .bootstrap import (
     facts_paths,
     install_pip_env,
     mark_bootstrapped,
-    node_package,
+    node_sources,
     pin_host_keys,
     stack_venv,
 )
@@ -60,7 +60,7 @@ def inventory(state: st.ClusterState) -> dict:
         "ansible_ssh_common_args": f"-F /dev/null -o UserKnownHostsFile={st.known_hosts_path(state.name)} "
                                    "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes",
         "ftc_cluster": state.name, "ftc_stack": stack, "ftc_pins": STACKS[stack],
-        "ftc_node_files": sorted(node_package()),
+        "ftc_node_files": [{"src": str(source), "dest": dest} for dest, source in node_sources(state.provider).items()],
         "ftc_torch_index": "" if traits(state.provider).shares_this_machine else TORCH_CPU_INDEX,  # as bootstrap's
         "ftc_uv_version": UV_VERSION,
         "ftc_extra_index": INTEL_INDEX if stack == "intel" else "",

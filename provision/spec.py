@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import UsageError
-from .providers.records import NameForm, World, default_world, names, spec_world, traits
+from .providers.records import NameForm, Setting, World, default_world, names, registered, spec_world, traits
 from .stacks import STACKS
 from .values import boolean, label, local_path, number, one_of, whole
 
@@ -34,7 +34,6 @@ class ClusterSpec:
     instance_type: str = default_world().default_instance_type  # a provider with a catalog: its own default
     region: str = default_world().default_region
     zones: list[str] = field(default_factory=list)  # empty: every zone of the region, in order
-    ami: str = ""  # empty: resolved from the public SSM parameter at launch
     root_volume_gb: int = 100
     spot: bool = False
     # ENA Express (SRD) on the nodes' network interfaces: a faster cap on one flow. Unless given, on
@@ -44,7 +43,7 @@ class ClusterSpec:
     allow_open_ssh: bool = False  # the explicit opt-in that 0.0.0.0/0 needs
     max_hours: float = 4.0  # the node's watchdog powers it off (and so terminates it) after this
     stack: str = "stock"
-    owner: str = ""  # tag value; empty: the local user name
+    owner: str = ""  # the owner label (World.label_form; aws: the ftc:owner tag); empty: the local user name
     hosts: list[str] = field(default_factory=list)  # ssh: "[user@]host:port" of your own servers, node 0 first
     ssh_key: str = ""  # ssh: the private key that logs in to them; empty: your ssh agent and ~/.ssh keys
     stack_python: str = ""  # ssh: a Python on every host that has the stack already; empty: ftc installs one
@@ -53,6 +52,8 @@ class ClusterSpec:
     qos: str = ""  # slurm: --qos; empty: the site's default
     constraint: str = ""  # slurm: --constraint (node features, e.g. "sapphirerapids&ib")
     login: str = ""  # slurm: user@host[:port] whose sbatch, squeue and scancel ftc runs over ssh; empty: this machine's
+    # the provider's own (World.settings), every one, by key; by default the default world's defaults
+    settings: dict[str, Any] = field(default_factory=lambda: {k: s.default for k, s in default_world().settings.items()})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,13 +89,6 @@ def _zones(form: NameForm, key: str, raw: Any) -> list[str]:
     return [str(z) for z in items]
 
 
-def _image(form: NameForm, key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not form.matches(value):
-        raise UsageError(f"{label(key)}={raw!r} is not {form.what}; allowed: {form.allowed}, or empty")
-    return value
-
-
 def _cidr(key: str, raw: Any) -> str:
     value = str(raw).strip()
     if not value:
@@ -103,14 +97,6 @@ def _cidr(key: str, raw: Any) -> str:
         return str(ipaddress.ip_network(value, strict=False))
     except ValueError:
         raise UsageError(f"{label(key)}={raw!r} is not a CIDR block; allowed: e.g. 203.0.113.7/32") from None
-
-
-def _owner(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if not re.match(r"^[\w.@+=:/ -]{0,128}$", value):
-        raise UsageError(f"{label(key)}={raw!r} is not a valid tag value; "
-                         "allowed: up to 128 letters, digits, spaces and _.:/=+-@")
-    return value
 
 
 # user@host:port, [user@][v6]:port; a host never starts with '-' (ssh would read it as an option).
@@ -187,12 +173,14 @@ def _login(key: str, raw: Any) -> str:
 
 
 def world_parsers(world: World) -> dict[str, Callable[[str, Any], Any]]:
-    """The parsers of the settings whose values a provider owns: its instance types, regions, zones, images."""
+    """The parsers of the spec's settings whose values a provider's world decides: its instance types,
+    regions, zones and owner label (a world without labels: the default world's form)."""
     return {"instance_type": one_of(sorted(world.instance_types)), "region": one_of(world.regions),
-            "zones": partial(_zones, world.zone_form), "ami": partial(_image, world.image_form)}
+            "zones": partial(_zones, world.zone_form), "owner": (world.label_form or default_world().label_form).parse}
 
 
-# Every setting's parser; those a provider owns check against the default world (parsers_for: a provider's own).
+# The spec's own settings' parsers; those a world decides check against the default world (parsers_for: a
+# provider's own). A provider's own settings (World.settings) are added where its spec is read.
 PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
     "provider": _provider,
@@ -206,7 +194,6 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     # the watchdog's lifetime: a quarter hour at least, so that no node powers off before its bootstrap ends
     "max_hours": number(0.25, 168, lo_included=True),
     "stack": one_of(STACKS),
-    "owner": _owner,
     "hosts": _hosts,
     "ssh_key": local_path,
     "stack_python": _remote_python,
@@ -219,12 +206,56 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
 
 
 def parsers_for(provider: str) -> dict[str, Callable[[str, Any], Any]]:
-    """PARSERS, with the settings provider `provider` owns checked against its world (spec_world)."""
-    return {**PARSERS, **world_parsers(spec_world(provider))}
+    """PARSERS, with the settings provider `provider`'s world decides checked against it (spec_world),
+    and that world's own settings."""
+    world = spec_world(provider)
+    return {**PARSERS, **world_parsers(world), **{key: setting.parse for key, setting in world.settings.items()}}
+
+
+def own_settings() -> dict[str, tuple[str, Setting]]:
+    """Every registered provider's own settings by key, each with the name of the provider that owns it. A
+    key that is a setting of the spec's, or another provider's, is refused in one line: one key, one meaning."""
+    found: dict[str, tuple[str, Setting]] = {}
+    for name, provider in registered().items():
+        for key, setting in provider.world.settings.items():
+            if key in PARSERS or key in found:
+                whose = "the spec" if key in PARSERS else f"provider {found[key][0]!r}"
+                raise UsageError(f"provider {name!r} has a setting {key!r}, which is already a setting of {whose}; "
+                                 "allowed: a setting of a name of its own")
+            found[key] = (name, setting)
+    return found
+
+
+def every_parser() -> dict[str, Callable[[str, Any], Any]]:
+    """Every setting a spec may be given, whatever its provider: the spec's own, then each registered
+    provider's (the flags, FTC_<KEY> variables and config keys there are)."""
+    return {**PARSERS, **{key: setting.parse for key, (_, setting) in own_settings().items()}}
+
+
+def world_help() -> dict[str, str]:
+    """The help of the settings a provider's world decides, and of every provider's own settings, in the
+    registry's words: each world with a catalog says its default and its form."""
+    worlds = [p.world for p in registered().values() if p.world.instance_types]
+    fallback = f"a provider without a catalog: {default_world().title}'s"
+
+    def each(say: Callable[[World], str]) -> str:
+        return "; ".join(f"{w.title}: {say(w)}" for w in worlds)
+    return {
+        "instance_type": f"instance type ({each(lambda w: f'default {w.default_instance_type}')}; {fallback})",
+        "region": f"region ({each(lambda w: f'default {w.default_region}')}; {fallback})",
+        "zones": f"zones to try in order, comma list ({each(lambda w: w.zone_form.allowed)}; default: every zone of "
+                 "the region)",
+        "spot": f"1: spot nodes, whose jobs watch for reclaim notices (the providers that have them: "
+                f"{', '.join(p.world.title or n for n, p in registered().items() if p.world.spot_reader)})",
+        "owner": f"who owns what the cluster creates, as a label "
+                 f"({'; '.join(f'{w.title}: {w.label_form.what}' for w in worlds if w.label_form)}; default: your "
+                 "user name)",
+        **{key: setting.help for key, (_, setting) in own_settings().items()},
+    }
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: env[f"FTC_{k.upper()}"] for k in PARSERS if f"FTC_{k.upper()}" in env}
+    return {k: env[f"FTC_{k.upper()}"] for k in every_parser() if f"FTC_{k.upper()}" in env}
 
 
 def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
@@ -250,9 +281,9 @@ def load_config(path: str | None, env: Mapping[str, str]) -> dict[str, Any]:
     section = data.get("cluster", data)
     if not isinstance(section, dict):
         raise UsageError(f"{shown}: 'cluster' must be a table ([cluster] with keys), not {type(section).__name__}")
-    unknown = sorted(set(section) - set(PARSERS))
+    unknown = sorted(set(section) - set(every_parser()))
     if unknown:
-        raise UsageError(f"{shown} has unknown key {unknown[0]!r}; allowed: {', '.join(PARSERS)}")
+        raise UsageError(f"{shown} has unknown key {unknown[0]!r}; allowed: {', '.join(every_parser())}")
     return section
 
 
@@ -265,8 +296,13 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         merged.update(source)
     provider = PARSERS["provider"]("provider", merged.get("provider", ClusterSpec.provider))
     parsers = parsers_for(provider)
-    values = {key: parsers[key](key, raw) for key, raw in merged.items() if key in parsers}
     world = spec_world(provider)
+    for key, (owner, _) in own_settings().items():
+        if key in merged and key not in world.settings:
+            raise UsageError(f"{label(key)} is for {label('provider')}={owner}, not {label('provider')}={provider!r}; "
+                             f"add {label('provider')}={owner} or leave {label(key)} out")
+    values = {key: parsers[key](key, raw) for key, raw in merged.items() if key in parsers}
+    values["settings"] = {key: values.pop(key, setting.default) for key, setting in world.settings.items()}
     values.setdefault("instance_type", world.default_instance_type)
     values.setdefault("region", world.default_region)
     values.setdefault("ena_express", world.instance_types[values["instance_type"]].ena_express)

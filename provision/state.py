@@ -49,7 +49,7 @@ class JobInfo:
     state: str = "running"  # running | finished | failed | cancelled
     started_at: float = 0.0
     pids_by_node: dict[str, list[int]] = field(default_factory=dict)
-    checkpoint_s3: str = ""  # s3://bucket/prefix that each checkpoint is also copied to
+    checkpoint_uri: str = ""  # a checkpoint store's URI (s3://bucket/prefix) that each checkpoint is also copied to
     kind: str = "finetune"  # finetune (ftc's trainer) | script (`ftc launch`: your own program)
     output: str = ""  # script: rank 0's output folder, relative to the workdir (fetched into output/)
 
@@ -100,6 +100,9 @@ class ClusterState:
             raise UnregisteredProvider(f"its provider {provider!r} is not registered here: set FTC_PROVIDERS as it "
                                        f"was at `{command('up')}` (module:attribute)")
         resources = data.pop("resources", {}) if isinstance(data, dict) else {}
+        for job in data.get("jobs", []) if isinstance(data, dict) and isinstance(data.get("jobs"), list) else []:
+            if isinstance(job, dict) and "checkpoint_s3" in job:  # its name before CHECKPOINT_URI: a kept cluster's
+                job["checkpoint_uri"] = job.pop("checkpoint_s3")
         state = _from_dict(cls, data)
         state.resources = _from_dict(traits(state.provider).resources, resources, "resources.")  # the provider's record
         spec_types = {f.name: f.type for f in fields(ClusterSpec)}

@@ -20,11 +20,22 @@ from rich.markup import escape
 from provision import state as st
 from provision.errors import FtcError, OneLineParser, UsageError, command
 from provision.providers import World, default_world, names
-from provision.spec import MAX_NODES, PARSERS, ClusterSpec, env_overrides, load_config, parsers_for, resolve_spec
+from provision.providers.records import registered
+from provision.spec import (
+    MAX_NODES,
+    PARSERS,
+    ClusterSpec,
+    env_overrides,
+    every_parser,
+    load_config,
+    parsers_for,
+    resolve_spec,
+    world_help,
+)
 from provision.ui import answer, console
 from provision.values import boolean, label, number, whole, whole_list, writable_dir
 from runner import plan
-from runner.jobflags import JOB_FLAGS
+from runner.jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
 from runner.node.recipes import COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK
 from runner.node.units import duration
 from runner.plan import SETUP_MINUTES
@@ -34,18 +45,12 @@ SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
     "provider": "where the nodes run: {providers} (default {default})",  # the registry's, when the parser is built
     "nodes": "number of nodes, 1..64 (default 2)",
-    "instance_type": f"{DEFAULT_WORLD.title} instance type (default {DEFAULT_WORLD.default_instance_type})",
-    "region": f"{DEFAULT_WORLD.title} region (default {DEFAULT_WORLD.default_region})",
-    "zones": "AWS zones to try in order, comma list (default: every zone of the region)",
-    "ami": "AWS image id (default: Amazon Linux 2023 from its public SSM parameter)",
     "root_volume_gb": "AWS root volume size in GB (default 100)",
-    "spot": "1: AWS spot instances; jobs watch for interruption notices",
     "ena_express": "AWS: 1 or 0, ENA Express (SRD) on the nodes' network interfaces (default: 1 where the type has it)",
     "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
     "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
     "max_hours": "AWS: the nodes power off after this many hours; slurm: the allocation's time limit (default 4)",
     "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
-    "owner": "AWS: the ftc:owner tag (default: your user name)",
     "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
     "ssh_key": "ssh, slurm: the private key that logs in to the nodes (default: your agent and ~/.ssh keys)",
     "stack_python": "ssh, slurm: a Python on every node that already has the stack (default: ftc installs one)",
@@ -62,11 +67,14 @@ SWITCH = {"nargs": "?", "const": "1", "metavar": "1|0"}
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for every setting a spec may be given, the registered providers' own included; the help of
+    those a provider decides is the registry's (world_help)."""
     registry = {"providers": ", ".join(names()), "default": ClusterSpec.provider}
-    for key in PARSERS:
-        kind = SWITCH if PARSERS[key] is boolean else {"metavar": key.upper()}
+    helps = {**SPEC_HELP, **world_help()}
+    for key, parse in every_parser().items():
+        kind = SWITCH if parse is boolean else {"metavar": key.upper()}
         p.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, **kind,
-                       help=SPEC_HELP.get(key, f"the cluster's {key} setting (README: Variables)").format(**registry))
+                       help=helps.get(key, f"the cluster's {key} setting (README: Variables)").format(**registry))
     p.add_argument("--config", default=None, help="TOML file with cluster settings ([cluster] table)")
 
 
@@ -76,9 +84,16 @@ def _name_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _job_flags(p: argparse.ArgumentParser, resume_help: str = "", detach: bool = False) -> None:
-    """The job's settings; --resume (with its help) and --detach only where the command honours them."""
+    """The job's settings; --resume (with its help) and --detach only where the command honours them. The
+    checkpoint stores named are the registry's."""
+    stores = "; ".join(f"{p.world.title or p.name}: {p.world.checkpoint_store.allowed}"
+                       for p in registered().values() if p.world.checkpoint_store)
     for flag, help_text in JOB_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(), help=help_text)
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, metavar=flag.upper(),
+                       help=help_text.format(stores=stores))
+    for alias, flag in JOB_FLAG_ALIASES.items():
+        p.add_argument(f"--{alias.replace('_', '-')}", dest=alias, default=None, metavar=flag.upper(),
+                       help=f"the former name of --{flag.replace('_', '-')}")
     if resume_help:  # takes a value too (RESUME=0 from Make): every value is parsed, none dropped
         p.add_argument("--resume", nargs="?", const="1", default=None, metavar="1|0", help=resume_help)
     if detach:
@@ -276,7 +291,7 @@ def _switch(args: argparse.Namespace, key: str, from_env: bool = False) -> bool:
 
 def _spec_from(args: argparse.Namespace) -> ClusterSpec:
     """The cluster spec of up, run and sweep; SPOT=1 where nothing watches spot notices gets a note."""
-    flags = {key: getattr(args, key) for key in PARSERS}
+    flags = {key: getattr(args, key) for key in every_parser()}
     spec = resolve_spec(flags, os.environ, load_config(args.config, os.environ))
     note = unwatched_spot(spec, os.environ)
     if note:
@@ -285,13 +300,13 @@ def _spec_from(args: argparse.Namespace) -> ClusterSpec:
 
 
 def unwatched_spot(spec: ClusterSpec, env: Mapping[str, str]) -> str:
-    """The note for SPOT=1 on a provider whose World has no spot-notice endpoint (and no
+    """The note for SPOT=1 on a provider whose World has no spot-notice reader (and no
     FTC_IMDS_ENDPOINT names a simulated one): its jobs watch no notices; '' otherwise. Pure, given `env`."""
     from provision.providers import world
-    if not spec.spot or env.get("FTC_IMDS_ENDPOINT") or world(spec.provider).spot_notice_endpoint:
+    if not spec.spot or env.get("FTC_IMDS_ENDPOINT") or world(spec.provider).spot_reader:
         return ""
     return (f"note: {label('spot')}=1 on {label('provider')}={spec.provider}: no spot notices are watched there "
-            "(its provider has no spot-notice endpoint); jobs run as on any other node")
+            "(its provider has no spot-notice reader); jobs run as on any other node")
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ from .transfer import (
 
 # JobSpec's settings that run.json keeps elsewhere (the launch's ranks and flows, its own directory),
 # or that do not shape the job's numbers (the exchange's timing, where checkpoints are also copied).
-RECORDED_APART = ("ppn", "flows", "results", "allreduce", "checkpoint_s3")
+RECORDED_APART = ("ppn", "flows", "results", "allreduce", "checkpoint_uri")
 SAID_WHEN_EMPTY = ("data_dir",)  # '' says where: the hub; every other setting left empty is recorded as null
 
 
@@ -143,7 +143,7 @@ class FinetuneJob:
                                                                 planned_steps(job, len(state.nodes))))
         self.on_nodes = on_nodes
         return st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,
-                          checkpoint_s3=job.checkpoint_s3)
+                          checkpoint_uri=job.checkpoint_uri)
 
     def arguments(self, state: st.ClusterState, record: st.JobInfo) -> list[str]:
         return train_args(self.on_nodes, record.remote_dir, state.cluster_spec.stack, self.continues)

@@ -29,7 +29,7 @@ from provision.values import label, writable_dir
 
 from . import runs
 from .finetune_job import FinetuneJob
-from .jobspec import JobSpec, metadata_endpoint
+from .jobspec import JobSpec, spot_watch
 from .node.facts import NodeFacts
 from .node.protocol import (
     CHECKPOINT_FILE,
@@ -138,8 +138,8 @@ def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot:
 def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind, record: st.JobInfo) -> LaunchSpec:
     """The launch of the job's ranks (provision/launch.py, the one launch builder), with the kind's
     program, arguments and environment, and on a spot cluster where its ranks read interruption notices."""
-    endpoint = metadata_endpoint(state.provider) if state.cluster_spec.spot else ""
-    env = {**kind.environment(state, record), **({SPOT_NOTICE_ENV: endpoint} if endpoint else {})}
+    watch = spot_watch(state.provider) if state.cluster_spec.spot else ""
+    env = {**kind.environment(state, record), **({SPOT_NOTICE_ENV: watch} if watch else {})}
     try:
         return cluster_launch(state, facts, kind.title(), record.remote_dir, kind.program,
                               kind.arguments(state, record), ppn=kind.ppn or None, env=env, flows=kind.flows or None)

@@ -40,5 +40,6 @@ JOB_FLAGS = {
             f"{RECIPES['ftc']['seed']}): "
             "a run with another seed measures the spread of a recipe's accuracy",
     "results": "controller directory for results (default $FTC_HOME/runs/<cluster>/<task>-<UTC time>)",
-    "checkpoint_s3": "s3://bucket/prefix: also copy every checkpoint there (<prefix>/<job>/last.pt)",
+    "checkpoint_uri": "a checkpoint store's URI ({stores}): also copy every checkpoint there (<prefix>/<job>/last.pt)",
 }
+JOB_FLAG_ALIASES = {"checkpoint_s3": "checkpoint_uri"}  # a former name -> the flag it now is

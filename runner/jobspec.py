@@ -28,11 +28,12 @@ from provision.values import (
 )
 
 from . import runs
-from .jobflags import JOB_FLAGS
+from .jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
 from .node.recipes import ALLREDUCE, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
+from .node.spot import IMDS_V2, SpotReader
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -71,7 +72,7 @@ class JobSpec:
     ppn: int = 0  # 0: provision/launch.default_ppn
     flows: int = 0  # gloo connections per peer; 0: provision/launch.default_flows
     results: str = ""
-    checkpoint_s3: str = ""
+    checkpoint_uri: str = ""
 
 
 @functools.cache  # one answer per command: MODEL, DATA_DIR and the model check each ask, and offline each costs a timeout
@@ -141,9 +142,10 @@ def checked_job(values: dict, resume: bool, notes: list[str]) -> JobSpec:
         job.results = writable_dir("results", values["results"])
         if not resume:
             runs.refuse_reuse("results", values["results"])
-    if values.get("checkpoint_s3"):
-        store_for("checkpoint_s3", values["checkpoint_s3"])  # a provider's checkpoint store (aws: S3), else refused
-        job.checkpoint_s3 = values["checkpoint_s3"].rstrip("/")
+    named = [key for key in ("checkpoint_uri", *JOB_FLAG_ALIASES) if values.get(key)]  # as typed: the new name or the former
+    if named:
+        store_for(named[0], values[named[0]])  # a provider's checkpoint store (aws: S3), else refused
+        job.checkpoint_uri = values[named[0]].rstrip("/")
     return job
 
 
@@ -162,9 +164,13 @@ def apply_small_data(job: JobSpec, values: dict, rows: int) -> list[str]:
 def job_from_args(args, resume: bool = False, env: dict[str, str] | None = None) -> JobSpec:
     """The job's settings by the one rule of precedence: a flag over its FTC_<NAME> variable (FTC_EPOCHS=1)."""
     env = dict(os.environ) if env is None else env
-    given = {key: getattr(args, key, None) for key in JOB_FLAGS}
-    return validate_job({key: env.get(f"FTC_{key.upper()}") if value is None else value
-                         for key, value in given.items()}, resume)
+    given = {key: getattr(args, key, None) for key in [*JOB_FLAGS, *JOB_FLAG_ALIASES]}
+    values = {key: env.get(f"FTC_{key.upper()}") if value is None else value for key, value in given.items()}
+    for alias, key in JOB_FLAG_ALIASES.items():
+        if values[alias] is not None and values[key] not in (None, values[alias]):
+            raise UsageError(f"{label(key)}={values[key]!r} and {label(alias)}={values[alias]!r} differ; {label(alias)} "
+                             f"is {label(key)}'s former name: give one of them")
+    return validate_job(values, resume)
 
 
 def check_ppn_fits(spec, job: JobSpec) -> None:
@@ -390,8 +396,10 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
     return args
 
 
-def metadata_endpoint(provider: str) -> str:
-    """Where spot nodes read interruption notices: the provider's metadata service (aws: EC2's), or
-    FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one: that is how the tests
-    reclaim a node); '' where there is neither: nothing to watch."""
-    return os.environ.get("FTC_IMDS_ENDPOINT", world(provider).spot_notice_endpoint)
+def spot_watch(provider: str) -> str:
+    """What a spot node's watcher is given (SpotReader.watch): the provider's reader (aws: IMDSv2 at EC2's
+    metadata service), or IMDSv2 at FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one:
+    that is how the tests reclaim a node); '' where there is neither: nothing to watch."""
+    simulated = os.environ.get("FTC_IMDS_ENDPOINT")
+    reader = SpotReader(IMDS_V2, simulated) if simulated else world(provider).spot_reader
+    return reader.watch if reader else ""

@@ -143,7 +143,7 @@ def home_checkpoint(results_dir: str | Path) -> Path:
 
 def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     """The head node's last checkpoint (while the job runs), to home_checkpoint on the controller
-    (atomically), and to CHECKPOINT_S3 when given. None when there is none yet, when the controller's
+    (atomically), and to CHECKPOINT_URI's store when given. None when there is none yet, when the controller's
     disk has no room for it (measured first: no copy starts that would fill it), or when the copy
     failed mid-way: that is said in one line, and the job goes on (the next checkpoint, or the fetch
     at the job's end, brings it)."""
@@ -173,8 +173,8 @@ def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
         console.print(f"copying the checkpoint of job {job.id} home failed ({_why(exc)}); {later}",
                       style="yellow", markup=False, soft_wrap=True)
         return None
-    if job.checkpoint_s3:
-        providers.store_checkpoint(target, job.checkpoint_s3, job.id)  # the store's provider (aws: S3) copies it
+    if job.checkpoint_uri:
+        providers.store_checkpoint(target, job.checkpoint_uri, job.id)  # the store's provider (aws: S3) copies it
     return target
 
 
@@ -252,7 +252,7 @@ def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
 def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
     """Copy what comes home of the job (home_path) that is not home yet: for a fine-tuning job
     results.json, the model, output.log, every node's rank logs and the last checkpoint (to
-    CHECKPOINT_S3 too, when given); for a script, rank 0's output folder and the logs. All that is
+    CHECKPOINT_URI's store too, when given); for a script, rank 0's output folder and the logs. All that is
     missing is measured, by the sizes the nodes report, against the free space first: too little is
     refused before anything is copied. Each file arrives whole or not at all (_copy_whole), so a fetch
     cut short is finished by `ftc fetch`, which copies only what is missing."""
@@ -281,8 +281,8 @@ def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections)
         except connection_lost() as exc:
             raise FtcError(f"copying {remote} from {node.name} to {local} failed ({_why(exc)}); the run is marked "
                            f"incomplete and no file is left half-copied: {again}") from None
-    if job.checkpoint_s3 and home_checkpoint(target).exists():
-        providers.store_checkpoint(home_checkpoint(target), job.checkpoint_s3, job.id)
+    if job.checkpoint_uri and home_checkpoint(target).exists():
+        providers.store_checkpoint(home_checkpoint(target), job.checkpoint_uri, job.id)
     return target
 
 

@@ -61,7 +61,7 @@ LONGEST = {
     "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 18,
     "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 18,
     "test_finetune_and_launch_read_the_cluster_state_at_most_three_times": 18,
-    "test_a_provider_defined_only_in_tests_runs_up_finetune_and_down": 17,
+    "test_it_runs_up_a_finetune_stopped_by_its_own_spot_notice_and_resumed_and_down": 60,
     "test_requirements_go_into_a_layer_of_the_clusters_own_once_never_into_the_stack": 16,
     "test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it": 14,
     "test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_and_comes_home": 12,

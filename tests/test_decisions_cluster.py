@@ -2,6 +2,7 @@
 local nodes share the cores, which hosts are one server, what a host string means, what an FTC_HOME
 or a JSON value may hold, how sshd's process title is read, and what a host's cleanup does."""
 
+import json
 import os
 import subprocess
 
@@ -180,3 +181,13 @@ def test_an_ec2_on_this_machine_is_never_asked_about_through_a_public_service(mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://[::1]:5000")
     monkeypatch.setattr(aws.urllib.request, "urlopen", None)  # any query would fail the test
     assert aws.caller_cidr() == "127.0.0.1/32"
+
+
+def test_a_state_saved_when_checkpoint_uri_was_named_checkpoint_s3_still_loads_with_its_store():
+    """A cluster kept across the rename: its jobs' store is read under the new name, so `down` and `status` work."""
+    saved = st.ClusterState(name="k", provider="local", spec=ClusterSpec(name="k").to_dict(),
+                            jobs=[st.JobInfo(id="j", task="mrpc", remote_dir="/r", results_dir="/h",
+                                             checkpoint_uri="s3://ftc-checkpoints/runs")])
+    data = json.loads(saved.to_json())
+    data["jobs"][0]["checkpoint_s3"] = data["jobs"][0].pop("checkpoint_uri")
+    assert st.ClusterState.from_json(json.dumps(data)).jobs[0].checkpoint_uri == "s3://ftc-checkpoints/runs"

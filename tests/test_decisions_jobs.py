@@ -1,6 +1,7 @@
 """The job side's pure decisions, without a node: the training program's arguments, whether it
 compiles, the bench's rank layout, the sweep's table, what run.json records, and a busy cluster."""
 
+import argparse
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from provision.spec import ClusterSpec
 from runner.bench.common import rank_layout
 from runner.finetune_job import job_settings
 from runner.job import refuse_if_busy
-from runner.jobspec import JobSpec, train_args
+from runner.jobspec import JobSpec, job_from_args, train_args
 from runner.node.train import (
     COMPILE_MIN_STEPS,
     PHASES,
@@ -34,6 +35,16 @@ def test_train_args_of_a_default_job_name_only_what_the_program_needs(monkeypatc
     assert train_args(JobSpec(), "/out", "stock", resume=False) == [
         "--task", "mrpc", "--model", "distilbert-base-uncased", "--output-dir", "/out", "--recipe", "ftc",
         "--stack", "stock"]
+
+
+def test_checkpoint_uri_and_its_former_name_checkpoint_s3_are_one_setting_given_once():
+    both = argparse.Namespace(checkpoint_uri="s3://a/x", checkpoint_s3="s3://b/y")
+    with pytest.raises(UsageError, match=r"^--checkpoint-uri='s3://a/x' and --checkpoint-s3='s3://b/y' differ; "
+                                         r"--checkpoint-s3 is --checkpoint-uri's former name: give one of them$"):
+        job_from_args(both, env={})
+    from_env = argparse.Namespace(checkpoint_uri="s3://a/x")  # a flag and its former name's variable: refused alike
+    with pytest.raises(UsageError, match="differ"):
+        job_from_args(from_env, env={"FTC_CHECKPOINT_S3": "s3://b/y"})
 
 
 def test_train_args_pass_every_setting_given_and_the_intel_stack_adds_ipex(monkeypatch):

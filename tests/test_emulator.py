@@ -234,7 +234,7 @@ def test_emulator_stopped_with_sigterm_stops_every_node(ftc_home, tmp_path, monk
 def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypatch):
     from provision.providers import world
     from runner.node import spot
-    ec2s = world("aws").spot_notice_endpoint
+    ec2s = world("aws").spot_reader.endpoint
     monkeypatch.delenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", raising=False)
     assert spot.node_endpoint(ec2s) == "http://169.254.169.254"
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.1.9:80")

@@ -1,23 +1,25 @@
 """The provider interface: every registered provider has the verbs (providers.Verbs) with their
-signatures, and a World that holds together with its Traits; a provider defined only under tests/
-(fourth_provider.py) is found through FTC_PROVIDERS and runs up, finetune and down through the CLI."""
+signatures, and a World that holds together with its Traits; the registry, its refusals and what the CLI
+reads of it. The provider defined only under tests/ has its own test: test_fourth_provider.py."""
 
 import inspect
 import json
+from dataclasses import replace
 from importlib import import_module
 from pathlib import Path
 
 import pytest
-from conftest import ftc, sshd_pids
+from conftest import ftc
 from fourth_provider import TINYCLOUD
-from helpers import last_job, one_error, state_of, state_path, tiny_job
+from helpers import one_error, state_path
 
 from provision.errors import UsageError
 from provision.providers import OPTIONAL, REQUIRED, OptionalVerbs, Provider, Verbs, providers_with, records
 from provision.providers.records import registered
-from provision.spec import ClusterSpec
+from provision.spec import ClusterSpec, every_parser
 from provision.state import ClusterState
 from runner.cli import unwatched_spot
+from runner.node.spot import SpotReader
 from runner.runs import cost
 
 TESTS = Path(__file__).resolve().parent
@@ -52,23 +54,17 @@ def test_every_providers_world_holds_together_with_its_traits(provider: Provider
         assert world.flow_gbps > 0 and world.hop_latency_s > 0
     if traits.billed:
         assert all(kind.usd_per_hour > 0 for kind in world.instance_types.values())
+    if world.spot_reader:  # what the job hands its nodes reads back as the reader, and the reader is there
+        assert SpotReader.parse(world.spot_reader.watch) == world.spot_reader
+        assert callable(world.spot_reader.reader())
+    for key, setting in world.settings.items():  # a setting's default is a value its own parser takes
+        assert setting.parse(key, setting.default) == setting.default and setting.help
 
 
 def test_the_aws_world_keeps_ftcs_defaults_and_checkpoint_store():
     aws = registered()["aws"].world
     assert (aws.default_instance_type, aws.default_region, aws.flow_gbps) == ("c6i.16xlarge", "us-east-1", 10.0)
     assert aws.checkpoint_store.matches("s3://ftc-checkpoints/runs") and not aws.checkpoint_store.matches("http://x")
-
-
-def test_a_provider_named_in_ftc_providers_is_checked_against_its_own_catalog(ftc_home):
-    proc = ftc("up", "--name", "tc", "--provider", "tinycloud", "--instance-type", "c6i.16xlarge", env=WITH_TINYCLOUD)
-    assert proc.returncode == 2
-    assert one_error(proc) == "error: --instance-type='c6i.16xlarge' is not known; allowed: tiny.one, tiny.two"
-    zones = ftc("up", "--name", "tc", "--provider", "tinycloud", "--zones", "us-east-1a", env=WITH_TINYCLOUD)
-    assert one_error(zones) == ("error: --zones='us-east-1a': 'us-east-1a' is not a tinycloud zone name "
-                                "(e.g. tiny-north-1a)")
-    unknown = ftc("up", "--name", "tc", "--provider", "tinycloud")  # not named: not known
-    assert one_error(unknown) == f"error: --provider='tinycloud' is not known; allowed: {', '.join(registered())}"
 
 
 def test_a_bad_ftc_providers_entry_is_refused_in_one_line(ftc_home):
@@ -91,28 +87,15 @@ def test_a_provider_in_ftc_providers_whose_name_another_has_is_refused_and_the_s
     assert refused.value.exit_code == 2 and "\n" not in str(refused.value)
 
 
-def tinycloud_state(name: str) -> str:
-    """The state `up` of a tinycloud cluster with no nodes left would save (its resources are local's)."""
-    spec = {**ClusterSpec(name=name).to_dict(), "provider": "tinycloud", "instance_type": "tiny.one",
-            "region": "tiny-north-1"}
-    return json.dumps({**json.loads(ClusterState(name=name, provider="local", spec=spec).to_json()),
-                       "provider": "tinycloud"})
-
-
-def test_status_and_down_refuse_a_cluster_whose_provider_is_not_registered_and_change_nothing(ftc_home):
-    path = state_path(ftc_home, "tc")
-    path.parent.mkdir(parents=True)
-    saved = tinycloud_state("tc")
-    path.write_text(saved)
-    refusal = ("error: cluster 'tc': its provider 'tinycloud' is not registered here: set FTC_PROVIDERS as it was "
-               "at `ftc up` (module:attribute)")
-    for verb in ("status", "down"):
-        proc = ftc(verb, "--name", "tc")
-        assert (proc.returncode, one_error(proc)) == (2, refusal), verb
-    every = ftc("status")
-    assert (every.returncode, one_error(every)) == (1, refusal)  # `down` cleans up nothing here: not offered
-    assert path.read_text() == saved
-    assert ftc("status", "--name", "tc", env=WITH_TINYCLOUD).returncode == 0  # registered again: it loads
+@pytest.mark.parametrize("key, whose", [("tiny_image", "provider 'tinycloud'"), ("nodes", "the spec")])
+def test_a_providers_setting_of_a_name_another_setting_has_is_refused_in_one_line(monkeypatch, key, whose):
+    monkeypatch.setattr(records, "_REGISTERED", dict(records._REGISTERED))  # this process's registry stays as it is
+    records.register(TINYCLOUD)
+    twin = replace(TINYCLOUD, name="twin", world=replace(TINYCLOUD.world, settings={key: TINYCLOUD.world.settings["tiny_image"]}))
+    records.register(twin)
+    with pytest.raises(UsageError, match=rf"^provider 'twin' has a setting '{key}', which is already a setting of "
+                                         rf"{whose}; allowed: a setting of a name of its own$"):
+        every_parser()
 
 
 def test_plan_resolves_only_the_provider_and_its_instance_type(ftc_home):
@@ -157,7 +140,7 @@ def test_extend_names_the_providers_whose_nodes_have_a_lifetime_watchdog(ftc_hom
 def test_spot_is_noted_where_its_provider_watches_no_spot_notices():
     noted = unwatched_spot(ClusterSpec(name="s", spot=True), {})
     assert noted == ("note: --spot=1 on --provider=local: no spot notices are watched there (its provider has no "
-                     "spot-notice endpoint); jobs run as on any other node")
+                     "spot-notice reader); jobs run as on any other node")
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="ssh", hosts=["h"]), {}).startswith("note: ")
     assert unwatched_spot(ClusterSpec(name="s", spot=True), {"FTC_IMDS_ENDPOINT": "http://127.0.0.1:1"}) == ""
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="aws"), {}) == ""
@@ -174,24 +157,3 @@ def test_the_verb_lists_are_the_protocols_functions():
         return {name for name, _ in inspect.getmembers(protocol, inspect.isfunction) if not name.startswith("_")}
     assert set(REQUIRED) == declared(Verbs) and set(OPTIONAL) == declared(OptionalVerbs)
     assert REQUIRED[0] == "launch" and OPTIONAL[0] == "confirm"  # in the order declared
-
-
-@pytest.mark.slow
-def test_a_provider_defined_only_in_tests_runs_up_finetune_and_down(ftc_home, minilm, glue_dir):
-    up = ftc("up", "--name", "tiny", "--provider", "tinycloud", "--nodes", "2", "--yes", "1", env=WITH_TINYCLOUD)
-    assert up.returncode == 0, up.stderr[-3000:]
-    state = state_of(ftc_home, "tiny")
-    assert (state["provider"], state["spec"]["instance_type"], state["spec"]["region"]) == \
-        ("tinycloud", "tiny.one", "tiny-north-1")
-    status = ftc("status", "--name", "tiny", env=WITH_TINYCLOUD)
-    assert "tiny: tinycloud, bootstrapped" in status.stdout and "2 billed, about $" in status.stdout, status.stdout
-    job = ftc("finetune", "--name", "tiny", *tiny_job(minilm, glue_dir), env=WITH_TINYCLOUD)
-    assert job.returncode == 0, job.stderr[-3000:]
-    results = json.loads((Path(last_job(ftc_home, "tiny")["results_dir"]) / "results.json").read_text())
-    assert results["nodes"] == 2
-    unregistered = ftc("down", "--name", "tiny")  # only tinycloud can find its nodes: refused, nothing removed
-    assert unregistered.returncode == 2 and "its provider 'tinycloud' is not registered here" in unregistered.stderr
-    assert len(sshd_pids(ftc_home)) == 2 and state_path(ftc_home, "tiny").exists()
-    down = ftc("down", "--name", "tiny", env=WITH_TINYCLOUD)
-    assert down.returncode == 0, down.stderr[-3000:]
-    assert not state_path(ftc_home, "tiny").exists() and sshd_pids(ftc_home) == []

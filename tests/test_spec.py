@@ -69,6 +69,24 @@ def test_unknown_config_key_is_refused(ftc_home, tmp_path):
     assert proc.returncode == 2 and "unknown key 'nodez'" in proc.stderr
 
 
+def test_a_providers_own_setting_goes_by_the_one_precedence_into_the_specs_settings_for_its_verbs():
+    config, env = {"ami": "ami-0000000a"}, {"FTC_AMI": "ami-0000000b"}
+    assert resolve_spec({"provider": "aws"}, env, config).settings == {"ami": "ami-0000000b"}
+    assert resolve_spec({"provider": "aws", "ami": "ami-0000000c"}, env, config).settings == {"ami": "ami-0000000c"}
+    assert resolve_spec({"provider": "aws"}, {}, config).settings == {"ami": "ami-0000000a"}
+    assert resolve_spec({"provider": "aws"}, {}, {}).settings == {"ami": ""}  # empty: the SSM parameter's, at launch
+    with pytest.raises(UsageError, match=r"^--ami='ami-xyz' is not an AMI id; allowed: ami- followed by 8-17 hex "
+                                         r"digits, or empty$"):
+        resolve_spec({"provider": "aws"}, {}, {"ami": "ami-xyz"})
+
+
+def test_the_owner_label_takes_the_form_its_providers_world_gives():
+    assert resolve_spec({"provider": "aws", "owner": "team a@example.com"}, {}, {}).owner == "team a@example.com"
+    with pytest.raises(UsageError, match=r"^--owner='a\$b' is not an ftc:owner tag value; allowed: up to 128 letters, "
+                                         r"digits, spaces and _.:/=\+-@, or empty$"):
+        resolve_spec({"provider": "aws", "owner": "a$b"}, {}, {})
+
+
 def test_precedence_is_flags_then_env_then_config_then_defaults():
     config = {"nodes": 3, "region": "eu-west-1", "stack": "intel"}
     env = {"FTC_NODES": "5", "FTC_REGION": "us-west-2"}
@@ -310,8 +328,8 @@ def test_a_space_separated_host_list_is_echoed_as_given_and_no_host_is_glued_tog
 
 
 def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_ones_to_plan():
-    from runner.jobflags import JOB_FLAGS
-    given = {key: f"v{i}" for i, key in enumerate(JOB_FLAGS)}
+    from runner.jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
+    given = {key: f"v{i}" for i, key in enumerate([*JOB_FLAGS, *JOB_FLAG_ALIASES])}  # former names too
     assignments = [f"{key.upper()}={value}" for key, value in given.items()]
     for target in ("finetune", "run", "sweep"):
         dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,
@@ -325,8 +343,8 @@ def test_make_passes_every_job_option_to_finetune_run_and_sweep_and_the_planned_
 
 
 def test_make_passes_every_cluster_setting_to_cluster_run_and_sweep():
-    from provision.spec import PARSERS
-    given = {key: f"v{i}" for i, key in enumerate(PARSERS)}
+    from provision.spec import every_parser
+    given = {key: f"v{i}" for i, key in enumerate(every_parser())}  # the built-in providers' own settings too
     assignments = [f"{key.upper()}={value}" for key, value in given.items()]
     for target in ("cluster", "run", "sweep"):
         dry = subprocess.run(["make", "-n", "-s", target, *assignments], cwd=REPO, capture_output=True, text=True,

@@ -270,15 +270,16 @@ def test_checkpoints_are_also_copied_to_s3(aws, ftc_home, cluster, tiny_bert, gl
     import boto3
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="ftc-checkpoints")
-    proc = ftc("finetune", "--name", cluster, "--checkpoint-s3", "s3://ftc-checkpoints/runs",
+    proc = ftc("finetune", "--name", cluster, "--checkpoint-uri", "s3://ftc-checkpoints/runs",
                *job_flags(tiny_bert, glue_dir, samples=64, epochs=1))
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = state_of(ftc_home)["jobs"][-1]
     local = Path(job["results_dir"]) / "checkpoints" / "last.pt"
     remote = s3.head_object(Bucket="ftc-checkpoints", Key=f"runs/{job['id']}/last.pt")
     assert remote["ContentLength"] == local.stat().st_size > 0
-    bad = ftc("finetune", "--name", cluster, "--checkpoint-s3", "http://not-s3")
-    assert bad.returncode == 2 and "--checkpoint-s3='http://not-s3'" in bad.stderr
+    for flag in ("--checkpoint-uri", "--checkpoint-s3"):  # the former name too, named as typed
+        bad = ftc("finetune", "--name", cluster, flag, "http://not-s3")
+        assert bad.returncode == 2 and f"{flag}='http://not-s3' is not an S3 URI" in bad.stderr
 
 
 @pytest.mark.slow

@@ -762,6 +762,9 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
     import sys
 
     from fake_imds import FakeIMDS
+
+    from runner.node.protocol import SPOT_NOTICE_ENV
+    from runner.node.spot import IMDS_V2, SpotReader
     job_dir = tmp_path / "job"
     (job_dir / "workdir").mkdir(parents=True)
     (job_dir / "workdir" / "spot.py").write_text(
@@ -776,7 +779,7 @@ def test_a_spot_notice_gives_the_script_sigterm_and_the_preempted_note(tmp_path)
         "while True:\n    time.sleep(0.2)\n")
     imds = FakeIMDS()
     try:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "FTC_METADATA_ENDPOINT": imds.url}
+        env = {**os.environ, "PYTHONPATH": str(REPO), SPOT_NOTICE_ENV: SpotReader(IMDS_V2, imds.url).watch}
         rank = subprocess.Popen([sys.executable, "-m", "runner.node.script_rank", "output", "spot.py"], cwd=job_dir,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:

@@ -191,7 +191,7 @@ def extend(state: "ClusterState", hours: float) -> None:
 def store_checkpoint(checkpoint: Path, uri: str, job_id: str) -> None:
     """Copy a job's checkpoint file to the store `uri` names, whatever the cluster's provider (aws:
     s3://bucket/prefix, to <prefix>/<job_id>/last.pt), with the controller's credentials."""
-    import_module(store_for("checkpoint_s3", uri).module).store_checkpoint(checkpoint, uri, job_id)
+    import_module(store_for("checkpoint_uri", uri).module).store_checkpoint(checkpoint, uri, job_id)
 
 
 def relay(state: "ClusterState", node: "NodeInfo", from_node: bool = False) -> str:

@@ -213,7 +213,8 @@ def preflight(state: st.ClusterState) -> AwsPreflight:
     cidr = spec.ssh_cidr or caller_cidr()
     try:
         ec2 = client("ec2", spec.region)
-        ami = spec.ami or client("ssm", spec.region).get_parameter(Name=DEFAULT_AMI_PARAMETER)["Parameter"]["Value"]
+        ami = (spec.settings.get("ami")
+               or client("ssm", spec.region).get_parameter(Name=DEFAULT_AMI_PARAMETER)["Parameter"]["Value"])
         image = ec2.describe_images(ImageIds=[ami])["Images"]
         if not image:
             raise UsageError(f"AMI={ami!r} does not exist in {spec.region}")

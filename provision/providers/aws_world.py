@@ -1,6 +1,7 @@
 """What the AWS provider owns, without boto3: Intel Xeon instance types, their size and price, the
-regions, the forms of a zone, an AMI id and an S3 URI, the metadata service a spot node asks, and the
-network of a cluster placement group. Shared code reads these through the registry (records.py).
+regions, the forms of a zone, an AMI id, a tag value and an S3 URI, its own setting (AMI), the reader of
+a spot node's notice (IMDSv2), and the network of a cluster placement group. Shared code reads these
+through the registry (records.py).
 
 The catalog here is the snapshot bundled with ftc (aws_catalog.py: EC2's DescribeInstanceTypes facts,
 us-east-1 on-demand list prices), so a spec is checked and a plan made with no network and no
@@ -9,8 +10,10 @@ Price List API (aws.catalog), and says which source it used. Other regions' pric
 percent, which is why a plan says "about".
 """
 
+from runner.node.spot import IMDS_V2, SpotReader
+
 from .aws_catalog import snapshot
-from .records import AwsResources, NameForm, Provider, Traits, World
+from .records import AwsResources, NameForm, Provider, Setting, Traits, World
 
 INSTANCE_TYPES = snapshot().instance_types
 
@@ -24,6 +27,7 @@ REGIONS = (
 # Amazon Linux 2023, resolved at launch time so the image is always current.
 DEFAULT_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 DEFAULT_SSH_USER = "ec2-user"
+AMI_FORM = NameForm(r"ami-[0-9a-f]{8,17}", "an AMI id", "ami- followed by 8-17 hex digits")
 
 AWS = Provider(
     name="aws",
@@ -37,8 +41,12 @@ AWS = Provider(
         regions=REGIONS,
         default_region="us-east-1",
         zone_form=NameForm(r"[a-z]{2}-[a-z]+-\d[a-z]", "an availability zone name", "e.g. us-east-1a"),
-        image_form=NameForm(r"ami-[0-9a-f]{8,17}", "an AMI id", "ami- followed by 8-17 hex digits"),
-        spot_notice_endpoint="http://169.254.169.254",  # EC2's instance metadata service
+        image_form=AMI_FORM,
+        label_form=NameForm(r"[\w.@+=:/ -]{0,128}", "an ftc:owner tag value",
+                            "up to 128 letters, digits, spaces and _.:/=+-@"),
+        settings={"ami": Setting(AMI_FORM.parse, "", "AWS image id (default: Amazon Linux 2023 from its public "
+                                                     "SSM parameter)")},
+        spot_reader=SpotReader(IMDS_V2, "http://169.254.169.254"),  # EC2's instance metadata service
         checkpoint_store=NameForm(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?", "an S3 URI", "s3://bucket/prefix"),
         flow_gbps=10.0,  # AWS's limit on one TCP flow inside a cluster placement group
         express_flow_gbps=25.0,  # that limit with ENA Express (SRD) on both ends

@@ -1,9 +1,11 @@
 """What crosses the provider interface, as plain dataclasses: a node's live status, what each provider
-can do and needs (Traits), what it owns (World: its catalog, regions, name forms, spot notices, checkpoint
-store, network), what each one records in the state (its resources); and the registry of providers.
+can do and needs (Traits), what it owns (World: its catalog, regions, name forms, its own settings, the
+reader of its spot notices, checkpoint store, network), what each one records in the state (its
+resources); and the registry of providers.
 
 Callers outside provision/providers/ ask `traits(provider)` and `world(provider)`, never compare provider
-names. Imports nothing of ftc but its errors, so the state (provision/state.py) can hold these records.
+names. Imports nothing of ftc but its errors and the spot reader's record (a node program's, which the
+job hands to the nodes), so the state (provision/state.py) can hold these records.
 The built-in providers are registered by the package (providers/__init__.py); another is named in
 FTC_PROVIDERS (module:attribute of a Provider, comma-separated) and loaded on the registry's first use.
 """
@@ -12,7 +14,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+from runner.node.spot import SpotReader
 
 from ..errors import UsageError, option
 
@@ -165,6 +169,22 @@ class NameForm:
     def matches(self, name: str) -> bool:
         return re.fullmatch(self.pattern, name) is not None
 
+    def parse(self, key: str, raw: Any) -> str:
+        """Setting `key`'s value, a name of this form or empty (its default); else refused in one line."""
+        value = str(raw).strip()
+        if value and not self.matches(value):
+            raise UsageError(f"{option(key)}={raw!r} is not {self.what}; allowed: {self.allowed}, or empty")
+        return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting a provider owns (AWS's AMI): a flag, FTC_<KEY> and a config key like any of the spec's,
+    whose value the spec keeps in ClusterSpec.settings for the provider's verbs."""
+    parse: Callable[[str, Any], Any]  # (key, raw) -> the value, or UsageError in one line (provision/values.py)
+    default: Any  # what the verbs get when it is not given
+    help: str  # the flag's help
+
 
 @dataclass(frozen=True)
 class World:
@@ -176,8 +196,10 @@ class World:
     regions: tuple[str, ...] = ()
     default_region: str = ""
     zone_form: NameForm | None = None  # a zone's name; a zone is named after its region (us-east-1a)
-    image_form: NameForm | None = None  # an image id (AMI)
-    spot_notice_endpoint: str = ""  # the metadata service a spot node polls for its reclaim notice (IMDSv2)
+    image_form: NameForm | None = None  # an image id (AMI), as its image setting takes it
+    label_form: NameForm | None = None  # a label's value on what a cluster creates (OWNER: AWS's ftc:owner tag)
+    settings: Mapping[str, Setting] = field(default_factory=dict)  # its own, by key (aws: ami)
+    spot_reader: SpotReader | None = None  # how a spot node hears its reclaim notice (aws: IMDSv2); None: not heard
     checkpoint_store: NameForm | None = None  # the URI of a checkpoint store (S3); its verb: store_checkpoint
     flow_gbps: float = 0.0  # the network's cap on one TCP flow between nodes
     express_flow_gbps: float = 0.0  # that cap where both ends turn on the faster transport (InstanceType.ena_express)
@@ -281,7 +303,7 @@ def spec_world(name: str) -> World:
 
 def store_for(key: str, uri: str) -> Provider:
     """The provider whose checkpoint store `uri` names (an s3:// URI: aws), whatever the cluster's
-    provider; none is refused in one line naming setting `key`."""
+    provider; none is refused in one line naming setting `key` (CHECKPOINT_URI)."""
     stores = [p for p in registered().values() if p.world.checkpoint_store]
     for found in stores:
         if found.world.checkpoint_store.matches(uri):

@@ -35,7 +35,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 REPORT = "bench.json"  # in OUT: every mode's section beside the scaling report
 
 
-# ---- options every mode that trains takes, and their checks ------------------------------------------
+# ---- the options modes share, and their checks --------------------------------------------------------
 
 def add_out(p: argparse.ArgumentParser, writes: str = REPORT) -> None:
     p.add_argument("--out", default="runs/bench",

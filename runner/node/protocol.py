@@ -64,9 +64,9 @@ JOB_PREEMPTED = "PREEMPTED"  # PREEMPTED_FILE is there: the job stopped for a sp
 # script job's environment never holds it), so they cannot carry it by accident; whatever else they
 # hold, a line without it is only text.
 LOG_MARK_ENV = "FTC_LOG_MARK"
-# On a spot cluster, where every rank of every kind of job reads interruption notices: in its launch
-# environment, the one way the controller says it.
-SPOT_NOTICE_ENV = "FTC_METADATA_ENDPOINT"
+# On a spot cluster, how every rank of every kind of job reads interruption notices (spot.SpotReader.watch:
+# the provider's reader and where it asks): in its launch environment, the one way the controller says it.
+SPOT_NOTICE_ENV = "FTC_SPOT_WATCH"
 LOG_CLOCK = "%H:%M:%S"
 LOGGED = re.compile(r"(ftc-[0-9a-f]{12}) (\d\d):(\d\d):(\d\d) ")
 # A number as Python's float() reads it (and as f"{x:.4f}" writes NaN and infinities): a line with

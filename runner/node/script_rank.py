@@ -163,8 +163,8 @@ def _children() -> list[tuple[int, str]]:
 def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
     """On a spot cluster (SPOT_NOTICE_ENV), a thread that, once a notice comes, writes the note
     the script can read and sends the script SIGTERM: two minutes to save what it needs."""
-    endpoint = os.environ.get(SPOT_NOTICE_ENV, "")
-    if not endpoint:
+    watch = os.environ.get(SPOT_NOTICE_ENV, "")
+    if not watch:
         return None
 
     class Notify(Watcher):
@@ -173,7 +173,7 @@ def _watch_spot(child: subprocess.Popen, note: Path) -> Watcher | None:
             if self.notice is not None:
                 note.write_text("FTC_PREEMPTED=1\n")
                 _signal_group(child.pid, signal.SIGTERM)
-    watcher = Notify(endpoint)
+    watcher = Notify(watch)
     watcher.start()
     return watcher
 

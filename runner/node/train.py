@@ -162,8 +162,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None,
                    help="the new head's weights, the data's order, dropout and PowerSGD's start (default: the recipe's)")
     p.add_argument("--resume", action="store_true", help=f"continue from <output-dir>/{CHECKPOINT_FILE}")
-    p.add_argument("--spot-watch", default=os.environ.get(SPOT_NOTICE_ENV, ""), metavar="URL",
-                   help="spot nodes: watch this metadata service for an interruption notice; on one, "
+    p.add_argument("--spot-watch", default=os.environ.get(SPOT_NOTICE_ENV, ""), metavar="READER@ENDPOINT",
+                   help="spot nodes: ask the provider's reader (module:function) at its metadata service for an "
+                        "interruption notice; on one, "
                         f"checkpoint where the job stands and exit {EXIT_PREEMPTED} (default: {SPOT_NOTICE_ENV}, "
                         "as the controller's launch sets it on a spot cluster)")
     p.add_argument("--hold-at-step", type=int, default=0, metavar="N",
@@ -879,8 +880,8 @@ def hold(run: Run) -> None:
         time.sleep(0.1)
 
 
-def watch_spot(url: str) -> spot.Watcher:
-    watcher = spot.Watcher(url)
+def watch_spot(watch: str) -> spot.Watcher:
+    watcher = spot.Watcher(watch)
     watcher.start()
     return watcher
 
