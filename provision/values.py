@@ -103,11 +103,16 @@ def local_path(key: str, raw: Any) -> str:
     if not value:
         return ""
     try:
-        return str(Path(value).expanduser().absolute())
+        path = Path(value).expanduser().absolute()
     except RuntimeError:  # ~user of no such user, or no home directory to expand ~ to
         head = value.split("/", 1)[0]
         raise UsageError(f"{label(key)}={raw!r}: {head!r} names no home directory on this machine; "
                          "give an absolute path, or one under ~/") from None
+    # Longer, and every look at it fails with "File name too long" (Linux's NAME_MAX and PATH_MAX).
+    if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(part)) > 255 for part in path.parts):
+        raise UsageError(f"{label(key)}={value[:40] + '...'!r} is longer than a path can be (255 bytes a name, "
+                         "4096 in all); give the path of a file or folder that can exist")
+    return str(path)
 
 
 def control_character(text: str) -> str:

@@ -182,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# torchrun's own options, and what takes their place under `ftc launch`
+TORCHRUN_OPTIONS = {
+    "nproc-per-node": "ranks per node are --ppn N",
+    "nnodes": "the job runs on every node of the cluster (`ftc up --nodes N` sets how many)",
+    "node-rank": "ftc starts every node's ranks itself",
+    **dict.fromkeys(("standalone", "master-addr", "master-port", "rdzv-endpoint", "rdzv-backend", "rdzv-id"),
+                    "ftc sets MASTER_ADDR and MASTER_PORT itself"),
+}
+
+
 def _launch_parser(sub) -> None:
     p = sub.add_parser("launch", help="run your own training script on every rank: ftc launch -- train.py [ARGS...]")
     _name_flag(p)
@@ -189,12 +199,19 @@ def _launch_parser(sub) -> None:
     p.add_argument("--ppn", default=None, help="ranks per node (default: one per socket, as for ftc's jobs)")
     p.add_argument("--output", default=None,
                    help="rank 0's output folder inside the workdir, fetched home (default output); FTC_OUTPUT_DIR")
-    p.add_argument("--requirements", default=None, help="a requirements file installed into the stack on every node")
+    p.add_argument("--requirements", default=None,
+                   help="a requirements file pip-installed on every node into a venv layered on the stack")
+    p.add_argument("--data", action="append", default=[], metavar="PATH",
+                   help="a file or folder outside the workdir, copied into its copy under its own name "
+                        "(repeatable, or a comma list)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a variable for every rank (repeatable)")
     p.add_argument("--max-workdir-mb", default=None, help="refuse a bigger workdir, in MB (default 200)")
     p.add_argument("--detach", nargs="?", const="1", default=None, metavar="1|0",
                    help="start the job and return; follow later with `ftc logs`")
     p.add_argument("--render-only", action="store_true", help="print the launch script and stop")
+    for name in TORCHRUN_OPTIONS:  # given out of habit: refused in cmd_launch, saying what ftc does instead
+        p.add_argument(f"--{name}", f"--{name.replace('-', '_')}", dest=f"torchrun_{name.replace('-', '_')}",
+                       nargs="?", const="", default=None, help=argparse.SUPPRESS)
     p.add_argument("--script", default=None, help=argparse.SUPPRESS)  # make launch SCRIPT=...
     p.add_argument("--args", default=None, help=argparse.SUPPRESS)  # make launch ARGS='...', split as a shell would
     p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]",
@@ -450,6 +467,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
     from runner import job, script_job
+    habit = next((name for name in TORCHRUN_OPTIONS if getattr(args, f"torchrun_{name.replace('-', '_')}") is not None),
+                 None)
+    if habit:
+        raise UsageError(f"--{habit} is torchrun's option, not ftc launch's: {TORCHRUN_OPTIONS[habit]}; "
+                         "`ftc launch --name X [--ppn N] -- train.py ARGS`")
     words = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     if args.script is not None:  # from make: SCRIPT and ARGS
         try:
@@ -465,7 +487,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                          "script after it: `ftc launch --name X -- train.py --epochs 1`")
     script = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
                                  ppn=args.ppn, requirements=args.requirements, env=args.env,
-                                 max_workdir_mb=args.max_workdir_mb)
+                                 max_workdir_mb=args.max_workdir_mb, data=args.data)
     return job.launch(_cluster_name(args), script, detach=_switch(args, "detach"), render_only=args.render_only)
 
 

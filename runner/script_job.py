@@ -28,7 +28,7 @@ from provision.stacks import STACKS
 from provision.ui import console
 from provision.values import label, local_path, refuse_control_character, refuse_not_utf8, whole
 
-from . import runs
+from . import runs, script_data
 from .node.facts import NodeFacts
 from .node.protocol import (
     LOGS_DIR,
@@ -76,9 +76,10 @@ class ScriptJob:
     output: str = "output"  # rank 0's output folder, relative to the workdir: fetched home
     ppn: int = 0  # ranks per node; 0: the node facts' default, as for ftc's own jobs
     requirements: Path | None = None  # installed on every node into a venv layered on the stack, once per content
+    data: list[Path] = field(default_factory=list)  # outside the workdir: copied into its copy, each under its name
     env: dict[str, str] = field(default_factory=dict)  # more variables for every rank
     max_workdir_mb: int = MAX_WORKDIR_MB
-    files: list[Path] = field(default_factory=list, init=False)  # what is copied of the workdir, once placed
+    copy: dict[str, Path] = field(default_factory=dict, init=False)  # the workdir's copy (path there -> file), once placed
 
     kind: ClassVar[str] = "script"
     verb: ClassVar[str] = "launch"  # the ftc command that starts it
@@ -102,11 +103,14 @@ class ScriptJob:
 
     def place(self, state: st.ClusterState, connections: NodeConnections, render_only: bool) -> st.JobInfo:
         """The workdir's files to copy, checked; the job's id and directories."""
-        self.files = workdir_files(self.workdir)
-        if not any(f.relative_to(self.workdir).as_posix() == self.script for f in self.files):
+        self.copy = copy_of(self)
+        if self.script not in self.copy:
             raise UsageError(f"{label('script')}={self.script!r} is left out of the copy by the .gitignore of "
                              f"{label('workdir')}={str(self.workdir)!r}; un-ignore it")
-        refuse_oversized(self.workdir, self.files, self.max_workdir_mb)
+        refuse_oversized(self.workdir, self.copy, self.max_workdir_mb)
+        for line in script_data.unseen_paths(self.args, self.copy, self.workdir, Path.cwd(),
+                                             traits(state.provider).shares_this_machine):
+            console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
         job_id = f"script-{runs.utc_stamp()}"
         return st.JobInfo(id=job_id, task="script", remote_dir=f"{state.head.workdir}/jobs/{job_id}",
                           results_dir=runs.default_results_dir(state.name, job_id), kind="script", output=self.output)
@@ -123,14 +127,15 @@ class ScriptJob:
 
     def settings(self, launch: LaunchSpec) -> dict:
         return {"kind": "script", "task": "script", "model": "", "command": self.command, "workdir": str(self.workdir),
-                "output": self.output, "exit_code": None, "output_bytes": None}
+                "data": [str(path) for path in self.data], "output": self.output, "exit_code": None,
+                "output_bytes": None}
 
     def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,
                 facts: list[NodeFacts]) -> None:
         """Under the cluster's lock, before the start: the workdir on every node, the requirements
         installed. Cut short, nothing of it runs on and no copy of the workdir is left."""
         try:
-            send_workdir(state, self.workdir, self.files, record.remote_dir, self.requirements, connections)
+            send_workdir(state, self.copy, record.remote_dir, self.requirements, connections)
             if self.requirements:
                 install_requirements(state, facts, self.requirements, record.remote_dir, record.id, connections)
         except BaseException:
@@ -163,7 +168,7 @@ class ScriptJob:
         ended = {"ended_at": max(e.ended_at for e in exits)} if exits else {}  # not when it was fetched
         runs.record_end(results, job.state, exit_code=code, output_bytes=output_bytes(results), **ended)
         where = state.nodes[failed.rank // ranks_per_node(results)].name if failed else ""
-        if ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
+        if not failed and ranks_alone(exits, len(state.nodes) * ranks_per_node(results)):
             console.print(f"[yellow]warning:[/] none of the {len(exits)} ranks exchanged anything with the "
                           "others (no DDP, FSDP or all_reduce): each ran the whole job alone, not as one "
                           "distributed job (a Trainer script on CPU needs `use_cpu=True` in its "
@@ -175,7 +180,7 @@ class ScriptJob:
 
 def validate(script: str, args: list[str], workdir: str | None = None, output: str | None = None,
              ppn: str | None = None, requirements: str | None = None, env: list[str] | None = None,
-             max_workdir_mb: str | None = None) -> ScriptJob:
+             max_workdir_mb: str | None = None, data: list[str] | None = None) -> ScriptJob:
     """Every setting of `ftc launch` checked before anything starts; one UsageError naming the value."""
     if not script:
         raise UsageError(f"{label('script')} is missing; give your training script"
@@ -207,6 +212,7 @@ def validate(script: str, args: list[str], workdir: str | None = None, output: s
                     max_workdir_mb=whole(1, 100_000)("max_workdir_mb", max_workdir_mb) if max_workdir_mb is not None
                     else MAX_WORKDIR_MB)
     refuse_output_on_a_file(root, job.output, output or "output")
+    job.data = script_data.checked(data or [], root, job.output, private_folders())
     if requirements:
         path = Path(local_path("requirements", requirements))
         if path.is_dir():
@@ -355,11 +361,21 @@ def private_folders() -> dict[Path, str]:
             (home / ".ssh").resolve(): "your ssh keys", (home / ".aws").resolve(): "your AWS credentials"}
 
 
-def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
-    """The bytes to copy; over the limit, refused naming the largest entries of the workdir."""
+def copy_of(job: ScriptJob) -> dict[str, Path]:
+    """What the nodes' copy of the workdir holds, by its path there: the workdir's files, and each --data
+    under its own name (a folder's files chosen as the workdir's are)."""
+    copy = {path.relative_to(job.workdir).as_posix(): path for path in workdir_files(job.workdir)}
+    for data in job.data:
+        copy |= ({f"{data.name}/{path.relative_to(data).as_posix()}": path for path in workdir_files(data)}
+                 if data.is_dir() else {data.name: data})
+    return copy
+
+
+def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> int:
+    """The bytes to copy; over the limit, refused naming the largest entries of the copy."""
     sizes: dict[str, int] = {}
-    for path in files:
-        top = path.relative_to(root).parts[0] + ("/" if len(path.relative_to(root).parts) > 1 else "")
+    for name, path in copy.items():
+        top = name.split("/")[0] + ("/" if "/" in name else "")
         sizes[top] = sizes.get(top, 0) + path.stat().st_size
     total = sum(sizes.values())
     if total > limit_mb * 2**20:
@@ -373,8 +389,8 @@ def refuse_oversized(root: Path, files: list[Path], limit_mb: int) -> int:
 
 # ---- on the nodes --------------------------------------------------------------------------------------
 
-def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_dir: str,
-                 requirements: Path | None, connections: NodeConnections) -> None:
+def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str, requirements: Path | None,
+                 connections: NodeConnections) -> None:
     """The workdir's copy into <job>/workdir on every node, in its own job directory (local nodes share
     this machine: the head's copy serves them all), and the requirements file beside it."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
@@ -382,7 +398,7 @@ def send_workdir(state: st.ClusterState, root: Path, files: list[Path], remote_d
         job_dir = node_path(state, node, remote_dir)
         conn = connections.to(state, node)
         run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
-        send_tree(conn, node, root, files, f"{job_dir}/{SCRIPT_WORKDIR}")
+        send_tree(conn, node, copy, f"{job_dir}/{SCRIPT_WORKDIR}")
         if requirements:
             conn.put(str(requirements), f"{job_dir}/{REQUIREMENTS_FILE}")
 
@@ -502,8 +518,12 @@ def script_outcome(results: Path, code: int, failed: RankExit | None, node: str)
     """A script's end: where its output is, or which rank failed first, on which node, with the last
     lines of its log. The exit code is that rank's (1 when mpirun's own failure left no rank's)."""
     if code == 0:
-        console.print(f"job finished; rank 0's output: {results / SCRIPT_OUTPUT_HOME}; its log: {results / rank_log_path(0)}; "
-                      "every run: `ftc runs`", markup=False, soft_wrap=True)
+        output = results / SCRIPT_OUTPUT_HOME
+        said = (f"rank 0's output: {output}" if output.exists() else "rank 0 wrote nothing into its output folder "
+                "($FTC_OUTPUT_DIR), the one folder of the workdir's copy that comes home: have your script write "
+                f"there, or name the folder it writes with {label('output')}")
+        console.print(f"job finished; {said}; its log: {results / rank_log_path(0)}; every run: `ftc runs`",
+                      markup=False, soft_wrap=True)
         return 0
     if failed is None:
         console.print(f"[red]job failed (exit code {code})[/] before any rank reported; mpirun's output: "

@@ -114,23 +114,22 @@ def send_folders(state: st.ClusterState, copies: dict[str, tuple[Path, list[Path
                 raise FtcError(f"{root} needs {_mb(size + SPACE_MARGIN)} on {node.name}, which has {_mb(free)} free "
                                "there; free some space on the node (or use a bigger root volume) and run again")
             console.print(f"copying {root} ({_mb(size)}) to {node.name}", markup=False, soft_wrap=True)
-            send_tree(conn, node, root, files, remote)
+            send_tree(conn, node, {path.relative_to(root).as_posix(): path for path in files}, remote)
             run(conn, node, "send folder", f"touch {quoted}/{FOLDER_COMPLETE}")
 
 
 FOLDER_COMPLETE = ".ftc-complete"  # in a folder copied to a node: the copy is whole
 
 
-def send_tree(conn, node: st.NodeInfo, root: Path, files: list[Path], remote: str) -> None:
-    """`files` (under `root`) into the node's folder `remote`, keeping their relative paths: one tar
-    through SFTP, unpacked beside and moved into place, so a copy cut short leaves no folder that
-    looks whole."""
+def send_tree(conn, node: st.NodeInfo, files: dict[str, Path], remote: str) -> None:
+    """`files` (path in the folder -> local file) into the node's folder `remote`: one tar through
+    SFTP, unpacked beside and moved into place, so a copy cut short leaves no folder that looks whole."""
     quoted, partial = shlex.quote(remote), shlex.quote(f"{remote}.partial")
     with tempfile.TemporaryDirectory(prefix="ftc-send-") as scratch:
         tarball = Path(scratch) / "folder.tar"
         with tarfile.open(tarball, "w", dereference=True) as tar:  # a link to a file goes as the file
-            for path in files:
-                tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+            for name, path in files.items():
+                tar.add(path, arcname=name, recursive=False)
         run(conn, node, "send folder", f"rm -rf {partial} && mkdir -p {partial}")
         interruptible(conn.client.get_transport(), conn.put, str(tarball), f"{remote}.tar")
     run(conn, node, "send folder", f"tar -xf {quoted}.tar -C {partial} && rm -f {quoted}.tar && "

@@ -109,9 +109,9 @@ def one_error(proc) -> str:
     return lines[0]
 
 
-def make(*args: str, home: Path) -> subprocess.CompletedProcess:
+def make(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """`make -s TARGET VAR=...` of the repo's Makefile, with FTC_HOME=home."""
-    return subprocess.run(["make", "-s", "-C", str(REPO), *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run(["make", "-s", "-C", str(REPO), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "FTC_HOME": str(home)})
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ftc
-from helpers import assert_bootstrapped, assert_refused, assert_script_runs_across_nodes, toy_csv, wait_for
+from conftest import REPO, ftc
+from helpers import assert_bootstrapped, assert_refused, assert_script_runs_across_nodes, make, toy_csv, wait_for
 
 from provision.errors import UsageError
 from provision.providers.ssh import Host, fingerprint, hosts_of, parse_probe, verdicts
@@ -353,13 +353,15 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
 
 @pytest.mark.slow
 def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own_copies(ftc_home, tmp_path, user_key,
-                                                                                       tiny_bert):
+                                                                                       tiny_bert, minilm, glue_dir):
     """Two accounts whose homes differ and see nothing of each other's or of the controller's files (as
     two users on two servers): each server's sshd runs in a mount namespace of its own, where the other's
-    home, the controller's FTC_HOME, data, script and model are empty read-only folders, and where the
-    stack's Python (the test's own) no longer finds ftc's package by its editable install. Each node runs
-    from its own directory: the job's, the copies of the model, the data and the workdir, and its own
-    copy of ftc's node programs, never the head's paths."""
+    home, the controller's FTC_HOME, data, scripts (the examples too) and models (the packaged MiniLM
+    too) are empty read-only folders, and where the stack's Python (the test's own) no longer finds
+    ftc's package by its editable install. Each node runs from its own directory: the job's, the copies
+    of the model, the data and the workdir, and its own copy of ftc's node programs, never the head's
+    paths. `make launch`'s example Trainer script, with the MRPC rows and the model it sends by default,
+    runs there as it does on local nodes."""
     controller = tmp_path / "controller"  # the data and the script: files only the controller has
     controller.mkdir()
     ftc_home.mkdir()
@@ -367,12 +369,15 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
     servers = [Server(tmp_path / f"server{i}", f"127.0.0.{104 + i}", user_key) for i in range(2)]
     for server in servers:
         server.hidden = (*[other.root for other in servers if other is not server], ftc_home, controller, Path(tiny_bert),
-                         *editable)
+                         *editable, glue_dir, REPO / "examples", Path(minilm))
         server.start()
     try:
         before = [s.listing() for s in servers]
         up = ftc("up", "--name", "homes", *ssh_flags(servers, user_key), "--yes", "1")
         assert up.returncode == 0, up.stderr[-3000:]
+        hidden = ftc("ssh", "--name", "homes", "--node", "1", "--", "test", "!", "-e", f"{glue_dir}/mrpc/train.tsv",
+                     "-a", "!", "-e", f"{minilm}/config.json", "-a", "!", "-e", str(REPO / "examples" / "README.md"))
+        assert hidden.returncode == 0, hidden.stderr  # a server sees no MRPC, MiniLM or example of the controller's
         train, dev = toy_csv(controller / "mine.csv", 32), toy_csv(controller / "mine-dev.csv", 12, offset=3)
         job = ftc("finetune", "--name", "homes", "--train-file", str(train), "--validation-file", str(dev),
                   "--text-columns", "review", "--label-column", "stars", "--model", tiny_bert, "--epochs", "1")
@@ -389,6 +394,14 @@ def test_servers_that_see_only_their_own_home_finetune_and_launch_from_their_own
         assert (servers[1].home / ".ftc-node" / "homes" / "jobs" / job_id / "logs").is_dir()
 
         assert_script_runs_across_nodes(ftc_home, "homes", controller)
+
+        # the example's own DATA (its MRPC rows and model) and arguments that name them; fewer rows than its 512
+        example = make("launch", "NAME=homes", "ARGS=--model model --train-file mrpc/train.tsv --validation-file "
+                       "mrpc/dev.tsv --max-train-samples 64 --max-eval-samples 32", home=ftc_home, timeout=900)
+        assert example.returncode == 0 and "warning" not in example.stderr, example.stderr[-3000:]
+        done = json.loads((ftc_home / "clusters" / "homes" / "state.json").read_text())["jobs"][-1]
+        result = json.loads((Path(done["results_dir"]) / "output" / "result.json").read_text())
+        assert result["world_size"] == 2 and result["train_samples"] == 64 and 0 <= result["eval_accuracy"] <= 1
 
         assert ftc("down", "--name", "homes").returncode == 0
         assert [s.listing() for s in servers] == before

@@ -236,6 +236,18 @@ def test_config_settings_outside_the_cluster_table_are_refused_by_name(ftc_home,
     assert_refused(ftc("up", "--name", "cfg", "--config", str(config)), named, ftc_home)
 
 
+@pytest.mark.parametrize("command", [
+    ["launch", "--name", "c", "--", "x" * 256],
+    ["launch", "--name", "c", "--workdir", "/tmp/" + "d/" * 2100, "--", "t.py"],
+    ["launch", "--name", "c", "--data", "y" * 300, "--", str(REPO / "examples" / "hf_trainer_glue.py")],
+    ["finetune", "--name", "c", "--task", "custom", "--train-file", "z" * 300, "--validation-file", "v.csv"],
+])
+def test_a_path_longer_than_any_file_can_have_is_refused_in_one_line(ftc_home, command):
+    proc = ftc(*command)
+    assert proc.returncode == 2 and "is longer than a path can be (255 bytes a name, 4096 in all)" in one_error(proc)
+    assert not ftc_home.exists()
+
+
 @pytest.mark.slow
 def test_a_home_of_no_such_user_in_a_path_is_refused_by_name(ftc_home, tmp_path):
     key = ftc("up", "--name", "tilde", "--provider", "ssh", "--hosts", "127.0.0.1:1",

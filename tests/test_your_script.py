@@ -82,7 +82,7 @@ def test_a_workdir_over_the_limit_names_its_largest_entries(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     with pytest.raises(script_job.UsageError, match=r"3\.0 MB to copy to every node, over the 2 MB limit "
                                                     r"\(largest: data/ 3\.0 MB, train\.py 0\.0 MB\)"):
-        script_job.refuse_oversized(tmp_path, script_job.workdir_files(tmp_path), 2)
+        script_job.refuse_oversized(tmp_path, script_job.copy_of(script_job.ScriptJob(tmp_path, "train.py")), 2)
 
 
 def test_links_in_the_workdir_copy_files_not_folders_and_a_name_not_utf8_is_refused(tmp_path):
@@ -97,6 +97,89 @@ def test_links_in_the_workdir_copy_files_not_folders_and_a_name_not_utf8_is_refu
     (tmp_path / os.fsdecode(b"bad\xff.txt")).write_text("x")
     with pytest.raises(script_job.UsageError, match=r"the name b'.*bad\\xff\.txt' is not UTF-8"):
         script_job.workdir_files(tmp_path)
+
+
+def test_data_outside_the_workdir_travels_in_its_copy_under_its_own_name(tmp_path):
+    workdir, shared = tmp_path / "work", tmp_path / "shared"
+    for name in ("work/train.py", "shared/mrpc/train.tsv", "shared/mrpc/dev.tsv", "shared/mrpc/notes.log",
+                 "shared/mrpc/.gitignore", "shared/model/config.json", "shared/vocab.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (shared / "mrpc" / ".gitignore").write_text("*.log\n")  # a data folder's files are chosen as the workdir's
+    job = script_job.validate(str(workdir / "train.py"), [], data=[f"{shared / 'mrpc'},{shared / 'model'}",
+                                                                   str(shared / "vocab.txt")])
+    copy = script_job.copy_of(job)
+    assert {name: path.relative_to(tmp_path).as_posix() for name, path in copy.items()} == {
+        "train.py": "work/train.py", "mrpc/.gitignore": "shared/mrpc/.gitignore",
+        "mrpc/train.tsv": "shared/mrpc/train.tsv", "mrpc/dev.tsv": "shared/mrpc/dev.tsv",
+        "model/config.json": "shared/model/config.json", "vocab.txt": "shared/vocab.txt"}
+    (shared / "mrpc" / "big.bin").write_bytes(b"\0" * 2**21)  # counted with the workdir's files
+    with pytest.raises(script_job.UsageError, match=r"over the 1 MB limit \(largest: mrpc/ 2\.0 MB"):
+        script_job.refuse_oversized(workdir, script_job.copy_of(job), 1)
+
+
+def test_arguments_naming_files_the_ranks_will_not_find_are_warned_of(tmp_path, monkeypatch):
+    from runner import script_data
+    for name in ("work/train.py", "work/data/a.tsv", "elsewhere/b.tsv", "shared/mrpc/train.tsv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    workdir, shared = tmp_path / "work", tmp_path / "shared"
+    copy = script_job.copy_of(script_job.validate(str(workdir / "train.py"), [], data=[str(shared / "mrpc")]))
+    args = ["--a", "data/a.tsv", "--b=mrpc/train.tsv", "work/data/a.tsv", "--c", str(tmp_path / "elsewhere" / "b.tsv"),
+            f"--d={shared}/mrpc/train.tsv", str(workdir / "data" / "a.tsv"), "--lr", "2e-5", "output/",
+            "a prompt, not a path " * 20, "/" + "x" * 300]  # no file can have these names
+    # from the workdir, on local nodes: every relative path is in the copy, absolute ones are read in place
+    assert script_data.unseen_paths(args, copy, workdir, workdir, shared=True) == []
+    # from the folder above: 'work/data/a.tsv' names nothing in the copy (its 'data/a.tsv' does)
+    (said,) = script_data.unseen_paths(args, copy, workdir, tmp_path, shared=True)
+    assert said.startswith(f"argument 'work/data/a.tsv' names {tmp_path}/work/data/a.tsv from your current folder, "
+                           f"but each rank runs from its copy of the workdir ({workdir})")
+    # on nodes that are not this machine, absolute paths outside the workdir too, with what to do
+    assert script_data.unseen_paths(args, copy, workdir, workdir, shared=False) == [
+        f"argument '{tmp_path}/elsewhere/b.tsv' is a path on this machine, which the nodes do not see (unless they "
+        f"mount it too); send it with --data={tmp_path}/elsewhere/b.tsv and name it 'b.tsv'",
+        f"argument '{shared}/mrpc/train.tsv' is a path on this machine, which the nodes do not see (unless they mount "
+        "it too); it is sent as 'mrpc/train.tsv': name it so"]
+
+
+def test_data_that_cannot_travel_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTC_HOME", str(tmp_path / "state"))
+    for name in ("work/train.py", "work/mrpc/x.tsv", "a/mrpc/train.tsv", "b/mrpc/train.tsv", "c/output/x",
+                 "state/clusters/c/key"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    script = str(tmp_path / "work" / "train.py")
+    cases = [
+        (str(tmp_path / "none"), "--data='{t}/none' is not a file or folder ({t}/none); give one your script reads"),
+        (str(tmp_path / "fifo"), "--data='{t}/fifo' is not a regular file or folder"),
+        (f"{tmp_path / 'a'},", "--data='{t}/a,' has an empty entry"),
+        (str(tmp_path), "--data='{t}' holds the workdir ({t}/work); give the data's own folder"),
+        (str(tmp_path / "work" / "mrpc"), "lies inside the workdir, whose copy holds it already"),
+        (str(tmp_path / "a" / "mrpc"), "--data='{t}/a/mrpc' would be copied as 'mrpc', the name of {t}/work/mrpc"),
+        (str(tmp_path / "c" / "output"), "would be copied as 'output', the name of --output='output' in the"),
+        (str(tmp_path / "state"), "is never copied to the nodes (FTC_HOME: every cluster's private keys)"),
+    ]
+    for given, said in cases:
+        with pytest.raises(script_job.UsageError) as refused:
+            script_job.validate(script, [], data=[given])
+        assert said.format(t=tmp_path) in str(refused.value), str(refused.value)
+    (tmp_path / "work" / "mrpc" / "x.tsv").unlink()
+    (tmp_path / "work" / "mrpc").rmdir()
+    with pytest.raises(script_job.UsageError, match="would be copied as 'mrpc', the name of .*/a/mrpc"):
+        script_job.validate(script, [], data=[str(tmp_path / "a" / "mrpc"), str(tmp_path / "b" / "mrpc")])
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    (["--nproc-per-node", "2"], "--nproc-per-node is torchrun's option, not ftc launch's: ranks per node are --ppn N"),
+    (["--nproc_per_node=2"], "--nproc-per-node is torchrun's option"),
+    (["--nnodes", "2"], "the job runs on every node of the cluster (`ftc up --nodes N` sets how many)"),
+    (["--standalone"], "--standalone is torchrun's option, not ftc launch's: ftc sets MASTER_ADDR and MASTER_PORT"),
+])
+def test_torchruns_own_options_are_refused_saying_what_ftc_does_instead(ftc_home, tmp_path, given, said):
+    proc = ftc("launch", "--name", "no-such", *given, "--", str(gloo_script(tmp_path)), "--nnodes", "3")
+    assert proc.returncode == 2 and said in one_error(proc), proc.stderr
+    assert not ftc_home.exists()
 
 
 @pytest.mark.parametrize("raw", ["../out", "/tmp/out", ".", "a/../../b"])
@@ -144,6 +227,8 @@ def test_bad_launches_are_refused_in_one_line_before_anything_starts(ftc_home, t
         (["--name", "nb", "--output", "gloo_job.py", "--", str(script)], "--output='gloo_job.py': gloo_job.py is a file"),
         (["--name", "nb", "--output", "big.bin/out", "--", str(script)], "--output='big.bin/out': big.bin is a file"),
         (["--name", "nb", "--env", "RANK=3", "--", str(script)], "ftc sets RANK"),
+        (["--name", "nb", "--data", str(tmp_path / "no-data"), "--", str(script)], "is not a file or folder"),
+        (["--name", "nb", "--data", str(workdir / "big.bin"), "--", str(script)], "lies inside the workdir"),
         (["--name", "nb", "--env", "not a pair", "--", str(script)], "--env='not a pair'"),
         (["--name", "nb", "--ppn", "0", "--", str(script)], "--ppn="),
         (["--name", "nb", "--", str(workdir / "a\nb.py")], "control character"),
@@ -248,6 +333,94 @@ def test_the_example_leaves_its_process_group_together_under_plain_torchrun(mini
     assert json.loads((tmp_path / "output" / "result.json").read_text())["world_size"] == 2
 
 
+# A plain PyTorch DDP script with its own loop, written from the docs alone: a hashed bag-of-words
+# paraphrase classifier on MRPC; rank 0 writes dev accuracy and a digest of the final weights.
+DDP_LOOP = """
+import argparse, csv, hashlib, json, os, re
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+p = argparse.ArgumentParser()
+p.add_argument("--train", required=True)
+p.add_argument("--dev", required=True)
+p.add_argument("--rows", type=int, default=256)
+p.add_argument("--out", default=os.environ.get("FTC_OUTPUT_DIR", "out"))
+args = p.parse_args()
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+def load(path):
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\\t", quoting=csv.QUOTE_NONE))[:args.rows]
+    ids = torch.zeros(len(rows), 2, 32, dtype=torch.long)
+    for i, row in enumerate(rows):
+        for j, side in enumerate(("#1 String", "#2 String")):
+            words = [int(hashlib.md5(w.encode()).hexdigest(), 16) % 4095 + 1 for w in re.findall("[a-z0-9]+", row[side].lower())]
+            ids[i, j, :len(words[:32])] = torch.tensor(words[:32], dtype=torch.long)
+    return TensorDataset(ids, torch.tensor([int(r["Quality"]) for r in rows]))
+class Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.EmbeddingBag(4096, 32, mode="mean", padding_idx=0)
+        self.head = torch.nn.Linear(128, 2)
+    def forward(self, ids):
+        a, b = self.embed(ids[:, 0]), self.embed(ids[:, 1])
+        return self.head(torch.cat([a, b, (a - b).abs(), a * b], dim=1))
+train, dev = load(args.train), load(args.dev)
+sampler = DistributedSampler(train, shuffle=True, seed=0)
+model = DDP(Pair())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for ids, labels in DataLoader(train, batch_size=16, sampler=sampler):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids), labels).backward()
+        opt.step()
+mine = torch.arange(dist.get_rank(), len(dev), dist.get_world_size())
+with torch.no_grad():
+    right = torch.tensor([float((model(dev.tensors[0][mine]).argmax(1) == dev.tensors[1][mine]).sum())])
+dist.all_reduce(right)
+if dist.get_rank() == 0:
+    os.makedirs(args.out, exist_ok=True)
+    weights = b"".join(t.detach().numpy().tobytes() for t in model.module.parameters())
+    result = {"world": dist.get_world_size(), "dev_accuracy": right.item() / len(dev),
+              "weights": hashlib.sha256(weights).hexdigest()}
+    open(os.path.join(args.out, "metrics.json"), "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_loop_gives_plain_torchruns_result_to_the_bit(ftc_home, cluster, glue_dir, tmp_path):
+    """Nothing of ftc in the script; its data sent with --data on one side, read in place by torchrun on
+    the other. Same ranks, same shards, same cores and threads: the same weights, bit for bit."""
+    import sys
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "ddp_loop.py").write_text(DDP_LOOP)
+    under_ftc = ftc("launch", "--name", cluster, "--data", str(glue_dir / "mrpc"), "--",
+                    str(tmp_path / "work" / "ddp_loop.py"), "--train", "mrpc/train.tsv", "--dev", "mrpc/dev.tsv")
+    assert under_ftc.returncode == 0, under_ftc.stderr[-3000:]
+    assert "warning" not in under_ftc.stderr  # its arguments name the copy's files: nothing to warn of
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    by_hand = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), str(torchrun), "--standalone",
+                              "--nproc-per-node", "2", str(tmp_path / "work" / "ddp_loop.py"), "--train",
+                              str(glue_dir / "mrpc" / "train.tsv"), "--dev", str(glue_dir / "mrpc" / "dev.tsv"),
+                              "--out", str(tmp_path / "torchrun")], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
+    ours = json.loads((Path(last_job(ftc_home, cluster)["results_dir"]) / "output" / "metrics.json").read_text())
+    theirs = json.loads((tmp_path / "torchrun" / "metrics.json").read_text())
+    assert ours["world"] == theirs["world"] == 2 and ours == theirs
+
+    # written where torchrun's user would find it (`--out results`), not into the output folder that comes home
+    elsewhere = ftc("launch", "--name", cluster, "--data", str(glue_dir / "mrpc"), "--", str(tmp_path / "work" /
+                    "ddp_loop.py"), "--train", "mrpc/train.tsv", "--dev", "mrpc/dev.tsv", "--rows", "32", "--out", "results")
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert "rank 0 wrote nothing into its output folder ($FTC_OUTPUT_DIR), the one folder of the workdir's copy that " \
+        "comes home: have your script write there, or name the folder it writes with --output" in elsewhere.stderr
+    assert not (Path(last_job(ftc_home, cluster)["results_dir"]) / "output").exists()
+
+
 @pytest.mark.slow
 def test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names(ftc_home, cluster, tmp_path):
     # A workdir and a script whose names would run commands if any shell read them unquoted.
@@ -344,6 +517,10 @@ def test_a_trainer_script_whose_ranks_each_train_alone_is_named(ftc_home, cluste
     together = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"), "1")
     assert together.returncode == 0, together.stderr[-3000:]
     assert "exchanged anything" not in together.stderr
+    # ranks that failed before they could exchange anything (a missing data file): the failure is the news
+    crashed = ftc("launch", "--name", cluster, "--", str(tmp_path / "work" / "trainer.py"))
+    assert crashed.returncode == 1 and "failed first (exit code 1)" in crashed.stderr, crashed.stderr[-3000:]
+    assert "exchanged anything" not in crashed.stderr
 
 
 @pytest.mark.slow
@@ -662,12 +839,15 @@ def _reads(path: Path) -> str:
 
 @pytest.mark.slow
 def test_make_launch_makes_its_cluster_and_runs_the_example_reading_shared_glue_by_default(ftc_home, minilm, glue_dir):
-    dry = make("-n", "launch", home=ftc_home)  # with no SCRIPT and no ARGS: the example on ../shared's MRPC
+    # with no SCRIPT, ARGS or DATA: the example on ../shared's MRPC and the packaged MiniLM, both sent as DATA
+    dry = make("-n", "launch", home=ftc_home)
     assert dry.returncode == 0, dry.stderr
     assert "--script='examples/hf_trainer_glue.py'" in dry.stdout
-    assert f"--args='--train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv" in dry.stdout
-    args = (f"--model {minilm} --train-file {glue_dir}/mrpc/train.tsv --validation-file {glue_dir}/mrpc/dev.tsv "
-            "--max-train-samples 16 --max-eval-samples 16 --batch-size 8")
+    assert f"--data='{glue_dir}/mrpc,{minilm}'" in dry.stdout
+    assert "--args='--model model --train-file mrpc/train.tsv --validation-file mrpc/dev.tsv" in dry.stdout
+    assert "--data=" not in make("-n", "launch", "SCRIPT=train.py", home=ftc_home).stdout  # your own script: yours
+    args = "--model model --train-file mrpc/train.tsv --validation-file mrpc/dev.tsv --max-train-samples 16 " \
+        "--max-eval-samples 16 --batch-size 8"
     try:
         real = make("launch", "NAME=mk", f"ARGS={args}", home=ftc_home)
         assert real.returncode == 0, real.stderr[-3000:]
