@@ -138,7 +138,7 @@ def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot:
 def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind, record: st.JobInfo) -> LaunchSpec:
     """The launch of the job's ranks (provision/launch.py, the one launch builder), with the kind's
     program, arguments and environment, and on a spot cluster where its ranks read interruption notices."""
-    watch = spot_watch(state.provider) if state.cluster_spec.spot else ""
+    watch = spot_watch(state.provider, state.cluster_spec.spot)
     env = {**kind.environment(state, record), **({SPOT_NOTICE_ENV: watch} if watch else {})}
     try:
         return cluster_launch(state, facts, kind.title(), record.remote_dir, kind.program,

@@ -399,10 +399,14 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
     return args
 
 
-def spot_watch(provider: str) -> str:
-    """What a spot node's watcher is given (SpotReader.watch): the provider's reader (aws: IMDSv2 at EC2's
-    metadata service), or IMDSv2 at FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one:
-    that is how the tests reclaim a node); '' where there is neither: nothing to watch."""
+def spot_watch(provider: str, spot: bool) -> str:
+    """What a node's notice watcher is given (SpotReader.watch): on a spot cluster, or where the provider's
+    notices come without spot (Slurm's), the provider's reader (aws: IMDSv2 at EC2's metadata service), or
+    IMDSv2 at FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one: that is how the tests
+    reclaim a node); '' where there is none: nothing to watch."""
+    provider_world = world(provider)
+    if not (spot or provider_world.notice_without_spot):
+        return ""
     simulated = os.environ.get("FTC_IMDS_ENDPOINT")
-    reader = SpotReader(IMDS_V2, simulated) if simulated else world(provider).spot_reader
+    reader = SpotReader(IMDS_V2, simulated) if simulated else provider_world.spot_reader
     return reader.watch if reader else ""

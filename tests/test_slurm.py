@@ -28,7 +28,7 @@ from provision.providers.slurm import (
     waiting_line,
 )
 from provision.spec import resolve_spec
-from runner.node.slurm_notice import notice
+from runner.node.slurm_notice import NOTICE_FILE, notice
 from runner.plan import node_hour_price
 
 # ---- pure ---------------------------------------------------------------------------------------
@@ -354,6 +354,39 @@ def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_remo
     down = ftc("down", "--name", "term")
     assert down.returncode == 0, down.stderr
     assert queue(slurm) == [] and homes(slurm) == before  # the notice went with node 0's directory
+
+
+@pytest.mark.slow
+def test_slurms_sigterm_under_a_job_checkpoints_it_and_run_resumes_on_a_new_allocation(slurm, ftc_home, tiny_bert,
+                                                                                        glue_dir, monkeypatch):
+    """Not a spot cluster: Slurm's notice reaches every job. The run is held at a step, Slurm sends the batch
+    script SIGTERM (as before a preemption), the job checkpoints and stops, and `ftc run` makes a new
+    allocation and resumes there."""
+    import json
+    monkeypatch.setenv("HOME", str(slurm.home))  # your home as the nodes see it: the batch script's too
+    before = homes(slurm)
+    flags = ["--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir), "--max-train-samples", "128",
+             "--max-eval-samples", "16", "--epochs", "2"]  # 2 steps an epoch on 2 nodes
+    proc = subprocess.Popen([*FTC, "run", "--name", "pre", "--provider", "slurm", "--max-hours", "1", "--yes", "1",
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
+    try:
+        job_dir = held_job(ftc_home, "pre", proc)  # training is under way: Slurm's notice comes now
+        first_allocation = next(line.split()[0] for line in queue(slurm))
+        subprocess.run(["scancel", "--batch", "--signal=TERM", first_allocation], check=True,
+                       env={**os.environ, **slurm.env()})
+        notices = [parent / NOTICE_FILE for parent in job_dir.parents]
+        wait_for(lambda: any(path.exists() for path in notices), "the batch script's notice on node 0", timeout=60)
+        (job_dir / "release").touch()
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "recreating cluster pre" in err and "resuming from" in err.split("recreating")[1], err[-3000:]
+    (results,) = (ftc_home / "runs" / "pre").glob("*/results.json")
+    assert json.loads(results.read_text())["resumed_from_batch"] >= 1
+    assert queue(slurm) == [] and homes(slurm) == before and processes_under(slurm.root) == []
 
 
 @pytest.mark.slow

@@ -18,6 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from runner.node import slurm_notice
+from runner.node.spot import SpotReader
+
 from .aws_world import AWS
 from .records import (
     TRAITS,
@@ -100,7 +103,8 @@ for _built_in in (
     Provider("slurm", f"{__name__}.slurm",
              Traits(resources=SlurmResources, instance_types=False, billed=False, shares_this_machine=False,
                     own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False, scheduler=True),
-             World(title="Slurm")),
+             # SIGTERM before a preemption or the time limit, turned into a notice on node 0 by the batch script
+             World(title="Slurm", spot_reader=SpotReader(slurm_notice.READER, slurm_notice.NODE_DIR), notice_without_spot=True)),
 ):
     register(_built_in)
 

@@ -200,6 +200,8 @@ class World:
     label_form: NameForm | None = None  # a label's value on what a cluster creates (OWNER: AWS's ftc:owner tag)
     settings: Mapping[str, Setting] = field(default_factory=dict)  # its own, by key (aws: ami)
     spot_reader: SpotReader | None = None  # how a spot node hears its reclaim notice (aws: IMDSv2); None: not heard
+    # Its notice may come to any cluster, not only a spot one: a scheduler preempts or ends any allocation.
+    notice_without_spot: bool = False
     checkpoint_store: NameForm | None = None  # the URI of a checkpoint store (S3); its verb: store_checkpoint
     flow_gbps: float = 0.0  # the network's cap on one TCP flow between nodes
     express_flow_gbps: float = 0.0  # that cap where both ends turn on the faster transport (InstanceType.ena_express)

@@ -13,13 +13,18 @@ import os
 from pathlib import Path
 
 NOTICE_FILE = "slurm_notice.json"  # in the node's ftc directory (FTC_NODE_DIR), written whole by a rename
+NODE_DIR = "node-dir"  # the endpoint that means this node's own ftc directory, wherever it is on the node
 
 
-def notice(node_dir: str = "") -> dict | None:
-    """The pending notice in `node_dir` (default: this node's, FTC_NODE_DIR), {"action": "terminate", ...},
-    or None: none yet, or this node is not the one that hears it (node 0 is; a job asks whether any node
-    has seen one)."""
+def notice(endpoint: str = NODE_DIR, timeout: float = 0.0) -> dict | None:
+    """The pending notice in the directory `endpoint` names (NODE_DIR: this node's, FTC_NODE_DIR),
+    {"action": "terminate", ...}, or None: none yet, or this node is not the one that hears it (node 0 is;
+    a job asks whether any node has seen one). A file read: `timeout` (a reader's argument) is not needed."""
+    node_dir = os.environ["FTC_NODE_DIR"] if endpoint == NODE_DIR else endpoint
     try:
-        return json.loads((Path(node_dir or os.environ["FTC_NODE_DIR"]) / NOTICE_FILE).read_text())
+        return json.loads((Path(node_dir) / NOTICE_FILE).read_text())
     except FileNotFoundError:
         return None
+
+
+READER = f"{__name__}:{notice.__name__}"  # SpotReader.read of Slurm's notice (provision/providers' Slurm World)
