@@ -232,6 +232,11 @@ def every_parser() -> dict[str, Callable[[str, Any], Any]]:
     return {**PARSERS, **{key: setting.parse for key, (_, setting) in own_settings().items()}}
 
 
+def spot_only(world) -> bool:
+    """Whether a provider's nodes hear reclaim notices only as spot nodes (AWS), not on every cluster (Slurm)."""
+    return bool(world.spot_reader) and not world.notice_without_spot
+
+
 def world_help() -> dict[str, str]:
     """The help of the settings a provider's world decides, and of every provider's own settings, in the
     registry's words: each world with a catalog says its default and its form."""
@@ -246,7 +251,9 @@ def world_help() -> dict[str, str]:
         "zones": f"zones to try in order, comma list ({each(lambda w: w.zone_form.allowed)}; default: every zone of "
                  "the region)",
         "spot": f"1: spot nodes, whose jobs watch for reclaim notices (the providers that have them: "
-                f"{', '.join(p.world.title or n for n, p in registered().items() if p.world.spot_reader)})",
+                f"{', '.join(p.world.title or n for n, p in registered().items() if spot_only(p.world))}; "
+                f"{', '.join(p.world.title or n for n, p in registered().items() if p.world.notice_without_spot)}: "
+                "every job watches)",
         "owner": f"who owns what the cluster creates, as a label "
                  f"({'; '.join(f'{w.title}: {w.label_form.what}' for w in worlds if w.label_form)}; default: your "
                  "user name)",

@@ -33,7 +33,7 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: set[str] = set()  # "path:function" of each allowed longer one, held to the same rule; none today
 PYTHON_DIRS = (*PACKAGES, "tests", "examples")
 MAX_FILE_LINES = 600
-LONG_FILES = {"runner/cli.py"}  # the longer ones today: the list only shrinks
+LONG_FILES: set[str] = set()  # modules allowed past MAX_FILE_LINES: none today, and the list only shrinks
 
 
 def in_package(module: str, package: str) -> bool:

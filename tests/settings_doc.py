@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runner.cli import build_parser  # noqa: E402
+from runner.cli_parser import build_parser  # noqa: E402
 
 FLAG_CALL = re.compile(r"\$\(call flag,([A-Z0-9_]+),([a-z0-9-]+)\)")
 INPUTS = re.compile(r"^INPUTS := ((?:.*\\\n)*.*)$", re.MULTILINE)

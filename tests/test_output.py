@@ -74,7 +74,7 @@ def test_progress_lines_give_throughput_over_time_across_midnight():
 def test_every_flag_of_every_subcommand_has_a_help_line():
     import argparse
 
-    from runner.cli import build_parser
+    from runner.cli_parser import build_parser
     missing = []
 
     def walk(parser: argparse.ArgumentParser, path: str) -> None:
