@@ -1,4 +1,4 @@
-"""runner/netem.py: the emulated AWS network of `ftc bench --network`: its pure parts (rates, names,
+"""runner/netem.py: the emulated AWS network of `ftc bench network`: its pure parts (rates, names,
 addresses, steps), and one real build of it for 2 nodes whose TCP flows keep their caps."""
 
 import json

@@ -571,7 +571,7 @@ def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResul
 @contextlib.contextmanager
 def timed(seconds: dict[str, float], stage: str):
     """Adds the block's wall seconds to seconds[stage]: where a job's time goes besides its steps
-    (`ftc bench --end-to-end` splits a job's wall time by them)."""
+    (`ftc bench end-to-end` splits a job's wall time by them)."""
     start = time.perf_counter()
     try:
         yield
