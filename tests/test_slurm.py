@@ -377,7 +377,8 @@ def test_slurms_sigterm_under_a_job_checkpoints_it_and_run_resumes_on_a_new_allo
                        env={**os.environ, **slurm.env()})
         notices = [parent / NOTICE_FILE for parent in job_dir.parents]
         wait_for(lambda: any(path.exists() for path in notices), "the batch script's notice on node 0", timeout=60)
-        (job_dir / "release").touch()
+        for node_job_dir in slurm.home.glob(f".ftc-node/pre.*/jobs/{job_dir.name}"):  # each node holds in its own
+            (node_job_dir / "release").touch()
         out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
