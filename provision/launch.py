@@ -67,7 +67,7 @@ class NodePlace:
 
 
 @dataclass
-class LaunchSpec:
+class RankLaunch:
     description: str
     job_dir: str
     hostfile: str
@@ -90,28 +90,28 @@ class LaunchSpec:
     places: list[NodePlace] = field(default_factory=list)  # per node, in hostfile order; [] or all alike: one command
 
 
-def own_places(spec: LaunchSpec) -> list[NodePlace]:
+def own_places(launch: RankLaunch) -> list[NodePlace]:
     """The per-node places when the nodes' paths differ (accounts with different homes); [] when every
     node runs the one command in the head's paths. Pure."""
-    alike = {(p.job_dir, p.pythonpath, *p.command) for p in spec.places}
-    return spec.places if len(alike) > 1 else []
+    alike = {(p.job_dir, p.pythonpath, *p.command) for p in launch.places}
+    return launch.places if len(alike) > 1 else []
 
 
-def render_launch(spec: LaunchSpec) -> str:
-    if spec.mpi not in MPI_FLAVOURS:
-        raise ValueError(f"mpirun flavour {spec.mpi!r} is not supported; allowed: {', '.join(MPI_FLAVOURS)}")
-    exported = list(EXPORTED) + (["LD_PRELOAD"] if spec.allocator else []) + \
-        (["GLOO_SOCKET_IFNAME"] if spec.gloo_iface else []) + \
-        (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if spec.stack == "intel" else []) + \
-        list(spec.env)
-    command = spec.program or [spec.python, "-m", spec.module, *spec.args]
-    return render("launch.sh.j2", description=spec.description, job_dir=spec.job_dir, hostfile=spec.hostfile,
-                  nodes=spec.nodes, ppn=spec.plan.ppn, threads=spec.plan.threads,
-                  ccl_affinity=spec.plan.ccl_affinity, python=spec.python, module=spec.module, pythonpath=spec.pythonpath,
-                  args=spec.args,
-                  mpi=spec.mpi, mpirun=spec.mpirun, master_addr=spec.master_addr, gloo_iface=spec.gloo_iface,
-                  stack=spec.stack, allocator=spec.allocator, env_file=spec.env_file,
-                  as_root=spec.as_root, exported=exported, command=command, env=spec.env, places=own_places(spec),
+def render_launch(launch: RankLaunch) -> str:
+    if launch.mpi not in MPI_FLAVOURS:
+        raise ValueError(f"mpirun flavour {launch.mpi!r} is not supported; allowed: {', '.join(MPI_FLAVOURS)}")
+    exported = list(EXPORTED) + (["LD_PRELOAD"] if launch.allocator else []) + \
+        (["GLOO_SOCKET_IFNAME"] if launch.gloo_iface else []) + \
+        (["CCL_WORKER_COUNT", "CCL_WORKER_AFFINITY", "CCL_ATL_TRANSPORT"] if launch.stack == "intel" else []) + \
+        list(launch.env)
+    command = launch.program or [launch.python, "-m", launch.module, *launch.args]
+    return render("launch.sh.j2", description=launch.description, job_dir=launch.job_dir, hostfile=launch.hostfile,
+                  nodes=launch.nodes, ppn=launch.plan.ppn, threads=launch.plan.threads,
+                  ccl_affinity=launch.plan.ccl_affinity, python=launch.python, module=launch.module, pythonpath=launch.pythonpath,
+                  args=launch.args,
+                  mpi=launch.mpi, mpirun=launch.mpirun, master_addr=launch.master_addr, gloo_iface=launch.gloo_iface,
+                  stack=launch.stack, allocator=launch.allocator, env_file=launch.env_file,
+                  as_root=launch.as_root, exported=exported, command=command, env=launch.env, places=own_places(launch),
                   logs_dir=LOGS_DIR, exit_code_file=EXIT_CODE_FILE)
 
 
@@ -161,7 +161,7 @@ def gloo_devices(interface: str, flows: int) -> str:
 
 def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: str, job_dir: str, module: str,
                    args: list[str], ppn: int | None = None, program: list[str] | None = None,
-                   env: dict[str, str] | None = None, flows: int | None = None) -> LaunchSpec:
+                   env: dict[str, str] | None = None, flows: int | None = None) -> RankLaunch:
     """The launch of a node program across this cluster, from its state and node facts. `job_dir` and
     the paths in `args` are the head's; each node's ranks get them in its own directory (node_path)."""
     head, wd = facts[0], state.head.workdir
@@ -172,7 +172,7 @@ def cluster_launch(state: st.ClusterState, facts: list[NodeFacts], description: 
                         command=program or [node_python(state, facts, node), "-m", module,
                                             *(node_path(state, node, arg) for arg in args)])
               for node in state.nodes]
-    return LaunchSpec(
+    return RankLaunch(
         description=description, job_dir=job_dir, hostfile=f"{wd}/hostfile", nodes=len(state.nodes),
         plan=plan_ranks(named, stack, ppn), python=head.python_executable, module=module, pythonpath=f"{wd}/ftc",
         args=args, mpi=head.mpi if head.mpi in MPI_FLAVOURS else "impi", master_addr=state.head.private_ip,

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from provision import state as st
 from provision.errors import UsageError
-from provision.launch import LaunchSpec
+from provision.launch import RankLaunch
 from provision.ssh import NodeConnections, run
 from provision.ui import console
 from provision.values import label
@@ -151,7 +151,7 @@ class FinetuneJob:
     def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]:
         return {LOG_MARK_ENV: line_mark(record.id)}
 
-    def refuse(self, state: st.ClusterState, launch: LaunchSpec, render_only: bool) -> None:
+    def refuse(self, state: st.ClusterState, launch: RankLaunch, render_only: bool) -> None:
         """What the planned launch cannot run; and, before a real start, inputs the nodes cannot reach."""
         if self.on_nodes.allreduce == "comm-core" and launch.plan.threads < 2 and launch.nodes * launch.plan.ppn > 1:
             raise UsageError(f"{label('allreduce')}=comm-core keeps one of a rank's cores for gloo's threads, but each "
@@ -160,7 +160,7 @@ class FinetuneJob:
         if not render_only:
             refuse_unreachable_inputs(self.job, state.provider)
 
-    def settings(self, launch: LaunchSpec) -> dict:
+    def settings(self, launch: RankLaunch) -> dict:
         return {**job_settings(self.job), "flows": len(launch.gloo_iface.split(","))}
 
     def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,

@@ -22,7 +22,7 @@ from provision import procs
 from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import ClusterBusy, FtcError, UsageError
-from provision.launch import LaunchSpec, cluster_launch, render_launch
+from provision.launch import RankLaunch, cluster_launch, render_launch
 from provision.ssh import NodeConnections, NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
 from provision.ui import answer, console
 from provision.values import label, writable_dir
@@ -69,8 +69,8 @@ class JobKind(Protocol):
     def place(self, state: st.ClusterState, connections: NodeConnections, render_only: bool) -> st.JobInfo: ...
     def arguments(self, state: st.ClusterState, record: st.JobInfo) -> list[str]: ...
     def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]: ...
-    def refuse(self, state: st.ClusterState, launch: LaunchSpec, render_only: bool) -> None: ...
-    def settings(self, launch: LaunchSpec) -> dict: ...  # what run.json records of the job's own settings
+    def refuse(self, state: st.ClusterState, launch: RankLaunch, render_only: bool) -> None: ...
+    def settings(self, launch: RankLaunch) -> dict: ...  # what run.json records of the job's own settings
     def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,
                 facts: list[NodeFacts]) -> None: ...
     # Once it has started, a job is read back from the state: these are the kind's, not the record's.
@@ -110,23 +110,23 @@ def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot:
             refuse_dead_nodes(state, connections)
         follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed
         record = kind.place(state, connections, render_only)
-        spec = planned_launch(state, facts, kind, record)
-        kind.refuse(state, spec, render_only)
+        rank_launch = planned_launch(state, facts, kind, record)
+        kind.refuse(state, rank_launch, render_only)
         if render_only:
-            print(render_launch(spec), end="")
+            print(render_launch(rank_launch), end="")
             return 0
-        settings = {**kind.settings(spec), "nodes": spec.nodes, "ranks_per_node": spec.plan.ppn,
-                    "threads_per_rank": spec.plan.threads}
+        settings = {**kind.settings(rank_launch), "nodes": rank_launch.nodes, "ranks_per_node": rank_launch.plan.ppn,
+                    "threads_per_rank": rank_launch.plan.threads}
         if kind.continues:
             runs.refuse_other_job(record.results_dir, name, settings)
         writable_dir("results", record.results_dir)
         with runs.results_claimed(record.results_dir, check_unused=not kind.continues):
-            state = start(state, spec, record, kind, connections,
+            state = start(state, rank_launch, record, kind, connections,
                           lambda locked: kind.prepare(locked, record, connections, facts))
             record = state.jobs[-1]
             runs.record_start(state, record, settings)
         console.print(f"job {record.id} started on {state.head.name} (pid {record.pid}){kind.said()}; "
-                      f"{spec.nodes} node(s) x {spec.plan.ppn} rank(s) x {spec.plan.threads} thread(s); "
+                      f"{rank_launch.nodes} node(s) x {rank_launch.plan.ppn} rank(s) x {rank_launch.plan.threads} thread(s); "
                       + ("it runs on without this command" if detach else FOREGROUND), markup=False, soft_wrap=True)
         if detach:
             console.print(f"follow it with `ftc logs --name {name} -f`; stop it with `ftc cancel --name {name}`",
@@ -135,7 +135,7 @@ def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot:
         return follow(state, connections, one_shot=one_shot, started_here=True)
 
 
-def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind, record: st.JobInfo) -> LaunchSpec:
+def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind, record: st.JobInfo) -> RankLaunch:
     """The launch of the job's ranks (provision/launch.py, the one launch builder), with the kind's
     program, arguments and environment, and on a spot cluster where its ranks read interruption notices."""
     watch = spot_watch(state.provider, state.cluster_spec.spot)
@@ -167,7 +167,7 @@ def refuse_if_busy(state: st.ClusterState, ended: int | None = None) -> None:
                          f"{state.name} -f` follows it, `ftc cancel --name {state.name}` stops it")
 
 
-def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, kind: JobKind,
+def start(loaded: st.ClusterState, rank_launch: RankLaunch, record: st.JobInfo, kind: JobKind,
           connections: NodeConnections, prepare: Callable[[st.ClusterState], None]) -> st.ClusterState:
     """`prepare` the nodes (data files, a script's workdir), put the launch script (and a checkpoint to
     resume from) on the head node and start it detached, under the cluster's lock and only if no other
@@ -180,7 +180,7 @@ def start(loaded: st.ClusterState, spec: LaunchSpec, record: st.JobInfo, kind: J
         remote_dir, in_dir = record.remote_dir, shlex.quote(record.remote_dir)
         conn = connections.to(state, state.head)
         run(conn, state.head, "launch", f"mkdir -p {in_dir}/{LOGS_DIR} {in_dir}/{CHECKPOINTS_DIR}")
-        put_text(conn, render_launch(spec), f"{remote_dir}/{LAUNCH_SCRIPT}", 0o755)
+        put_text(conn, render_launch(rank_launch), f"{remote_dir}/{LAUNCH_SCRIPT}", 0o755)
         if kind.checkpoint:
             interruptible(conn.client.get_transport(), conn.put, str(kind.checkpoint), f"{remote_dir}/{CHECKPOINT_FILE}")
         # The pid and its start time: only that process is ever signalled (a pid may be reused).

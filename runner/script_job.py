@@ -21,7 +21,7 @@ from rich.markup import escape
 from provision import procs
 from provision import state as st
 from provision.errors import FtcError, UsageError, via_make
-from provision.launch import LaunchSpec, node_path, node_python
+from provision.launch import RankLaunch, node_path, node_python
 from provision.providers import traits
 from provision.ssh import NodeConnections, interruptible, run
 from provision.stacks import STACKS
@@ -122,10 +122,10 @@ class ScriptJob:
         env = {**passed_on(dict(os.environ), state.provider), **self.env, "FTC_RUN_ID": record.id}
         return {**env, REQUIREMENTS_ENV: digest_of(self.requirements)} if self.requirements else env
 
-    def refuse(self, state: st.ClusterState, launch: LaunchSpec, render_only: bool) -> None:
+    def refuse(self, state: st.ClusterState, launch: RankLaunch, render_only: bool) -> None:
         """Nothing more: every setting was checked by validate, the workdir by place."""
 
-    def settings(self, launch: LaunchSpec) -> dict:
+    def settings(self, launch: RankLaunch) -> dict:
         return {"kind": "script", "task": "script", "model": "", "command": self.command, "workdir": str(self.workdir),
                 "data": [str(path) for path in self.data], "output": self.output, "exit_code": None,
                 "output_bytes": None}

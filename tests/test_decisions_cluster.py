@@ -11,7 +11,7 @@ import pytest
 from provision import state as st
 from provision.cluster import search_places, still_runs
 from provision.providers.local import START_MARK, shown, split_cores, sshd_config_of, this_start
-from provision.providers.ssh import Host, cleanup_script, same_servers
+from provision.providers.own_servers import Host, cleanup_script, same_servers
 from provision.spec import ClusterSpec, parse_host
 from provision.state import home_problem
 from provision.values import conforms, control_character, kind_name, value_kind

@@ -20,7 +20,7 @@ from conftest import REPO, ftc
 from helpers import assert_bootstrapped, assert_refused, assert_script_runs_across_nodes, make, toy_csv, wait_for
 
 from provision.errors import UsageError
-from provision.providers.ssh import Host, fingerprint, hosts_of, parse_probe, verdicts
+from provision.providers.own_servers import Host, fingerprint, hosts_of, parse_probe, verdicts
 from provision.spec import resolve_spec
 from runner.node.distenv import listen_port
 

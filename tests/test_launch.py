@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from provision.launch import LaunchSpec, default_ppn, pick_allocator, plan_ranks, render_launch
+from provision.launch import RankLaunch, default_ppn, pick_allocator, plan_ranks, render_launch
 from runner.node.facts import NodeFacts
 
 
@@ -43,8 +43,8 @@ def test_allocator_prefers_tcmalloc():
     assert pick_allocator(facts()) == ""
 
 
-def spec(nodes: int, stack: str, mpi: str, module: str = "runner.node.train", **extra) -> LaunchSpec:
-    return LaunchSpec(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
+def spec(nodes: int, stack: str, mpi: str, module: str = "runner.node.train", **extra) -> RankLaunch:
+    return RankLaunch(description="test", job_dir="/w/jobs/j1", hostfile="/w/hostfile", nodes=nodes,
                       plan=plan_ranks([facts(2, 32)] * nodes, stack, 1 if extra.get("program") else 2),
                       python="/w/venv/bin/python", module=module, pythonpath="/w/ftc",
                       args=["--task", "mrpc", "--model", "a b"], mpi=mpi,
@@ -94,7 +94,7 @@ def test_open_mpi_as_root_adds_its_opt_in():
 
 def test_paths_with_spaces_and_shell_characters_stay_data():
     odd = "/tmp/a b/$(touch x)"
-    script = render_launch(LaunchSpec(
+    script = render_launch(RankLaunch(
         description="test", job_dir=f"{odd}/jobs/j1", hostfile=f"{odd}/hostfile", nodes=1,
         plan=plan_ranks([facts(1, 4)]), python=f"{odd}/venv/bin/python", module="runner.node.train",
         pythonpath=f"{odd}/ftc", args=[], mpi="impi", env_file=f"{odd}/env.sh", allocator=f"{odd}/libtcmalloc.so.4"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-from provision.providers import ssh as own_servers
+from provision.providers import own_servers
 from runner.node import protocol as p
 
 PROTOCOL = "runner/node/protocol.py"
@@ -28,7 +28,7 @@ RANK_FILE = re.compile(r"rank(\{\}|\*)\.")  # a rank's log or exit record: f"ran
 TOKENS = {value: PROTOCOL for value in (p.JOB_RUNNING, p.JOB_PREEMPTED, p.LOGIN_REFUSED, p.REQUIREMENTS_SKIPPED,
                                         p.REQUIREMENTS_DONE, p.REQUIREMENTS_FAILED, p.BOOTSTRAP_STEP,
                                         p.BOOTSTRAP_SKIP, p.BOOTSTRAP_FACTS)}
-TOKENS |= {own_servers.CLEANED: "provision/providers/ssh.py", own_servers.NOT_OURS: "provision/providers/ssh.py"}
+TOKENS |= {own_servers.CLEANED: "provision/providers/own_servers.py", own_servers.NOT_OURS: "provision/providers/own_servers.py"}
 # The same letters meaning something else, where they do.
 OTHER_MEANINGS = {
     ("runner/report.py", p.JOB_RUNNING): "Intel MPI's own failure message, `RANK n PID p RUNNING AT host`",
@@ -104,11 +104,11 @@ def test_the_check_finds_each_kind_of_spelling(tmp_path):
     template.write_text('# echo CLEANED\nDONE="$WD/done"; touch "$DONE/x"\nmkdir "$JOB_DIR/logs"\necho CLEANED\n')
     assert spellings("templates/t.sh.j2", template_text(template)) == [
         "templates/t.sh.j2: 'logs' in 'mkdir \"$JOB_DIR/logs\"'", "templates/t.sh.j2: 'CLEANED' in 'echo CLEANED'"]
-    assert spellings("provision/providers/ssh.py", ['CLEANED = "CLEANED"']) == []
+    assert spellings("provision/providers/own_servers.py", ['CLEANED = "CLEANED"']) == []
 
 
 def test_no_helper_of_the_training_program_takes_more_than_4_parameters():
-    """The loop's state travels as one record (train.Run), not as a dozen positional parameters."""
+    """The loop's state travels as one record (train.Training), not as a dozen positional parameters."""
     tree = ast.parse((REPO / "runner/node/train.py").read_text())
     wide = [f"{node.name}: {len(names)}" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
             for names in [[a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, render_launch
+from provision.launch import MPI_FLAVOURS, RankLaunch, RankPlan, render_launch
 from provision.stacks import STACKS
 from provision.templates import render
 
@@ -50,12 +50,12 @@ def assert_inert(script: str, tmp_path: Path, canary: Path) -> None:
 def test_the_launch_script_quotes_every_value(tmp_path, mpi, stack):
     canary = tmp_path / "canary"
     bad = hostile(canary)
-    spec = LaunchSpec(description=bad, job_dir=bad, hostfile=bad, nodes=2, plan=RankPlan(2, 3, bad), python=bad,
+    spec = RankLaunch(description=bad, job_dir=bad, hostfile=bad, nodes=2, plan=RankPlan(2, 3, bad), python=bad,
                       module="runner.node.script_rank", pythonpath=bad, args=[bad, bad], mpi=mpi, mpirun=bad,
                       master_addr=bad, gloo_iface=bad, stack=stack, allocator=bad, env_file=bad, as_root=True,
                       env={"MY_SETTING": bad, "FTC_RUN_ID": bad})
     assert_inert(render_launch(spec), tmp_path, canary)
-    assert_inert(render_launch(LaunchSpec(**{**spec.__dict__, "program": [bad, bad]})), tmp_path, canary)
+    assert_inert(render_launch(RankLaunch(**{**spec.__dict__, "program": [bad, bad]})), tmp_path, canary)
 
 
 @pytest.mark.parametrize("given_python", ["", "python"])

@@ -97,7 +97,7 @@ for _built_in in (
              Traits(resources=LocalResources, instance_types=False, billed=False, shares_this_machine=True,
                     own_hosts=False, user_login=False, user_stack_python=False, found_by_tag=False)),
     AWS,
-    Provider("ssh", f"{__name__}.ssh",
+    Provider("ssh", f"{__name__}.own_servers",
              Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
                     own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False)),
     Provider("slurm", f"{__name__}.slurm",

@@ -7,7 +7,7 @@
                script that sleeps until its time limit; its job id is recorded before anything else.
                While it waits: its state and Slurm's reason, on a progress line. Once it runs: how
                its nodes are reached is found and said (below), then they are checked and claimed
-               as your own servers are (providers/ssh.py), in a directory per node,
+               as your own servers are (providers/own_servers.py), in a directory per node,
                $HOME/.ftc-node/<cluster>.<node> (a site's nodes share one home), and another
                ftc cluster's directory there is no obstacle (the nodes are this allocation's alone).
     wait       nothing more: launch returns with every node logged in to
@@ -49,7 +49,7 @@ from ..spec import ClusterSpec, parse_host
 from ..ssh import fingerprint, key_problem
 from ..ui import console
 from ..values import from_env, number
-from . import ssh as own
+from . import own_servers as own
 from .records import NodeStatus, Record, SlurmResources
 
 SSH_PORT = 22  # where a site's compute nodes answer ssh

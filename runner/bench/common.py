@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from provision.errors import FtcError, UsageError, option
-from provision.launch import MPI_FLAVOURS, LaunchSpec, RankPlan, pick_allocator, render_launch
+from provision.launch import MPI_FLAVOURS, RankLaunch, RankPlan, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
 from .. import netem
@@ -215,16 +215,16 @@ def run_launch_script(name: str, out: Path, ranks: int, cores: list[int], cores_
     hostfile = job_dir / "hostfile"
     hostfile.write_text("localhost\n" if mpi != "openmpi" else f"localhost slots={ranks}\n")
     module = f"runner.node.{program}"
-    spec = LaunchSpec(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
+    launch = RankLaunch(description=f"bench {name}", job_dir=str(job_dir), hostfile=str(hostfile), nodes=1,
                       plan=RankPlan(ranks, cores_per_rank), python=sys.executable, module=module,
                       pythonpath=str(REPO),
                       args=args, mpi=mpi, master_addr="127.0.0.1", gloo_iface="lo", as_root=os.geteuid() == 0,
                       allocator=allocator)
     if network:
-        spec = replace(spec, master_addr=network.master_addr, gloo_iface=",".join(network.interfaces(flows)),
+        launch = replace(launch, master_addr=network.master_addr, gloo_iface=",".join(network.interfaces(flows)),
                        program=netem.in_node(network, [sys.executable, "-m", module, *args]))
     script = job_dir / LAUNCH_SCRIPT
-    script.write_text(render_launch(spec))
+    script.write_text(render_launch(launch))
     # The rank layout: the launcher (and so every rank) starts inside exactly these cores;
     # each rank then takes its own equal share (Intel MPI's pin domains, or FTC_SELF_PIN).
     stdout = run_logged(["taskset", "-c", ",".join(map(str, cores)), "bash", str(script)], f"bench {name}",

@@ -252,13 +252,13 @@ def cache_state(noted: dict, shipped: Path | None, env) -> tuple[str, str]:
     return "warm", "this node" if own else "an earlier cluster"
 
 
-def maybe_compile(run) -> Compiled:
+def maybe_compile(training) -> Compiled:
     """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
-    `run`: train.Run, after a resume (it weighs the steps left)."""
-    args, env, setup = run.args, run.env, run.setup
-    cache_dir = kernel_cache(run.out_dir, args.stack)
+    `training`: train.Training, after a resume (it weighs the steps left)."""
+    args, env, setup = training.args, training.env, training.setup
+    cache_dir = kernel_cache(training.out_dir, args.stack)
     shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
-    key = compile_key(run.model.config.to_dict(), cpu_info()[1], torch.get_num_threads(), setup.precision, shapes,
+    key = compile_key(training.model.config.to_dict(), cpu_info()[1], torch.get_num_threads(), setup.precision, shapes,
                       args.batch_size, args.max_length)
     digest, layout = key_digest(key), f"{env.world_size} ranks, gradient {setup.grad_compress}"
     noted = compiled_before(cache_dir).get(digest, {})
@@ -266,32 +266,32 @@ def maybe_compile(run) -> Compiled:
     if args.compile != "off" and not noted:
         shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
         for line in lines:
-            run.log.warning(line)
+            training.log.warning(line)
         # one rank a node unpacks; cache_state's collective then holds every rank until it has
         if shipped is not None and env.local_rank == 0 and (failed := unpack_shipped(shipped, cache_dir)):
-            run.log.warning(f"kernels: the shipped cache {shipped.stem} did not unpack ({failed}); ignored, "
+            training.log.warning(f"kernels: the shipped cache {shipped.stem} did not unpack ({failed}); ignored, "
                             "compiling without it")
             shipped = None
     cache, source = cache_state(noted, shipped, env) if args.compile != "off" else ("cold", "")
-    steps_left, lengths = run.total_steps - run.step, run.data.train["lengths"]
+    steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     compiled, note = compile_choice(args.compile, steps_left, cache,
                                     measured_here(noted or shipped_note, cache, layout, planned_rank_tokens))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
-    run.log.info(f"compile: {note}")
+    training.log.info(f"compile: {note}")
     if not compiled:
         return Compiled(note, "none", "", "", cache_dir, digest, key, layout)
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
-    run.log.info(f"kernels: {kernels_words(cache, source)}")
+    training.log.info(f"kernels: {kernels_words(cache, source)}")
     if shapes == "buckets":
         # one static graph per width: no automatic switch to a dynamic graph at the second width
         torch._dynamo.config.automatic_dynamic_shapes = False
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    2 * len(bucket_widths(args.max_length)) + 2)
-    run.model.compile(dynamic=shapes == "dynamic")
+    training.model.compile(dynamic=shapes == "dynamic")
     return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
 

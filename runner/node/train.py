@@ -214,51 +214,51 @@ def main(argv=None) -> int:
     # ---- model and optimizer --------------------------------------------------------------------
     model, optimizer, scheduler = build_model(args, data.task, setup.precision, total_steps)
     stats = StepStats(args.warmup_steps_untimed)
-    run = Run(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at,
+    training = Training(args, env, setup, log, out_dir, data, total_steps, model, optimizer, scheduler, stats, started_at,
               stage_seconds=stage_seconds)
     if args.resume:
-        resume(run)
-    run.compiled = compiled = maybe_compile(run)  # after resume: it weighs the steps left
+        resume(training)
+    training.compiled = compiled = maybe_compile(training)  # after resume: it weighs the steps left
 
     # ---- DDP ------------------------------------------------------------------------------------
-    run.sync = make_sync(model, args, env, setup)
-    run.watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
+    training.sync = make_sync(model, args, env, setup)
+    training.watcher = watch_spot(args.spot_watch) if args.spot_watch and env.local_rank == 0 else None
 
     # ---- the loop -------------------------------------------------------------------------------
-    run.board = open_board(out_dir, env)
+    training.board = open_board(out_dir, env)
     stage_seconds["to_first_step"] = round((datetime.now(timezone.utc) - started_at).total_seconds(), 3)
-    for epoch in range(run.start_epoch, args.epochs):
+    for epoch in range(training.start_epoch, args.epochs):
         batches = global_batches(len(train["labels"]), train["lengths"], args.batch_size, env.world_size,
                                  args.group_by_length, args.seed + epoch)
-        skip = run.resumed_at["batch"] if epoch == run.start_epoch else 0  # done before a mid-epoch stop
-        stats.start_epoch(run.resumed_at if skip else EPOCH_START)
+        skip = training.resumed_at["batch"] if epoch == training.start_epoch else 0  # done before a mid-epoch stop
+        stats.start_epoch(training.resumed_at if skip else EPOCH_START)
         epoch_start = time.perf_counter()
-        run.sync.module.train()
+        training.sync.module.train()
         for i, global_batch in enumerate(batches[skip:], start=skip):
-            if run.step + 1 == args.hold_at_step:
-                hold(run)
-            loss, phases = train_step(run, rank_batch(run, global_batch))
-            run.step += 1
+            if training.step + 1 == args.hold_at_step:
+                hold(training)
+            loss, phases = train_step(training, rank_batch(training, global_batch))
+            training.step += 1
             stats.record(phases, len(global_batch), sum(train["lengths"][j] for j in global_batch), loss)
             if env.master and (i % args.log_every == 0 or i == len(batches) - 1):
-                log_progress(run, epoch)
-            if args.spot_watch and interruption_seen(run.watcher, env.world_size):
-                return stop_for_spot(run, epoch, i + 1)
-            if args.max_steps and run.step >= args.max_steps:
+                log_progress(training, epoch)
+            if args.spot_watch and interruption_seen(training.watcher, env.world_size):
+                return stop_for_spot(training, epoch, i + 1)
+            if args.max_steps and training.step >= args.max_steps:
                 break
         epoch_seconds = time.perf_counter() - epoch_start
         log.info(f"epoch {epoch + 1} trained in {epoch_seconds:.1f}s")
         with timed(stage_seconds, "evaluate"):
-            metrics = {} if args.no_eval else evaluate(run)
-        run.history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
+            metrics = {} if args.no_eval else evaluate(training)
+        training.history.append({"epoch": epoch + 1, "train_loss": finite(round(stats.epoch_loss / max(1, stats.epoch_steps), 6)),
                             "pass_seconds": round(epoch_seconds, 3), "pass_rows": stats.epoch_rows,
                             "pass_tokens": stats.epoch_tokens, **metrics})
         if env.master and metrics:
             log.info(dev_line(DevMetrics(epoch + 1, metrics)))
         if not args.no_save:
             with timed(stage_seconds, "checkpoint"):
-                save_all(run, epoch + 1, EPOCH_START)
-        if args.max_steps and run.step >= args.max_steps:
+                save_all(training, epoch + 1, EPOCH_START)
+        if args.max_steps and training.step >= args.max_steps:
             break
 
     # ---- results ----------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         keep_for_home(compiled, note, out_dir)
     timeline = every_rank(stats.timeline(), env.world_size)
     if env.master:
-        write_results(run, results_of(run, compiled, timeline))
+        write_results(training, results_of(training, compiled, timeline))
     leave_group(env)
     log.info(DONE)
     return 0
@@ -287,7 +287,7 @@ class Sync:
 
 
 @dataclass
-class Run:
+class Training:
     """What the loop and its helpers share: the settings and this rank, the data, the model with its
     optimizer and schedule, where the job's files go, and how far training has come (what a
     checkpoint keeps, and where a resumed run started)."""
@@ -394,17 +394,17 @@ def make_sync(model, args, env, setup: Setup) -> Sync:
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
-def train_step(run: Run, rows: RankRows) -> tuple[float, dict[str, float]]:
+def train_step(training: Training, rows: RankRows) -> tuple[float, dict[str, float]]:
     """Forward and backward; wait for every rank; average the gradient; optimizer step. Returns
     the loss and the seconds of each phase (PHASES)."""
-    sync, optimizer, collate_s = run.sync, run.optimizer, rows.collate_s
+    sync, optimizer, collate_s = training.sync, training.optimizer, rows.collate_s
     syncing = sync.balance is not None  # none in one process, or with --no-grad-sync (profiling)
     t0 = time.perf_counter()
     if sync.rows and syncing:
         sync.rows.agree(rows.inputs["input_ids"])  # its small all-reduce runs beside forward
     no_sync = sync.overlapped and not syncing
     with sync.module.no_sync() if no_sync else contextlib.nullcontext():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.setup.precision == "bf16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"):
             forward = sync.module.forward if rows.eager else sync.module
             loss = forward(**rows.inputs, labels=rows.labels).loss
         (loss * rows.share if rows.share != 1 else loss).backward()
@@ -419,7 +419,7 @@ def train_step(run: Run, rows: RankRows) -> tuple[float, dict[str, float]]:
             sync.rows.finish()
     t3 = time.perf_counter()
     optimizer.step()
-    run.scheduler.step()
+    training.scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     value = loss.item()
     t4 = time.perf_counter()
@@ -427,22 +427,22 @@ def train_step(run: Run, rows: RankRows) -> tuple[float, dict[str, float]]:
                    "step_s": collate_s + t4 - t0}
 
 
-def rank_batch(run: Run, global_batch: list[int]) -> RankRows:
+def rank_batch(training: Training, global_batch: list[int]) -> RankRows:
     """This rank's rows of a global batch, padded, their labels, and the share of the global batch
     they are: each rank's mean loss is weighted by it, so that the averaged gradient is the global
     batch's mean however the rows were split."""
-    t0, env, train, balance, args = time.perf_counter(), run.env, run.data.train, run.sync.balance, run.args
+    t0, env, train, balance, args = time.perf_counter(), training.env, training.data.train, training.sync.balance, training.args
     counts = balance.counts(len(global_batch)) if balance else even_counts(len(global_batch), env.world_size)
     indices = deal(global_batch, counts)[env.rank]
-    bucketed = run.compiled.shapes == "buckets"
+    bucketed = training.compiled.shapes == "buckets"
     width = (args.max_length if args.pad_to == "max_length" else
              bucket_width(max(train["lengths"][i] for i in indices), args.max_length) if bucketed else 0)
-    batch = collate(train, indices, run.data.pad_id, width)
+    batch = collate(train, indices, training.data.pad_id, width)
     labels = torch.tensor([train["labels"][j] for j in indices],
-                          dtype=torch.float32 if run.data.task.labels is None else torch.long)
+                          dtype=torch.float32 if training.data.task.labels is None else torch.long)
     # an epoch's last, partial batch in its own shape would be compiled for that one step: eager instead
     # (under DDP the compiled module is the only way in, and compiles it)
-    eager = bucketed and len(indices) != args.batch_size and not run.sync.overlapped
+    eager = bucketed and len(indices) != args.batch_size and not training.sync.overlapped
     return RankRows(batch, labels, len(indices) * env.world_size / len(global_batch), time.perf_counter() - t0, eager)
 
 
@@ -461,32 +461,32 @@ def leave_group(env) -> None:
         leave_process_group()
 
 
-def log_progress(run: Run, epoch: int) -> None:
-    stats, step, total_steps = run.stats, run.step, run.total_steps
+def log_progress(training: Training, epoch: int) -> None:
+    stats, step, total_steps = training.stats, training.step, training.total_steps
     rate = stats.samples / stats.seconds
-    left = (total_steps - step) * run.args.batch_size * run.env.world_size / rate
-    run.log.info(progress_line(Progress(epoch + 1, run.args.epochs, step, total_steps, stats.last_loss, rate,
+    left = (total_steps - step) * training.args.batch_size * training.env.world_size / rate
+    training.log.info(progress_line(Progress(epoch + 1, training.args.epochs, step, total_steps, stats.last_loss, rate,
                                         duration(left))))
-    to_board(run.board, step, {"train/loss": stats.last_loss, "train/learning_rate": run.scheduler.get_last_lr()[0],
+    to_board(training.board, step, {"train/loss": stats.last_loss, "train/learning_rate": training.scheduler.get_last_lr()[0],
                                "train/samples_per_second": rate})
 
 
 @torch.no_grad()
-def evaluate(run: Run) -> dict[str, float]:
+def evaluate(training: Training) -> dict[str, float]:
     """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics
     (and writes them to TensorBoard at `step`).
 
     The model's own forward, uncompiled: a second compiled graph (eval mode) would cost more
     than a few hundred dev rows take."""
-    model, dev, args, env = run.model, run.data.dev, run.args, run.env
+    model, dev, args, env = training.model, training.data.dev, training.args, training.env
     model.eval()
     mine = list(range(env.rank, len(dev["labels"]), env.world_size))
     mine.sort(key=dev["lengths"].__getitem__)
     predictions = []
     for start in range(0, len(mine), args.batch_size * 2):
         indices = mine[start:start + args.batch_size * 2]
-        batch = collate(dev, indices, run.data.pad_id, args.max_length if args.pad_to == "max_length" else 0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run.setup.precision == "bf16"):
+        batch = collate(dev, indices, training.data.pad_id, args.max_length if args.pad_to == "max_length" else 0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"):
             logits = model.forward(**batch).logits.float()
         values = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1).float()
         predictions += list(zip(indices, values.tolist()))
@@ -495,18 +495,18 @@ def evaluate(run: Run) -> dict[str, float]:
     predictions.sort()
     pred = [p for _, p in predictions]
     gold = [dev["labels"][i] for i, _ in predictions]
-    metrics = glue.score(run.data.task, pred, gold)
-    to_board(run.board, run.step, {key.replace("eval_", "eval/", 1): value for key, value in metrics.items()})
+    metrics = glue.score(training.data.task, pred, gold)
+    to_board(training.board, training.step, {key.replace("eval_", "eval/", 1): value for key, value in metrics.items()})
     return metrics
 
 
-def hold(run: Run) -> None:
+def hold(training: Training) -> None:
     """Tests act on a job at a known point (detach, cancel, lose a node, arm a spot notice)
     instead of racing the clock: before the next step, rank 0 writes HELD_FILE and every rank
     waits until RELEASE_FILE exists in the job's directory (local nodes share one file system)."""
-    if run.env.master:
-        (run.out_dir / HELD_FILE).write_text(str(run.step + 1))
-    while not (run.out_dir / RELEASE_FILE).exists():
+    if training.env.master:
+        (training.out_dir / HELD_FILE).write_text(str(training.step + 1))
+    while not (training.out_dir / RELEASE_FILE).exists():
         time.sleep(0.1)
 
 
@@ -524,22 +524,23 @@ def interruption_seen(watcher, world: int) -> bool:
     return bool(seen.item())
 
 
-def stop_for_spot(run: Run, epoch: int, batch: int) -> int:
+def stop_for_spot(training: Training, epoch: int, batch: int) -> int:
     """Every rank stops after `batch` of `epoch` (the all-reduce made them agree): checkpoint there, exit."""
-    save_all(run, epoch, run.stats.position(batch), batch)
-    if run.env.master:
-        notice = run.watcher.notice if run.watcher else None
-        (run.out_dir / PREEMPTED_FILE).write_text(Preempted(notice, epoch, batch, run.step).to_json())
-    leave_group(run.env)
-    run.log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
+    save_all(training, epoch, training.stats.position(batch), batch)
+    if training.env.master:
+        notice = training.watcher.notice if training.watcher else None
+        (training.out_dir / PREEMPTED_FILE).write_text(Preempted(notice, epoch, batch, training.step).to_json())
+    leave_group(training.env)
+    training.log.info(f"stopped for a spot interruption at epoch {epoch + 1} batch {batch}; resumable")
     return EXIT_PREEMPTED
 
 
 # ---- results ----------------------------------------------------------------------------------------
 
-def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResults:
+def results_of(training: Training, compiled: Compiled, timeline: list[dict]) -> TrainResults:
     """`timeline`: every rank's StepStats.timeline, in rank order."""
-    args, env, setup, stats, history, train = run.args, run.env, run.setup, run.stats, run.history, run.data.train
+    args, env, setup, stats = training.args, training.env, training.setup, training.stats
+    history, train = training.history, training.data.train
     several = env.world_size > 1
     return TrainResults(
         task=args.task, model=args.model, recipe=args.recipe, stack=args.stack,
@@ -558,14 +559,15 @@ def results_of(run: Run, compiled: Compiled, timeline: list[dict]) -> TrainResul
         train_samples=len(train["labels"]),
         train_tokens=sum(train["lengths"]), train_samples_seen=stats.samples,
         train_tokens_seen=stats.tokens, train_seconds=round(stats.seconds, 3), **stats.rates(),
-        first_loss=finite(stats.first_loss), final_loss=finite(stats.last_loss), steps=run.step,
-        resumed_from_epoch=run.start_epoch if args.resume else None,
-        resumed_from_batch=run.resumed_at["batch"] if args.resume else None,
+        first_loss=finite(stats.first_loss), final_loss=finite(stats.last_loss), steps=training.step,
+        resumed_from_epoch=training.start_epoch if args.resume else None,
+        resumed_from_batch=training.resumed_at["batch"] if args.resume else None,
         epoch_metrics=history, metrics={k: v for k, v in (history[-1] if history else {}).items() if k.startswith("eval_")},
         timeline=[{"rank": r, **phases} for r, phases in enumerate(timeline)],
-        versions={"python": sys.version.split()[0], **versions()}, started_at=run.started_at.isoformat(),
-        finished_at=datetime.now(timezone.utc).isoformat(), labels=list(run.data.task.labels) if run.data.task.labels else None,
-        stage_seconds=run.stage_seconds)
+        versions={"python": sys.version.split()[0], **versions()}, started_at=training.started_at.isoformat(),
+        finished_at=datetime.now(timezone.utc).isoformat(),
+        labels=list(training.data.task.labels) if training.data.task.labels else None,
+        stage_seconds=training.stage_seconds)
 
 
 @contextlib.contextmanager
@@ -585,13 +587,13 @@ def finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-def write_results(run: Run, results: TrainResults) -> None:
-    if not run.args.no_save:
+def write_results(training: Training, results: TrainResults) -> None:
+    if not training.args.no_save:
         with timed(results.stage_seconds, "save_model"):
-            run.model.save_pretrained(run.out_dir / MODEL_DIR)
-            run.data.tokenizer.save_pretrained(run.out_dir / MODEL_DIR)
-    (run.out_dir / RESULTS_FILE).write_text(results.to_json())
-    run.log.info("results: " + strict_json(results.metrics, indent=None))
+            training.model.save_pretrained(training.out_dir / MODEL_DIR)
+            training.data.tokenizer.save_pretrained(training.out_dir / MODEL_DIR)
+    (training.out_dir / RESULTS_FILE).write_text(results.to_json())
+    training.log.info("results: " + strict_json(results.metrics, indent=None))
 
 
 if __name__ == "__main__":
