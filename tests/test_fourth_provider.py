@@ -65,7 +65,7 @@ def test_its_own_setting_is_a_flag_a_variable_and_a_config_key_refused_in_one_li
     assert "--tiny-image TINY_IMAGE TinyCloud: the image its nodes boot (default img-0001)" in helped
     assert "(AWS: e.g. us-east-1a; TinyCloud: e.g. tiny-north-1a; default: every zone of the region)" in helped
     assert "region (AWS: default us-east-1; TinyCloud: default tiny-north-1;" in helped
-    assert "reclaim notices (the providers that have them: AWS, TinyCloud)" in helped
+    assert "reclaim notices (the providers that have them: AWS, TinyCloud;" in helped
     job_help = " ".join(ftc("finetune", "--help", env={**WITH_TINYCLOUD, "COLUMNS": "1000"}).stdout.split())
     assert "a checkpoint store's URI (AWS: s3://bucket/prefix; TinyCloud: tiny://bucket/prefix)" in job_help
     assert "--tiny-image" not in ftc("up", "--help").stdout  # not registered: no such flag

@@ -28,7 +28,7 @@ from provision.providers.slurm import (
     waiting_line,
 )
 from provision.spec import resolve_spec
-from runner.node.slurm_notice import NOTICE_FILE, notice
+from runner.node.slurm_notice import notice
 from runner.plan import node_hour_price
 
 # ---- pure ---------------------------------------------------------------------------------------
@@ -357,36 +357,32 @@ def test_slurms_sigterm_to_the_allocation_is_a_notice_node_0_reads_and_down_remo
 
 
 @pytest.mark.slow
-def test_slurms_sigterm_under_a_job_checkpoints_it_and_run_resumes_on_a_new_allocation(slurm, ftc_home, tiny_bert,
-                                                                                        glue_dir, monkeypatch):
-    """Not a spot cluster: Slurm's notice reaches every job. The run is held at a step, Slurm sends the batch
-    script SIGTERM (as before a preemption), the job checkpoints and stops, and `ftc run` makes a new
-    allocation and resumes there."""
+def test_slurms_sigterm_stops_a_job_at_a_checkpoint_and_run_resumes_it_on_a_new_allocation(slurm, ftc_home, tiny_bert,
+                                                                                           glue_dir, monkeypatch):
+    """Not a spot cluster: Slurm's notice reaches every job. Slurm sends the batch script SIGTERM (as before
+    a preemption); a job started then reads the notice before its first step, stops after it at a
+    checkpoint (exit 75), and `ftc run --resume` trains on from there on a new allocation."""
     import json
     monkeypatch.setenv("HOME", str(slurm.home))  # your home as the nodes see it: the batch script's too
     before = homes(slurm)
+    up = ftc("up", "--name", "pre", "--provider", "slurm", "--max-hours", "1", "--yes", "1")
+    assert up.returncode == 0, up.stderr
+    first_allocation = next(line.split()[0] for line in queue(slurm))
+    subprocess.run(["scancel", "--batch", "--signal=TERM", first_allocation], check=True,
+                   env={**os.environ, **slurm.env()})
+    wait_for(lambda: notice(str(slurm.home / ".ftc-node" / "pre.ftcn1")) is not None, "the notice on node 0", timeout=60)
     flags = ["--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir), "--max-train-samples", "128",
              "--max-eval-samples", "16", "--epochs", "2"]  # 2 steps an epoch on 2 nodes
-    proc = subprocess.Popen([*FTC, "run", "--name", "pre", "--provider", "slurm", "--max-hours", "1", "--yes", "1",
-                             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FTC_HOLD_AT_STEP": "2"})
-    try:
-        job_dir = held_job(ftc_home, "pre", proc)  # training is under way: Slurm's notice comes now
-        first_allocation = next(line.split()[0] for line in queue(slurm))
-        subprocess.run(["scancel", "--batch", "--signal=TERM", first_allocation], check=True,
-                       env={**os.environ, **slurm.env()})
-        notices = [parent / NOTICE_FILE for parent in job_dir.parents]
-        wait_for(lambda: any(path.exists() for path in notices), "the batch script's notice on node 0", timeout=60)
-        for node_job_dir in slurm.home.glob(f".ftc-node/pre.*/jobs/{job_dir.name}"):  # each node holds in its own
-            (node_job_dir / "release").touch()
-        out, err = proc.communicate(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    assert "recreating cluster pre" in err and "resuming from" in err.split("recreating")[1], err[-3000:]
-    (results,) = (ftc_home / "runs" / "pre").glob("*/results.json")
-    assert json.loads(results.read_text())["resumed_from_batch"] >= 1
+    stopped = ftc("finetune", "--name", "pre", *flags, timeout=900)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    down = ftc("down", "--name", "pre")
+    assert down.returncode == 0, down.stderr
+    resumed = ftc("run", "--name", "pre", "--provider", "slurm", "--max-hours", "1", "--yes", "1", "--resume", "1",
+                  *flags, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    results = sorted((ftc_home / "runs" / "pre").glob("*/results.json"))
+    assert results and json.loads(results[-1].read_text())["resumed_from_batch"] >= 1, results
     assert queue(slurm) == [] and homes(slurm) == before and processes_under(slurm.root) == []
 
 

@@ -336,7 +336,7 @@ def test_the_example_leaves_its_process_group_together_under_plain_torchrun(mini
 # A plain PyTorch DDP script with its own loop, written from the docs alone: a hashed bag-of-words
 # paraphrase classifier on MRPC; rank 0 writes dev accuracy and a digest of the final weights.
 DDP_LOOP = """
-import argparse, csv, hashlib, json, os, re
+import argparse, csv, gc, hashlib, json, os, re
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -385,6 +385,8 @@ if dist.get_rank() == 0:
     result = {"world": dist.get_world_size(), "dev_accuracy": right.item() / len(dev),
               "weights": hashlib.sha256(weights).hexdigest()}
     open(os.path.join(args.out, "metrics.json"), "w").write(json.dumps(result))
+del model, opt  # DDP freed by the interpreter's exit aborts a rank under plain torchrun (docs/your-script.md)
+gc.collect()
 dist.destroy_process_group()
 """
 

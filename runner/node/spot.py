@@ -98,12 +98,22 @@ class Watcher(threading.Thread):
         self.notice: dict | None = None
         self._stop_asked = threading.Event()  # not `_stop`: Thread's own method of that name ends a join()
 
+    def poll(self) -> None:
+        """One read; a notice found is kept in `notice`."""
+        try:
+            self.notice = self.notice or self.read(self.endpoint, 2.0)
+        except (OSError, ValueError, KeyError):
+            pass  # not answering, or no notice yet that parses: asked again at the next poll
+
+    def start(self) -> None:
+        """The first read here, before the thread: a notice given before the job started is seen before its
+        first step, so the job stops after that step rather than whenever the thread first runs."""
+        self.poll()
+        super().start()
+
     def run(self) -> None:
         while not self._stop_asked.is_set() and self.notice is None:
-            try:
-                self.notice = self.read(self.endpoint, 2.0)
-            except (OSError, ValueError):
-                pass  # not answering, or no notice yet that parses: asked again at the next poll
+            self.poll()
             self._stop_asked.wait(self.interval)
 
     def stop(self) -> None:
