@@ -9,7 +9,7 @@ from conftest import ftc
 from helpers import make, one_error, toy_csv
 
 from provision.errors import UsageError, command, option, switch_on
-from provision.providers import ssh
+from provision.providers import own_servers
 from runner import runs, script_job
 from runner.bench.common import rank_layout
 
@@ -61,7 +61,7 @@ def test_launch_runs_bench_and_host_key_messages_name_the_users_form(ftc_home, t
     assert refusal(lambda: rank_layout(None, None, quick=False, physical=2)).startswith(
         "RANKS=1,2,4 with CORES_PER_RANK=1: " if via_make else "--ranks=1,2,4 with --cores-per-rank=1: ")
     monkeypatch.setattr("sys.stdin", io.StringIO())  # no terminal to ask on
-    assert refusal(lambda: ssh._trust([], [], yes=False)).endswith(
+    assert refusal(lambda: own_servers._trust([], [], yes=False)).endswith(
         f"then add {'YES=1' if via_make else '--yes'} to trust them; nothing changed")
 
 
