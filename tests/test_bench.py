@@ -110,13 +110,15 @@ def test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_runn
     (["long-jobs", "1x\u00b2"], "SHAPES='1x\u00b2' is not NODESxCORES, nodes of 2 cores or more; allowed: e.g. 1x16,2x8"),
     (["long-jobs", "1x1"], "SHAPES='1x1' is not NODESxCORES, nodes of 2 cores or more"),
     (["long-jobs", "1x100000"], "SHAPES='1x100000' needs 100000 physical cores; this host has "),
+    (["long-jobs", "1x2", "--launches", "compiled,warm"], "--launches='warm' is not a launch; allowed: all, or a comma "
+                                                          "list of compiled, from-home, peer-compiled, other-shapes, "),
     ([], "the following arguments are required: MODE"),
     (["--long-jobs", "1x2"], "'--long-jobs' is not a mode: the mode comes first, `ftc bench MODE [OPTIONS]`; allowed: "
                              "scaling, accuracy, launch, network, long-jobs, end-to-end, bootstrap"),
     (["nodes-shapes"], "argument MODE: invalid choice: 'nodes-shapes' (choose from 'scaling', 'accuracy', 'launch', "
                        "'network', 'long-jobs', 'end-to-end', 'bootstrap')"),
 ], ids=["out a file", "no data", "too many ranks", "no vocabulary", "quick not a boolean", "too few rows",
-        "no repeats", "a superscript digit", "a node of one core", "more cores", "no mode", "a flag for a mode",
+        "no repeats", "a superscript digit", "a node of one core", "more cores", "not a launch", "no mode", "a flag for a mode",
         "not a mode"])
 def test_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_home, tmp_path, flags, named):
     (tmp_path / "afile").write_text("a file")
@@ -231,22 +233,27 @@ def test_a_network_run_rewritten_after_each_node_count_names_its_command_once():
 
 
 def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_compiled_and_its_fastest():
-    from runner.bench.long_jobs import long_job_launches
+    from runner.bench.long_jobs import OTHER_SHAPES, long_job_launches
+    from runner.node.recipes import AUTO_SHAPES
+    assert {AUTO_SHAPES, OTHER_SHAPES} == {"dynamic", "buckets"}
     assert [launch.label for launch in long_job_launches(1, 16)] == [
         "ftc 1x1x16 compiled", "ftc 1x1x16 compiled, kernels from home", "peer 1x1x16 pinned compiled static",
-        "ftc 1x1x16 compiled dynamic", "peer 1x4x4 unpinned", "ftc 1x1x16", "ftc 1x4x4 compiled"]
+        f"ftc 1x1x16 compiled {OTHER_SHAPES}", "peer 1x4x4 unpinned", "ftc 1x1x16", "ftc 1x4x4 compiled"]
     assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
         "ftc 2x1x8 compiled", "ftc 2x1x8 compiled, kernels from home", "peer 2x1x8 pinned compiled static",
-        "ftc 2x1x8 compiled dynamic", "peer 2x4x2 pinned", "ftc 2x1x8", "ftc 2x4x2 compiled"]
+        f"ftc 2x1x8 compiled {OTHER_SHAPES}", "peer 2x4x2 pinned", "ftc 2x1x8", "ftc 2x4x2 compiled"]
     assert [launch.label for launch in long_job_launches(1, 2)] == [  # one rank: pinned, nothing else fits
         "ftc 1x1x2 compiled", "ftc 1x1x2 compiled, kernels from home", "peer 1x1x2 pinned compiled static",
-        "ftc 1x1x2 compiled dynamic", "peer 1x1x2 pinned", "ftc 1x1x2"]
+        f"ftc 1x1x2 compiled {OTHER_SHAPES}", "peer 1x1x2 pinned", "ftc 1x1x2"]
     own = {launch.label: (launch.args, launch.from_home) for launch in long_job_launches(1, 2)}
-    assert own["ftc 1x1x2 compiled"] == (("--compile", "on", "--shapes", "buckets"), False)
-    assert own["ftc 1x1x2 compiled, kernels from home"] == (("--compile", "on", "--shapes", "buckets"), True)
-    assert own["ftc 1x1x2 compiled dynamic"] == (("--compile", "on", "--shapes", "dynamic"), False)
+    assert own["ftc 1x1x2 compiled"] == (("--compile", "on", "--shapes", AUTO_SHAPES), False)
+    assert own["ftc 1x1x2 compiled, kernels from home"] == (("--compile", "on", "--shapes", AUTO_SHAPES), True)
+    assert own[f"ftc 1x1x2 compiled {OTHER_SHAPES}"] == (("--compile", "on", "--shapes", OTHER_SHAPES), False)
     assert own["peer 1x1x2 pinned compiled static"] == (("--torch-compile", "--static-shapes"), False)
     assert own["ftc 1x1x2"] == (("--compile", "off"), False) and own["peer 1x1x2 pinned"] == ((), False)
+    # --launches picks some, in the bench's own order
+    assert [launch.label for launch in long_job_launches(1, 16, ("peer-fastest", "compiled"))] == [
+        "ftc 1x1x16 compiled", "peer 1x4x4 unpinned"]
 
 
 def long_run(launch: str, round_: int, cache: str, first_s: float, later_s: float, rows: int = 100) -> dict:
@@ -275,19 +282,21 @@ def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for
     assert qqp["speedup"] == round(qqp["peer_s"] / qqp["ftc_s"], 3) and 1.5 < qqp["speedup"] < 1.6
 
 
-def test_a_long_jobs_entry_sets_ftcs_cold_start_beside_its_start_from_home_its_dynamic_one_and_the_peers():
-    from runner.bench.long_jobs import long_job_entry
+def test_a_long_jobs_entry_sets_ftcs_cold_start_beside_its_start_from_home_its_other_shapes_and_the_peers():
+    from runner.bench.long_jobs import OTHER_SHAPES, long_job_entry
+    from runner.node.recipes import AUTO_SHAPES
     runs = [long_run("ftc 1x1x16 compiled", 1, "cold", 40.8, 0.8),
             long_run("ftc 1x1x16 compiled, kernels from home", 1, "warm from home", 8.6, 0.6),
             long_run("peer 1x1x16 pinned compiled static", 1, "cold", 21.0, 1.0),
-            long_run("ftc 1x1x16 compiled dynamic", 1, "cold", 101.0, 1.0),
+            long_run(f"ftc 1x1x16 compiled {OTHER_SHAPES}", 1, "cold", 101.0, 1.0),
             long_run("peer 1x4x4 unpinned", 1, "none", 1.5, 1.25), long_run("ftc 1x1x16", 1, "none", 2.0, 1.0)]
     entry = long_job_entry(1, 16, runs)
     assert entry["compile"] == {
-        "ftc_launch": "ftc 1x1x16 compiled", "ftc_cold_start_s": 40.0, "from_home_start_s": 8.0,
-        "dynamic_cold_start_s": 100.0, "peer_launch": "peer 1x1x16 pinned compiled static", "peer_cold_start_s": 20.0,
-        "from_home_share": 0.2, "dynamic_start_vs_buckets": 2.5, "start_vs_peer_compiled": 2.0,
-        "buckets_rate_vs_dynamic": 1.25}
+        "ftc_launch": "ftc 1x1x16 compiled", "ftc_shapes": AUTO_SHAPES, "ftc_cold_start_s": 40.0,
+        "from_home_start_s": 8.0, "other_shapes": OTHER_SHAPES, "other_shapes_cold_start_s": 100.0,
+        "peer_launch": "peer 1x1x16 pinned compiled static", "peer_cold_start_s": 20.0,
+        "from_home_share": 0.2, "other_shapes_start_vs_default": 2.5, "start_vs_peer_compiled": 2.0,
+        "default_rate_vs_other_shapes": 1.25}
     # a run from home measured a start; a long job's rate is the runs' that compiled the kernels
     assert entry["ftc_launch"] == "ftc 1x1x16 compiled" and entry["ftc_later_rows_per_s"] == 125.0
 
@@ -308,6 +317,8 @@ def test_long_jobs_runs_of_another_call_land_in_one_report_only_for_the_same_set
 
 @pytest.mark.slow
 def test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_with_static_shapes(ftc_home, tmp_path):
+    from runner.bench.long_jobs import OTHER_SHAPES
+    from runner.node.recipes import AUTO_SHAPES
     out = tmp_path / "bench"
     proc = ftc("bench", "long-jobs", "1x2", "--quick", "--rows", "64", "--repeats", "1", "--out", str(out),
                timeout=3600)
@@ -319,13 +330,13 @@ def test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_wi
     # codegen-ed"); ftc's second node starts from the kernels the first brought home
     assert entry["failed"] == {}
     assert caches == {"ftc 1x1x2 compiled": "cold", "ftc 1x1x2 compiled, kernels from home": "warm from home",
-                      "peer 1x1x2 pinned compiled static": "cold", "ftc 1x1x2 compiled dynamic": "cold",
+                      "peer 1x1x2 pinned compiled static": "cold", f"ftc 1x1x2 compiled {OTHER_SHAPES}": "cold",
                       "peer 1x1x2 pinned": "none", "ftc 1x1x2": "none"}
     assert all(run["passes"][0][0] == run["passes"][1][0] > 0 for run in section["runs"])
     from_home = json.loads((out / "runs" / "long-ftc-1x1x2-compiled-kernels-from-home-r1" / "results.json").read_text())
     assert (from_home["compile_cache"], from_home["compile_cache_from"], from_home["compile_shapes"]) == (
-        "warm", "an earlier cluster", "buckets")
-    assert set(entry["compile"]) >= {"from_home_share", "start_vs_peer_compiled", "dynamic_start_vs_buckets"}
+        "warm", "an earlier cluster", AUTO_SHAPES)
+    assert set(entry["compile"]) >= {"from_home_share", "start_vs_peer_compiled", "other_shapes_start_vs_default"}
     assert set(entry["jobs"]) == {"mrpc, 3 epochs", "qqp, 3 epochs"} and entry["long_job_speedup_vs_peer"] > 0
     # the bench's node noted each shapes' cold compile, the fresh node its warm one (and no rate: 3 steady
     # steps a run are too few)

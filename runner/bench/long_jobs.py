@@ -1,8 +1,9 @@
 """`ftc bench long-jobs NxC,...`: the rate once a compile has paid back, and what the compile costs at
 the start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
-compiled (length buckets), the same on a fresh node that holds only the kernels that run brought home,
-the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with dynamic shapes, the
-peer's fastest launch, ftc uncompiled, and ftc compiled at the peer's fastest launch; a long job's rate
+compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
+home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
+shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled at the peer's fastest launch
+(`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
 (the later pass), the start cost (the first pass beyond it), the compile's start costs side by side,
 and MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
 peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
@@ -16,12 +17,13 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 
-from provision.errors import FtcError, UsageError
+from provision.errors import FtcError, UsageError, option
 from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import default_ppn
 
 from ..node import facts as node_facts
 from ..node.protocol import HOME_KERNELS_DIR, OUTPUT_LOG, SHIPPED_KERNELS_DIR
+from ..node.recipes import AUTO_SHAPES, SHAPES
 from .common import (
     REPORT,
     Bench,
@@ -39,7 +41,7 @@ from .common import (
 
 NAME = "long-jobs"
 HELP = ("a long job's rate on node shapes, ftc compiled and not against the peer's fastest launch and its compile; "
-        "the compile's start cost cold, from home, with dynamic shapes and the peer's")
+        "the compile's start cost cold, from home, with other shapes and the peer's")
 # Ranks per node a launch may have, where each rank keeps at least 2 cores.
 RANKS_PER_NODE = (1, 2, 4)
 # Passes in every run: the first carries what a job pays once (kernel set-up, a compile);
@@ -56,10 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("shapes", metavar="NxC,...", help="node shapes: nodes x cores per node, e.g. 1x16,2x8")
     add_out(p)
     add_workload(p, rows="default 2048; quick: 128", repeats="default 3; quick: 2")
+    p.add_argument("--launches", default="all",
+                   help="all (default), or a comma list of: " + "; ".join(f"{k} ({v})" for k, v in LAUNCH_KINDS.items()))
 
 
 def checked(args: argparse.Namespace) -> None:
     args.shapes = node_shape_list(args.shapes, len(physical_cores()))
+    args.launches = launch_kinds(args.launches)
     check_workload(args)
 
 
@@ -82,6 +87,7 @@ def node_shape_list(raw: str, physical: int) -> list[tuple[int, int]]:
 @dataclass(frozen=True)
 class LongJobLaunch:
     """One launch run on a node shape."""
+    kind: str  # one of LAUNCH_KINDS: what `--launches` picks it by
     label: str  # how bench.json names it: program, nodes x ranks per node x cores per rank, and how
     program: str  # ftc | peer
     ranks_per_node: int
@@ -91,18 +97,33 @@ class LongJobLaunch:
     from_home: bool = False  # ftc: on a fresh node holding only the kernels earlier runs left for home
 
 
-def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
-    """ftc's default launch (the ranks per node `ftc finetune` picks) compiled in length buckets; the
-    same on a fresh node that holds only the kernels that run brought home (a new cluster's first job);
-    the peer compiled with static shapes at one rank per node, where a compile gains most (a rank's
-    threads are the most); ftc compiled with dynamic shapes; the peer's fastest launch (the most ranks
-    per node, unpinned on one node: measured so on node shapes, docs/probes/node_shapes.json); ftc
-    uncompiled; and ftc compiled at the peer's fastest launch. The start costs first: a call cut short
-    keeps them. Pure."""
+# The launches of a shape, in the order they run (the start costs first: a call cut short keeps them),
+# by the names `--launches` picks them by.
+LAUNCH_KINDS = {
+    "compiled": "ftc's default launch compiled, with its default shapes",
+    "from-home": "the same on a fresh node holding only the kernels earlier runs brought home",
+    "peer-compiled": "the peer compiled with static shapes at one rank per node",
+    "other-shapes": "ftc compiled with the shapes it does not pick by default",
+    "peer-fastest": "the peer's fastest launch, eager",
+    "eager": "ftc's default launch uncompiled",
+    "compiled-at-peer-launch": "ftc compiled at the peer's fastest launch",
+}
+# The shapes a compiled ftc launch runs with that `--shapes auto` does not pick.
+OTHER_SHAPES = next(shapes for shapes in SHAPES if shapes not in ("auto", AUTO_SHAPES))
+
+
+def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAUNCH_KINDS)) -> list[LongJobLaunch]:
+    """Of `kinds` (LAUNCH_KINDS), in its order: ftc's default launch (the ranks per node `ftc finetune`
+    picks) compiled with its default shapes; the same on a fresh node that holds only the kernels that
+    run brought home (a new cluster's first job); the peer compiled with static shapes at one rank per
+    node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
+    the peer's fastest launch (the most ranks per node, unpinned on one node: measured so on node shapes,
+    docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled at the peer's fastest launch (where
+    that differs from ftc's own). Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
 
-    def named(program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
+    def named(kind: str, program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
               extra: tuple[str, ...] = (), from_home: bool = False) -> LongJobLaunch:
         """A launch, its label and its program's flags; `variant` and `extra`: a launch's own way, named."""
         if program == "ftc":
@@ -111,14 +132,30 @@ def long_job_launches(nodes: int, cores: int) -> list[LongJobLaunch]:
             how, own = " pinned" if pinned else " unpinned", ("--torch-compile",) if compiled else ()
         how += (" compiled" if compiled else "") + (f" {variant}" if variant else "")
         how += ", kernels from home" if from_home else ""
-        return LongJobLaunch(f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node, compiled, pinned,
-                             own + extra, from_home)
-    buckets = ("--shapes", "buckets")
-    first = [named("ftc", ppn, True, True, extra=buckets), named("ftc", ppn, True, True, extra=buckets, from_home=True),
-             named("peer", 1, True, True, "static", ("--static-shapes",)),
-             named("ftc", ppn, True, True, "dynamic", ("--shapes", "dynamic")),
-             named("peer", most, False, nodes > 1 or most == 1), named("ftc", ppn, False, True)]
-    return first + ([named("ftc", most, True, True, extra=buckets)] if most != ppn else [])
+        return LongJobLaunch(kind, f"{program} {nodes}x{per_node}x{cores // per_node}{how}", program, per_node,
+                             compiled, pinned, own + extra, from_home)
+    default_shapes = ("--shapes", AUTO_SHAPES)
+    every = [named("compiled", "ftc", ppn, True, True, extra=default_shapes),
+             named("from-home", "ftc", ppn, True, True, extra=default_shapes, from_home=True),
+             named("peer-compiled", "peer", 1, True, True, "static", ("--static-shapes",)),
+             named("other-shapes", "ftc", ppn, True, True, OTHER_SHAPES, ("--shapes", OTHER_SHAPES)),
+             named("peer-fastest", "peer", most, False, nodes > 1 or most == 1),
+             named("eager", "ftc", ppn, False, True)]
+    if most != ppn:
+        every.append(named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes))
+    return [launch for launch in every if launch.kind in kinds]
+
+
+def launch_kinds(raw: str) -> tuple[str, ...]:
+    """`--launches`: a comma list of LAUNCH_KINDS, or all. Pure."""
+    if raw == "all":
+        return tuple(LAUNCH_KINDS)
+    kinds = tuple(dict.fromkeys(item.strip() for item in raw.split(",")))
+    for kind in kinds:
+        if kind not in LAUNCH_KINDS:
+            raise UsageError(f"{option('launches')}={kind!r} is not a launch; allowed: all, or a comma list of "
+                             + ", ".join(LAUNCH_KINDS))
+    return kinds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     runs: list[dict] = []
     for round_ in range(first_round, first_round + bench.repeats):
         for nodes, cores in shapes:
-            for launch in long_job_launches(nodes, cores):
+            for launch in long_job_launches(nodes, cores, args.launches):
                 if any(run["launch"] == launch.label and "failed" in run for run in earlier + runs):
                     continue  # it failed in an earlier round: it would fail again
                 runs.append(long_job_one(bench, launch, nodes, cores, round_))
@@ -275,25 +312,25 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
 
 
 def compile_starts(launches: dict) -> dict:
-    """What a compile costs ftc and the peer at the start, cold, side by side: ftc's default shapes (length
-    buckets) against its dynamic ones and against the peer's static ones, and a new cluster's first job
-    that starts from the kernels an earlier one brought home, as a share of the cold start. Pure."""
+    """What a compile costs ftc and the peer at the start, cold, side by side: ftc's default shapes against
+    its other ones (OTHER_SHAPES) and against the peer's static ones, and a new cluster's first job that
+    starts from the kernels an earlier one brought home, as a share of the cold start. Pure."""
     def cold(label: str) -> float | None:
         return launches.get(label, {}).get("start_cost_s", {}).get("cold")
-    buckets = next((label for label in launches if label.startswith("ftc ") and label.endswith(" compiled")), "")
-    figures = {"ftc_launch": buckets, "ftc_cold_start_s": cold(buckets)}
-    home = launches.get(f"{buckets}, kernels from home", {}).get("start_cost_s", {}).get("warm from home")
-    dynamic, peer = f"{buckets} dynamic", next((label for label in launches if label.endswith(" compiled static")), "")
-    figures |= {"from_home_start_s": home, "dynamic_cold_start_s": cold(dynamic), "peer_launch": peer,
-                "peer_cold_start_s": cold(peer)}
+    default = next((label for label in launches if label.startswith("ftc ") and label.endswith(" compiled")), "")
+    figures = {"ftc_launch": default, "ftc_shapes": AUTO_SHAPES, "ftc_cold_start_s": cold(default)}
+    home = launches.get(f"{default}, kernels from home", {}).get("start_cost_s", {}).get("warm from home")
+    other, peer = f"{default} {OTHER_SHAPES}", next((label for label in launches if label.endswith(" compiled static")), "")
+    figures |= {"from_home_start_s": home, "other_shapes": OTHER_SHAPES, "other_shapes_cold_start_s": cold(other),
+                "peer_launch": peer, "peer_cold_start_s": cold(peer)}
     if figures["ftc_cold_start_s"]:
         base = figures["ftc_cold_start_s"]
         figures["from_home_share"] = round(home / base, 3) if home is not None else None
-        figures["dynamic_start_vs_buckets"] = round(cold(dynamic) / base, 3) if cold(dynamic) else None
+        figures["other_shapes_start_vs_default"] = round(cold(other) / base, 3) if cold(other) else None
         figures["start_vs_peer_compiled"] = round(base / cold(peer), 3) if cold(peer) else None
-        if dynamic in launches and buckets in launches:
-            figures["buckets_rate_vs_dynamic"] = round(launches[buckets]["later_rows_per_s"]
-                                                       / launches[dynamic]["later_rows_per_s"], 3)
+        if other in launches and default in launches:
+            figures["default_rate_vs_other_shapes"] = round(launches[default]["later_rows_per_s"]
+                                                            / launches[other]["later_rows_per_s"], 3)
     return figures
 
 

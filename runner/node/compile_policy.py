@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
 from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
-from .recipes import COMPILE_MIN_STEPS  # noqa: E402
+from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, SHAPES  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
@@ -41,11 +41,6 @@ COMPILED_FILE = "ftc-compiled.json"
 RATE_MIN_STEPS = 20
 # Length buckets: widths in steps of this many tokens, up to --max-length (MRPC at 128: 4 graphs).
 BUCKET_STEP = 32
-SHAPES = ("auto", "dynamic", "buckets")
-# --shapes auto: what a compiled step runs with. Side by side (docs/performance.md: Length buckets), the
-# one dynamic graph compiled in 0.72x the buckets' time and its steps ran 1.30x as fast: every bucket is
-# a whole compile of its own, and padding to a multiple of 32 computes more than padding to 8.
-AUTO_SHAPES = "dynamic"
 # What a kept cache's key holds besides the digest of the model's architecture: a cache made under
 # other values is not this job's (another torch, CPU, thread count, precision or shapes).
 KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size")

@@ -17,6 +17,12 @@ RECIPES = {
 # pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
 # 1 rank: 345 steps, no; QQP: thousands, yes).
 COMPILE_MIN_STEPS = 1600
+# What a compiled step's shapes may be (--shapes).
+SHAPES = ("auto", "dynamic", "buckets")
+# --shapes auto: what a compiled step runs with. Side by side (docs/performance.md: Length buckets), the
+# one dynamic graph compiled in 0.72x the buckets' time and its steps ran 1.30x as fast: every bucket is
+# a whole compile of its own, and padding to a multiple of 32 computes more than padding to 8.
+AUTO_SHAPES = "dynamic"
 
 # When and where a job's gradient is averaged (ALLREDUCE): after backward in ftc's buckets, the cores idle
 # (after-backward); during backward in DDP's buckets, gloo's threads on the compute cores (overlap); or during
