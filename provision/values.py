@@ -96,6 +96,22 @@ def whole_list(lo: int, hi: int, distinct: bool = False) -> Parser:
     return parse
 
 
+def name_list(allowed: tuple[str, ...] | list[str], noun: str, all_word: str = "") -> Parser:
+    """A comma list of `allowed` names, each once, in the order given (`--levers flows,ceiling`); a
+    name not allowed is one line calling it no `noun`. `all_word` (when given) stands for every name."""
+    def parse(key: str, raw: Any) -> list[str]:
+        if all_word and raw == all_word:
+            return list(allowed)
+        names = [name.strip() for name in str(raw).split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            every = ", ".join(allowed)
+            raise UsageError(f"{label(key)}={','.join(unknown)!r} is not a {noun}; allowed: "
+                             + (f"{all_word}, or a comma list of {every}" if all_word else every))
+        return list(dict.fromkeys(names))
+    return parse
+
+
 def local_path(key: str, raw: Any) -> str:
     """A path on this machine as the user typed it: `~` and `~user` expanded, made absolute (not
     resolved: a symlink stays the path the user named). '' stays ''."""

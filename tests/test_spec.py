@@ -365,6 +365,20 @@ def test_a_whole_number_is_ascii_digits_as_typed_not_what_int_also_reads(raw):
     assert whole(1, 64)("nodes", " 16 ") == 16
 
 
+def test_a_name_list_keeps_the_order_given_each_name_once_and_names_what_is_not_allowed():
+    from provision.values import name_list
+    levers = name_list(("flows", "ceiling", "powersgd"), "lever")
+    assert levers("levers", " ceiling, flows,ceiling ") == ["ceiling", "flows"]
+    for raw, named in (("flows,wings", "'wings'"), (",", "''"), ("", "''")):
+        with pytest.raises(UsageError) as refused:
+            levers("levers", raw)
+        assert str(refused.value) == f"--levers={named} is not a lever; allowed: flows, ceiling, powersgd"
+    launches = name_list(("a", "b"), "launch", "all")
+    assert launches("launches", "all") == ["a", "b"] and launches("launches", "b") == ["b"]
+    with pytest.raises(UsageError, match=r"^--launches='c' is not a launch; allowed: all, or a comma list of a, b$"):
+        launches("launches", "c")
+
+
 def test_plan_refuses_an_underscored_node_count_in_one_line(ftc_home):
     proc = ftc("plan", "--nodes", "1_6")
     assert proc.returncode == 2 and one_error(proc) == "error: --nodes='1_6' is not a whole number; allowed: 1..64"

@@ -17,9 +17,10 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 
-from provision.errors import FtcError, UsageError, option
+from provision.errors import FtcError, UsageError
 from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import default_ppn
+from provision.values import name_list
 
 from ..node import facts as node_facts
 from ..node.protocol import HOME_KERNELS_DIR, OUTPUT_LOG, SHIPPED_KERNELS_DIR
@@ -64,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def checked(args: argparse.Namespace) -> None:
     args.shapes = node_shape_list(args.shapes, len(physical_cores()))
-    args.launches = launch_kinds(args.launches)
+    args.launches = tuple(name_list(tuple(LAUNCH_KINDS), "launch", "all")("launches", args.launches))
     check_workload(args)
 
 
@@ -144,18 +145,6 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     if most != ppn:
         every.append(named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes))
     return [launch for launch in every if launch.kind in kinds]
-
-
-def launch_kinds(raw: str) -> tuple[str, ...]:
-    """`--launches`: a comma list of LAUNCH_KINDS, or all. Pure."""
-    if raw == "all":
-        return tuple(LAUNCH_KINDS)
-    kinds = tuple(dict.fromkeys(item.strip() for item in raw.split(",")))
-    for kind in kinds:
-        if kind not in LAUNCH_KINDS:
-            raise UsageError(f"{option('launches')}={kind!r} is not a launch; allowed: all, or a comma list of "
-                             + ", ".join(LAUNCH_KINDS))
-    return kinds
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from provision.errors import UsageError, option
 from provision.providers import default_world
-from provision.values import boolean
+from provision.values import boolean, name_list
 
 from .. import netem
 from ..node import facts as node_facts
@@ -97,11 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def checked(args: argparse.Namespace) -> None:
     check_workload(args)
     if args.levers is not None:
-        args.levers = [name.strip() for name in args.levers.split(",") if name.strip()]
-        unknown = [name for name in args.levers if name not in NETWORK_LEVERS]
-        if unknown or not args.levers:
-            raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a network lever; allowed: "
-                             f"{', '.join(NETWORK_LEVERS)}")
+        args.levers = name_list(NETWORK_LEVERS, "network lever")("levers", args.levers)
     asked_express = args.ena_express is not None and boolean("ena_express", args.ena_express)
     args.ena_express = asked_express or args.ena_express is None
     args.instance = network_instance(args.instance)

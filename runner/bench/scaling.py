@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from provision.errors import UsageError, option
+from provision.values import name_list
 
 from ..node import facts as node_facts
 from ..report import pyplot
@@ -65,10 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def checked(args: argparse.Namespace) -> None:
     check_workload(args)
     if args.levers is not None:
-        args.levers = [name.strip() for name in args.levers.split(",") if name.strip()]
-        unknown = [name for name in args.levers if name not in LEVERS]
-        if unknown or not args.levers:
-            raise UsageError(f"{option('levers')}={','.join(unknown)!r} is not a lever; allowed: {', '.join(LEVERS)}")
+        args.levers = name_list(LEVERS, "lever")("levers", args.levers)
     check_layout(args)
 
 

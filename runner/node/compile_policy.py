@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
 from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
-from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, SHAPES  # noqa: E402
+from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled

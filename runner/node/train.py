@@ -57,7 +57,7 @@ from .protocol import (
     rank_log_path,
     strict_json,
 )
-from .recipes import ALLREDUCE, COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK, RECIPES
+from .recipes import ALLREDUCE, COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SHAPES
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -72,7 +72,6 @@ from . import rank_setup  # noqa: E402
 from .board import open_board, to_board  # noqa: E402
 from .checkpoints import EPOCH_START, resume, save_all  # noqa: E402
 from .compile_policy import (  # noqa: E402
-    SHAPES,
     Compiled,
     bucket_width,
     compile_seconds,
