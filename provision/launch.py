@@ -149,7 +149,7 @@ def default_flows(state: st.ClusterState) -> int:
     if not traits(state.provider).instance_types:
         return 1
     own = world(state.provider)
-    cap = own.express_flow_gbps if state.cluster_spec.ena_express and own.express_flow_gbps else own.flow_gbps
+    cap = own.express_flow_gbps if state.cluster_spec.express and own.express_flow_gbps else own.flow_gbps
     return flows_to_fill(own.instance_types[state.cluster_spec.instance_type].network_gbps, cap)
 
 

@@ -8,7 +8,6 @@ source goes through the same parser, so a bad `NODES=abc` and a bad
 """
 
 import getpass
-import ipaddress
 import os
 import re
 import tomllib
@@ -18,9 +17,20 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import UsageError
-from .providers.records import NameForm, Setting, World, default_world, names, registered, spec_world, traits
+from .providers.records import (
+    NameForm,
+    Setting,
+    World,
+    default_world,
+    names,
+    registered,
+    spec_world,
+    spec_worlds,
+    traits,
+    world,
+)
 from .stacks import STACKS
-from .values import boolean, label, local_path, number, one_of, whole
+from .values import boolean, host_label, label, local_path, number, one_of, parse_host, whole
 
 MAX_NODES = 64
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
@@ -34,26 +44,23 @@ class ClusterSpec:
     instance_type: str = default_world().default_instance_type  # a provider with a catalog: its own default
     region: str = default_world().default_region
     zones: list[str] = field(default_factory=list)  # empty: every zone of the region, in order
-    root_volume_gb: int = 100
     spot: bool = False
-    # ENA Express (SRD) on the nodes' network interfaces: a faster cap on one flow. Unless given, on
-    # wherever the instance type has it (resolve_spec); this default is the default type's.
-    ena_express: bool = default_world().instance_types[default_world().default_instance_type].ena_express
-    ssh_cidr: str = ""  # empty: the caller's public address /32
-    allow_open_ssh: bool = False  # the explicit opt-in that 0.0.0.0/0 needs
     max_hours: float = 4.0  # the node's watchdog powers it off (and so terminates it) after this
     stack: str = "stock"
     owner: str = ""  # the owner label (World.label_form; aws: the ftc:owner tag); empty: the local user name
     hosts: list[str] = field(default_factory=list)  # ssh: "[user@]host:port" of your own servers, node 0 first
     ssh_key: str = ""  # ssh: the private key that logs in to them; empty: your ssh agent and ~/.ssh keys
     stack_python: str = ""  # ssh: a Python on every host that has the stack already; empty: ftc installs one
-    partition: str = ""  # slurm: the partition the allocation is asked of
-    account: str = ""  # slurm: --account; empty: the site's default
-    qos: str = ""  # slurm: --qos; empty: the site's default
-    constraint: str = ""  # slurm: --constraint (node features, e.g. "sapphirerapids&ib")
-    login: str = ""  # slurm: user@host[:port] whose sbatch, squeue and scancel ftc runs over ssh; empty: this machine's
-    # the provider's own (World.settings), every one, by key; by default the default world's defaults
-    settings: dict[str, Any] = field(default_factory=lambda: {k: s.default for k, s in default_world().settings.items()})
+    # the provider's own (World.settings of its spec_worlds: aws's AMI, SSH_CIDR...; slurm's PARTITION...),
+    # every one, by key; by default the default world's defaults
+    settings: dict[str, Any] = field(default_factory=lambda: setting_defaults(
+        ClusterSpec.provider, default_world().default_instance_type))
+
+    @property
+    def express(self) -> bool:
+        """Whether the nodes' faster per-flow transport is on (World.express_flow_gbps): AWS's ENA_EXPRESS,
+        off where the spec's provider has no such setting."""
+        return bool(self.settings.get("ena_express"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +68,13 @@ class ClusterSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ClusterSpec":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        spec = cls(**{k: v for k, v in data.items() if k in known})
+        # A state recorded before its provider owned these settings has them at the top level (root_volume_gb,
+        # partition...): read from there into settings, where the spec keeps them now.
+        recorded = data.get("settings", {})
+        moved = {k: data[k] for k in spec_settings(spec.provider) if k in data and k not in recorded}
+        spec.settings = {**spec.settings, **moved}
+        return spec
 
 
 # ---- parsers of the spec's own kinds; the shared ones are in values.py ----
@@ -87,34 +100,6 @@ def _zones(form: NameForm, key: str, raw: Any) -> list[str]:
         if not form.matches(str(zone)):
             raise UsageError(f"{label(key)}={raw!r}: {zone!r} is not {form.what} ({form.allowed})")
     return [str(z) for z in items]
-
-
-def _cidr(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if not value:
-        return ""
-    try:
-        return str(ipaddress.ip_network(value, strict=False))
-    except ValueError:
-        raise UsageError(f"{label(key)}={raw!r} is not a CIDR block; allowed: e.g. 203.0.113.7/32") from None
-
-
-# user@host:port, [user@][v6]:port; a host never starts with '-' (ssh would read it as an option).
-HOST_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})@)?"
-                     r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$")
-
-
-def parse_host(text: str) -> tuple[str, str, int]:
-    """'[user@]host[:port]' -> (user, host, port); user '' means yours. Raises ValueError. Pure."""
-    match = HOST_RE.match(text.strip())
-    if not match or not 1 <= int(match["port"] or 22) <= 65535:
-        raise ValueError(f"{text!r} is not user@host[:port]")
-    return match["user"] or "", match["host"].strip("[]"), int(match["port"] or 22)
-
-
-def host_label(user: str, host: str, port: int) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"{user + '@' if user else ''}{shown}:{port}"
 
 
 def _hosts(key: str, raw: Any) -> list[str]:
@@ -144,34 +129,6 @@ def _remote_python(key: str, raw: Any) -> str:
     return value
 
 
-def _slurm_name(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", value):
-        raise UsageError(f"{label(key)}={raw!r} is not a Slurm name; allowed: up to 64 letters, digits and _.+- "
-                         "(not starting with . + or -)")
-    return value
-
-
-def _constraint(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.&|,:*()\[\]-]{0,199}", value):
-        raise UsageError(f"{label(key)}={raw!r} is not a Slurm constraint; allowed: node features joined by & | , "
-                         "(letters, digits and _.:*()[]-), as sbatch --constraint takes them")
-    return value
-
-
-def _login(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if not value:
-        return ""
-    try:
-        user, host, port = parse_host(value)
-    except ValueError:
-        raise UsageError(f"{label(key)}={raw!r} is not a login node; allowed: user@host[:port] (user and port "
-                         "optional: yours and 22)") from None
-    return host_label(user, host, port)
-
-
 def world_parsers(world: World) -> dict[str, Callable[[str, Any], Any]]:
     """The parsers of the spec's settings whose values a provider's world decides: its instance types,
     regions, zones and owner label (a world without labels: the default world's form)."""
@@ -186,30 +143,32 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "provider": _provider,
     "nodes": whole(1, MAX_NODES),
     **world_parsers(default_world()),
-    "root_volume_gb": whole(8, 16384),
     "spot": boolean,
-    "ena_express": boolean,
-    "ssh_cidr": _cidr,
-    "allow_open_ssh": boolean,
     # the watchdog's lifetime: a quarter hour at least, so that no node powers off before its bootstrap ends
     "max_hours": number(0.25, 168, lo_included=True),
     "stack": one_of(STACKS),
     "hosts": _hosts,
     "ssh_key": local_path,
     "stack_python": _remote_python,
-    "partition": _slurm_name,
-    "account": _slurm_name,
-    "qos": _slurm_name,
-    "constraint": _constraint,
-    "login": _login,
 }
+
+
+def spec_settings(provider: str) -> dict[str, Setting]:
+    """The providers' own settings a spec of provider `provider` takes, by key: its spec_worlds'."""
+    return {key: setting for taken in spec_worlds(provider) for key, setting in taken.settings.items()}
+
+
+def setting_defaults(provider: str, instance_type: str) -> dict[str, Any]:
+    """What each setting a spec of `provider` takes is when not given, on instance type `instance_type`."""
+    kind = spec_world(provider).instance_types[instance_type]
+    return {key: setting.default_on(kind) for key, setting in spec_settings(provider).items()}
 
 
 def parsers_for(provider: str) -> dict[str, Callable[[str, Any], Any]]:
     """PARSERS, with the settings provider `provider`'s world decides checked against it (spec_world),
-    and that world's own settings."""
-    world = spec_world(provider)
-    return {**PARSERS, **world_parsers(world), **{key: setting.parse for key, setting in world.settings.items()}}
+    and the providers' own settings its spec takes (spec_settings)."""
+    own = {key: setting.parse for key, setting in spec_settings(provider).items()}
+    return {**PARSERS, **world_parsers(spec_world(provider)), **own}
 
 
 def own_settings() -> dict[str, tuple[str, Setting]]:
@@ -302,17 +261,14 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     for source in (config or {}, env_overrides(env), {k: v for k, v in flags.items() if v is not None}):
         merged.update(source)
     provider = PARSERS["provider"]("provider", merged.get("provider", ClusterSpec.provider))
+    _refuse_others_settings(merged, provider)
     parsers = parsers_for(provider)
-    world = spec_world(provider)
-    for key, (owner, _) in own_settings().items():
-        if key in merged and key not in world.settings:
-            raise UsageError(f"{label(key)} is for {label('provider')}={owner}, not {label('provider')}={provider!r}; "
-                             f"add {label('provider')}={owner} or leave {label(key)} out")
+    checked = spec_world(provider)
     values = {key: parsers[key](key, raw) for key, raw in merged.items() if key in parsers}
-    values["settings"] = {key: values.pop(key, setting.default) for key, setting in world.settings.items()}
-    values.setdefault("instance_type", world.default_instance_type)
-    values.setdefault("region", world.default_region)
-    values.setdefault("ena_express", world.instance_types[values["instance_type"]].ena_express)
+    values.setdefault("instance_type", checked.default_instance_type)
+    values.setdefault("region", checked.default_region)
+    values["settings"] = {key: values.pop(key, default)
+                          for key, default in setting_defaults(provider, values["instance_type"]).items()}
     if traits(provider).own_hosts and not traits(provider).scheduler:  # your servers are the nodes: NODES follows HOSTS
         hosts = values.get("hosts", [])
         if "nodes" in values and values["nodes"] != len(hosts):
@@ -325,28 +281,23 @@ def resolve_spec(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     return spec
 
 
-def too_open(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
-    """SSH open to more than a /16 of IPv4 (65,536 addresses: a site's or VPN's range at most) or a /48 of
-    IPv6 (one site's allocation) needs ALLOW_OPEN_SSH: 0.0.0.0/1 is half the internet. Pure."""
-    return network.prefixlen < (16 if network.version == 4 else 48)
+def _refuse_others_settings(merged: Mapping[str, Any], provider: str) -> None:
+    """Another provider's own setting, given to a spec of `provider`, is refused in one line naming whose it is."""
+    taken = spec_settings(provider)
+    for key, (owner, _) in own_settings().items():
+        if key in merged and key not in taken:
+            called = world(owner).cluster_called
+            whose = f"{called} ({label('provider')}={owner})" if called else f"{label('provider')}={owner}"
+            raise UsageError(f"{label(key)} is for {whose}, not {label('provider')}={provider!r}; "
+                             f"add {label('provider')}={owner} or leave {label(key)} out")
 
 
 def check_spec(spec: ClusterSpec) -> None:
-    """Rules that involve more than one field."""
-    if spec.ssh_cidr and too_open(ipaddress.ip_network(spec.ssh_cidr)) and not spec.allow_open_ssh:
-        whole = ipaddress.ip_network(spec.ssh_cidr).prefixlen == 0
-        raise UsageError(f"{label('ssh_cidr')}={spec.ssh_cidr!r} opens SSH to "
-                         f"{'the whole internet' if whole else 'more than a /16 of addresses'}; give your own "
-                         f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
-    kinds = spec_world(spec.provider).instance_types
-    if spec.ena_express and not kinds[spec.instance_type].ena_express:
-        family = spec.instance_type.partition(".")[0]
-        offered = sorted((n for n, k in kinds.items() if k.ena_express and n.startswith(f"{family}.")),
-                         key=lambda n: kinds[n].vcpus) or sorted(n for n, k in kinds.items() if k.ena_express)
-        raise UsageError(f"{label('ena_express')}=1, but {label('instance_type')}={spec.instance_type!r} has no ENA "
-                         f"Express; allowed: {label('ena_express')}=0, or a type that has it ({', '.join(offered)})")
+    """Rules that involve more than one field: its provider's worlds' own (World.check), then the spec's."""
+    for ruled in spec_worlds(spec.provider):
+        if ruled.check:
+            ruled.check(spec)
     own_hosts, scheduler = traits(spec.provider).own_hosts, traits(spec.provider).scheduler
-    _check_scheduler(spec, scheduler)
     if scheduler and spec.hosts:
         raise UsageError(f"{label('hosts')} is for your own servers, not {label('provider')}={spec.provider!r}: the "
                          f"scheduler names the nodes; leave {label('hosts')} out and give {label('nodes')}")
@@ -365,21 +316,3 @@ def check_spec(spec: ClusterSpec) -> None:
         if not zone.startswith(spec.region):
             raise UsageError(f"{label('zones')}={','.join(spec.zones)!r}: {zone!r} is not in "
                              f"{label('region')}={spec.region!r}")
-
-
-SCHEDULER_KEYS = ("partition", "account", "qos", "constraint", "login")
-
-
-def _check_scheduler(spec: ClusterSpec, scheduler: bool) -> None:
-    """A scheduler's settings: PARTITION needed there, and none of them anywhere else."""
-    if not scheduler:
-        for key in SCHEDULER_KEYS:
-            if getattr(spec, key):
-                theirs = next(p for p in names() if traits(p).scheduler)
-                raise UsageError(f"{label(key)} is for a Slurm cluster ({label('provider')}={theirs}), not "
-                                 f"{label('provider')}={spec.provider!r}; add {label('provider')}={theirs} or leave "
-                                 f"{label(key)} out")
-        return
-    if not spec.partition:
-        raise UsageError(f"{label('provider')}={spec.provider!r} needs {label('partition')}: the Slurm partition to "
-                         "ask for nodes (`sinfo -s` lists them)")

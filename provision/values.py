@@ -8,6 +8,7 @@ the FTC_* tuning variables (`from_env`) all go through here.
 
 import math
 import os
+import re
 import tempfile
 import types
 from pathlib import Path
@@ -110,6 +111,24 @@ def name_list(allowed: tuple[str, ...] | list[str], noun: str, all_word: str = "
                              + (f"{all_word}, or a comma list of {every}" if all_word else every))
         return list(dict.fromkeys(names))
     return parse
+
+
+# user@host:port, [user@][v6]:port; a host never starts with '-' (ssh would read it as an option).
+HOST_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})@)?"
+                     r"(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$")
+
+
+def parse_host(text: str) -> tuple[str, str, int]:
+    """'[user@]host[:port]' -> (user, host, port); user '' means yours. Raises ValueError. Pure."""
+    match = HOST_RE.match(text.strip())
+    if not match or not 1 <= int(match["port"] or 22) <= 65535:
+        raise ValueError(f"{text!r} is not user@host[:port]")
+    return match["user"] or "", match["host"].strip("[]"), int(match["port"] or 22)
+
+
+def host_label(user: str, host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"{user + '@' if user else ''}{shown}:{port}"
 
 
 def local_path(key: str, raw: Any) -> str:

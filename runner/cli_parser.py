@@ -23,20 +23,11 @@ SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
     "provider": "where the nodes run: {providers} (default {default})",  # the registry's, when the parser is built
     "nodes": "number of nodes, 1..64 (default 2)",
-    "root_volume_gb": "AWS root volume size in GB (default 100)",
-    "ena_express": "AWS: 1 or 0, ENA Express (SRD) on the nodes' network interfaces (default: 1 where the type has it)",
-    "ssh_cidr": "AWS: who may ssh to the nodes (default: your address /32)",
-    "allow_open_ssh": "1: allow --ssh-cidr 0.0.0.0/0",
     "max_hours": "AWS: the nodes power off after this many hours; slurm: the allocation's time limit (default 4)",
     "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
     "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
     "ssh_key": "ssh, slurm: the private key that logs in to the nodes (default: your agent and ~/.ssh keys)",
     "stack_python": "ssh, slurm: a Python on every node that already has the stack (default: ftc installs one)",
-    "partition": "slurm: the partition to ask for an allocation of NODES nodes",
-    "account": "slurm: the account the allocation is charged to (default: the site's)",
-    "qos": "slurm: the quality of service of the allocation (default: the site's)",
-    "constraint": "slurm: node features the allocation needs, as sbatch --constraint takes them",
-    "login": "slurm: user@host[:port] of a login node whose sbatch ftc runs (default: this machine's)",
 }
 
 

@@ -139,7 +139,7 @@ class FinetuneJob:
         if not on_nodes.allreduce:  # auto: the faster exchange on this cluster's network, where ftc can weigh it
             spec_now = state.cluster_spec
             on_nodes = replace(on_nodes, allreduce=exchange_for(state.provider, spec_now.instance_type,
-                                                                len(state.nodes), spec_now.ena_express,
+                                                                len(state.nodes), spec_now.express,
                                                                 planned_steps(job, len(state.nodes))))
         self.on_nodes = on_nodes
         return st.JobInfo(id=job_id, task=job.task, remote_dir=remote_dir, results_dir=results_dir,

@@ -72,7 +72,7 @@ def test_up_creates_every_resource_as_specified_and_down_removes_it(aws, ftc_hom
 
     state = json.loads((ftc_home / "clusters" / "c1" / "state.json").read_text())
     assert state["phase"] == "running" and len(state["nodes"]) == nodes
-    assert state["resources"]["ena_express"] is True and state["spec"]["ena_express"] is True
+    assert state["resources"]["ena_express"] is True and state["spec"]["settings"]["ena_express"] is True
     assert sorted(state["resources"]["instances"]) == sorted(i["InstanceId"] for i in instances)
     key = ftc_home / "clusters" / "c1" / "keys" / "access"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and "PRIVATE KEY" in key.read_text()

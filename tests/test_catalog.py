@@ -87,9 +87,9 @@ def test_a_cache_of_an_earlier_day_is_stale_and_todays_is_not():
 
 
 def test_ena_express_defaults_to_the_types_own_and_is_refused_where_it_has_none(ftc_home):
-    assert resolve_spec({"provider": "aws"}, {}).ena_express  # c6i.16xlarge has it
-    assert not resolve_spec({"provider": "aws", "ena_express": "0"}, {}).ena_express
-    assert not resolve_spec({"provider": "aws", "instance_type": "c7i.8xlarge"}, {}).ena_express
+    assert resolve_spec({"provider": "aws"}, {}).settings["ena_express"]  # c6i.16xlarge has it
+    assert not resolve_spec({"provider": "aws", "ena_express": "0"}, {}).settings["ena_express"]
+    assert not resolve_spec({"provider": "aws", "instance_type": "c7i.8xlarge"}, {}).settings["ena_express"]
     proc = ftc("up", "--name", "noena", *AWS_UP, "--instance-type", "c6i.large", "--ena-express", "1")
     assert_refused(proc, "--ena-express=1, but --instance-type='c6i.large' has no ENA Express; allowed: "
                          "--ena-express=0, or a type that has it (c6i.8xlarge,", ftc_home)

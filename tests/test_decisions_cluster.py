@@ -12,9 +12,9 @@ from provision import state as st
 from provision.cluster import search_places, still_runs
 from provision.providers.local import START_MARK, shown, split_cores, sshd_config_of, this_start
 from provision.providers.own_servers import Host, cleanup_script, same_servers
-from provision.spec import ClusterSpec, parse_host
+from provision.spec import ClusterSpec
 from provision.state import home_problem
-from provision.values import conforms, control_character, kind_name, value_kind
+from provision.values import conforms, control_character, kind_name, parse_host, value_kind
 
 # ---- where `down` looks for a cluster whose state is lost ---------------------------------------
 
@@ -191,3 +191,28 @@ def test_a_state_saved_when_checkpoint_uri_was_named_checkpoint_s3_still_loads_w
     data = json.loads(saved.to_json())
     data["jobs"][0]["checkpoint_s3"] = data["jobs"][0].pop("checkpoint_uri")
     assert st.ClusterState.from_json(json.dumps(data)).jobs[0].checkpoint_uri == "s3://ftc-checkpoints/runs"
+
+
+# A spec as `up` recorded it while ROOT_VOLUME_GB ... LOGIN were fields of the spec's own (top-level keys).
+OLD_SPEC = {"name": "k", "nodes": 2, "instance_type": "c7i.8xlarge", "region": "us-east-1", "zones": [], "spot": False,
+            "max_hours": 4.0, "stack": "stock", "owner": "", "hosts": [], "ssh_key": "", "stack_python": "",
+            "root_volume_gb": 100, "ena_express": True, "ssh_cidr": "", "allow_open_ssh": False, "partition": "",
+            "account": "", "qos": "", "constraint": "", "login": ""}
+
+
+@pytest.mark.parametrize("provider, recorded, own", [
+    ("aws", {"root_volume_gb": 250, "ena_express": False, "ssh_cidr": "203.0.113.7/32", "settings": {"ami": "ami-0a1b2c3d"}},
+     {"ami": "ami-0a1b2c3d", "root_volume_gb": 250, "ena_express": False, "ssh_cidr": "203.0.113.7/32",
+      "allow_open_ssh": False}),
+    ("slurm", {"partition": "debug", "account": "lab", "login": "me@login:22"},  # saved before settings existed
+     {"partition": "debug", "account": "lab", "qos": "", "constraint": "", "login": "me@login:22"}),
+])
+def test_a_state_saved_when_a_providers_settings_were_the_specs_fields_still_loads_with_them(provider, recorded, own):
+    """A cluster kept across the move of its provider's settings into its World: the old top-level keys are
+    read into the spec's settings, so `down`, `status` and a job see what `up` was given."""
+    data = json.loads(st.ClusterState(name="k", provider=provider, spec={}).to_json())
+    data["spec"] = {**OLD_SPEC, "provider": provider, **recorded}
+    spec = st.ClusterState.from_json(json.dumps(data)).cluster_spec
+    assert {key: spec.settings[key] for key in own} == own
+    assert not any(hasattr(spec, key) for key in own)  # no field of the spec's: the provider's World owns them
+    assert spec.to_dict()["settings"] == spec.settings and "partition" not in spec.to_dict()  # saved the new way

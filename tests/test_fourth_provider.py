@@ -59,6 +59,9 @@ def test_its_own_setting_is_a_flag_a_variable_and_a_config_key_refused_in_one_li
     aws_own = ftc("up", "--name", "tc", "--provider", "tinycloud", "--ami", "ami-12345678", env=WITH_TINYCLOUD)
     assert_refused(aws_own, "--ami is for --provider=aws, not --provider='tinycloud'; add --provider=aws or leave "
                             "--ami out", ftc_home)
+    aws_cidr = ftc("up", "--name", "tc", "--provider", "tinycloud", env={**WITH_TINYCLOUD, "FTC_SSH_CIDR": "10.0.0.0/8"})
+    assert_refused(aws_cidr, "--ssh-cidr is for --provider=aws, not --provider='tinycloud'; add --provider=aws or "
+                             "leave --ssh-cidr out", ftc_home)  # AWS's own since it left the spec's fields
     not_its = ftc("up", "--name", "tc", "--tiny-image", "img-0042", env=WITH_TINYCLOUD)  # local's spec: AWS's world
     assert_refused(not_its, "--tiny-image is for --provider=tinycloud, not --provider='local'", ftc_home)
     helped = " ".join(ftc("up", "--help", env={**WITH_TINYCLOUD, "COLUMNS": "1000"}).stdout.split())  # unwrapped

@@ -132,7 +132,8 @@ def test_gloo_gets_as_many_flows_as_fill_a_catalog_instances_link_and_one_elsewh
         spec = ClusterSpec(name="c", provider=provider, instance_type=instance_type)
         return st.ClusterState(name="c", provider=provider, spec=spec.to_dict())
     assert default_flows(state("aws", "c7i.16xlarge")) == 1  # ENA Express (on where the type has it): 25 a flow
-    plain = ClusterSpec(name="c", provider="aws", instance_type="c7i.16xlarge", ena_express=False)
+    plain = ClusterSpec(name="c", provider="aws", instance_type="c7i.16xlarge",
+                        settings={**ClusterSpec().settings, "ena_express": False})
     assert default_flows(st.ClusterState(name="c", provider="aws", spec=plain.to_dict())) == 3  # flows capped at 10
     assert default_flows(state("aws", "c8in.16xlarge")) == 4  # 100 Gbit/s over ENA Express's 25
     assert default_flows(state("local")) == default_flows(state("ssh")) == 1

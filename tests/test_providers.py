@@ -57,8 +57,10 @@ def test_every_providers_world_holds_together_with_its_traits(provider: Provider
     if world.spot_reader:  # what the job hands its nodes reads back as the reader, and the reader is there
         assert SpotReader.parse(world.spot_reader.watch) == world.spot_reader
         assert callable(world.spot_reader.reader())
-    for key, setting in world.settings.items():  # a setting's default is a value its own parser takes
-        assert setting.parse(key, setting.default) == setting.default and setting.help
+    kinds = (world.instance_types or records.default_world().instance_types).values()
+    for key, setting in world.settings.items():  # a setting's default, on each type, is a value its parser takes
+        assert all(setting.parse(key, setting.default_on(kind)) == setting.default_on(kind) for kind in kinds)
+        assert setting.help
 
 
 def test_the_aws_world_keeps_ftcs_defaults_and_checkpoint_store():

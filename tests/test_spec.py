@@ -71,13 +71,45 @@ def test_unknown_config_key_is_refused(ftc_home, tmp_path):
 
 def test_a_providers_own_setting_goes_by_the_one_precedence_into_the_specs_settings_for_its_verbs():
     config, env = {"ami": "ami-0000000a"}, {"FTC_AMI": "ami-0000000b"}
-    assert resolve_spec({"provider": "aws"}, env, config).settings == {"ami": "ami-0000000b"}
-    assert resolve_spec({"provider": "aws", "ami": "ami-0000000c"}, env, config).settings == {"ami": "ami-0000000c"}
-    assert resolve_spec({"provider": "aws"}, {}, config).settings == {"ami": "ami-0000000a"}
-    assert resolve_spec({"provider": "aws"}, {}, {}).settings == {"ami": ""}  # empty: the SSM parameter's, at launch
+    assert resolve_spec({"provider": "aws"}, env, config).settings["ami"] == "ami-0000000b"
+    assert resolve_spec({"provider": "aws", "ami": "ami-0000000c"}, env, config).settings["ami"] == "ami-0000000c"
+    assert resolve_spec({"provider": "aws"}, {}, config).settings["ami"] == "ami-0000000a"
+    assert resolve_spec({"provider": "aws"}, {}, {}).settings["ami"] == ""  # empty: the SSM parameter's, at launch
     with pytest.raises(UsageError, match=r"^--ami='ami-xyz' is not an AMI id; allowed: ami- followed by 8-17 hex "
                                          r"digits, or empty$"):
         resolve_spec({"provider": "aws"}, {}, {"ami": "ami-xyz"})
+
+
+AWS_OWN = ("ami", "root_volume_gb", "ena_express", "ssh_cidr", "allow_open_ssh")
+SLURM_OWN = ("partition", "account", "qos", "constraint", "login")
+
+
+def test_a_providers_own_settings_are_its_worlds_and_no_field_or_parser_of_the_spec():
+    from dataclasses import fields
+
+    from provision.providers.records import registered
+    from provision.spec import PARSERS, every_parser
+    for provider, keys in (("aws", AWS_OWN), ("slurm", SLURM_OWN)):
+        assert tuple(registered()[provider].world.settings) == keys
+    spec_fields = {f.name for f in fields(ClusterSpec)}
+    assert not spec_fields & {*AWS_OWN, *SLURM_OWN} and not set(PARSERS) & {*AWS_OWN, *SLURM_OWN}
+    assert {*AWS_OWN, *SLURM_OWN} <= set(every_parser())  # still a flag, an FTC_ variable and a config key each
+    slurm = resolve_spec({"provider": "slurm", "partition": "debug", "qos": "high", "root_volume_gb": "8"}, {})
+    assert (slurm.settings["partition"], slurm.settings["qos"], slurm.settings["login"]) == ("debug", "high", "")
+    assert slurm.settings["root_volume_gb"] == 8  # a provider with no catalog takes the default world's, as before
+    assert not set(resolve_spec({}, {}).settings) & set(SLURM_OWN)  # local's spec holds none of Slurm's
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "config"])
+def test_a_slurm_setting_given_to_another_provider_is_refused_in_one_line_naming_whose_it_is(ftc_home, how):
+    config = ftc_home.parent / "ftc.toml"  # ./ftc.toml: the test's own folder
+    if how == "config":
+        config.write_text('[cluster]\nqos = "high"\n')
+    argv = ["up", "--name", "q", "--provider", "local"] + (["--qos", "high"] if how == "flag" else [])
+    proc = ftc(*argv, env={"FTC_QOS": "high"} if how == "env" else {})
+    assert_refused(proc, "--qos is for a Slurm cluster (--provider=slurm), not --provider='local'; add "
+                         "--provider=slurm or leave --qos out", ftc_home)
+    config.unlink(missing_ok=True)
 
 
 def test_the_owner_label_takes_the_form_its_providers_world_gives():
@@ -100,15 +132,15 @@ def test_precedence_is_flags_then_env_then_config_then_defaults():
 def test_open_ssh_needs_explicit_opt_in():
     with pytest.raises(UsageError, match="--allow-open-ssh=1"):
         resolve_spec({"ssh_cidr": "0.0.0.0/0"}, {}, {})
-    assert resolve_spec({"ssh_cidr": "0.0.0.0/0", "allow_open_ssh": "1"}, {}, {}).ssh_cidr == "0.0.0.0/0"
+    assert resolve_spec({"ssh_cidr": "0.0.0.0/0", "allow_open_ssh": "1"}, {}, {}).settings["ssh_cidr"] == "0.0.0.0/0"
 
 
 @pytest.mark.parametrize("cidr", ["0.0.0.0/1", "10.0.0.0/8", "2001:db8::/32"])
 def test_ssh_open_to_more_than_a_site_needs_explicit_opt_in(cidr):
     with pytest.raises(UsageError, match=f"--ssh-cidr='{cidr}' opens SSH to more than a /16 .*--allow-open-ssh=1"):
         resolve_spec({"ssh_cidr": cidr}, {}, {})
-    assert resolve_spec({"ssh_cidr": cidr, "allow_open_ssh": "1"}, {}, {}).ssh_cidr == cidr
-    assert resolve_spec({"ssh_cidr": "203.0.113.0/24"}, {}, {}).ssh_cidr == "203.0.113.0/24"
+    assert resolve_spec({"ssh_cidr": cidr, "allow_open_ssh": "1"}, {}, {}).settings["ssh_cidr"] == cidr
+    assert resolve_spec({"ssh_cidr": "203.0.113.0/24"}, {}, {}).settings["ssh_cidr"] == "203.0.113.0/24"
 
 
 def test_job_settings_follow_the_same_precedence_flag_then_ftc_variable():

@@ -18,9 +18,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from runner.node import slurm_notice
-from runner.node.spot import SpotReader
-
 from .aws_world import AWS
 from .records import (
     TRAITS,
@@ -29,7 +26,6 @@ from .records import (
     NodeStatus,
     Provider,
     Record,
-    SlurmResources,
     SshResources,
     Traits,
     World,
@@ -42,6 +38,7 @@ from .records import (
     world,
 )
 from .records import provider as registered_provider
+from .slurm_world import SLURM
 
 if TYPE_CHECKING:
     from ..spec import ClusterSpec
@@ -100,11 +97,7 @@ for _built_in in (
     Provider("ssh", f"{__name__}.own_servers",
              Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
                     own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False)),
-    Provider("slurm", f"{__name__}.slurm",
-             Traits(resources=SlurmResources, instance_types=False, billed=False, shares_this_machine=False,
-                    own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False, scheduler=True),
-             # SIGTERM before a preemption or the time limit, turned into a notice on node 0 by the batch script
-             World(title="Slurm", spot_reader=SpotReader(slurm_notice.READER, slurm_notice.NODE_DIR), notice_without_spot=True)),
+    SLURM,
 ):
     register(_built_in)
 

@@ -210,10 +210,10 @@ def loopback_endpoint(env) -> bool:
 def preflight(state: st.ClusterState) -> AwsPreflight:
     """Resolve what `up` needs without creating anything: AMI, SSH CIDR, zones, subnets."""
     spec = state.cluster_spec
-    cidr = spec.ssh_cidr or caller_cidr()
+    cidr = spec.settings["ssh_cidr"] or caller_cidr()
     try:
         ec2 = client("ec2", spec.region)
-        ami = (spec.settings.get("ami")
+        ami = (spec.settings["ami"]
                or client("ssm", spec.region).get_parameter(Name=DEFAULT_AMI_PARAMETER)["Parameter"]["Value"])
         image = ec2.describe_images(ImageIds=[ami])["Images"]
         if not image:
@@ -239,9 +239,9 @@ def plan_text(state: st.ClusterState, facts: AwsPreflight, kind: InstanceType, o
     spec = state.cluster_spec
     hourly = kind.usd_per_hour * spec.nodes
     return (f"plan: {spec.nodes} x {spec.instance_type} ({kind.cpu}, {kind.vcpus} vCPU, {kind.memory_gib} GiB, "
-            f"{kind.network_gbps:g} Gbit/s{', ENA Express' if spec.ena_express else ''}) "
+            f"{kind.network_gbps:g} Gbit/s{', ENA Express' if spec.settings['ena_express'] else ''}) "
             f"{'spot ' if spec.spot else ''}in {spec.region} ({', '.join(facts.subnets)}), placement group "
-            f"'cluster', AMI {facts.ami}, {spec.root_volume_gb} GB encrypted gp3, SSH from {facts.ssh_cidr}, "
+            f"'cluster', AMI {facts.ami}, {spec.settings['root_volume_gb']} GB encrypted gp3, SSH from {facts.ssh_cidr}, "
             f"powered off after {spec.max_hours:g} h.\n"
             f"cost: about ${hourly:.2f}/hour for the cluster (on-demand list price"
             f"{'; spot is usually less' if spec.spot else ''}), ${hourly * spec.max_hours:.2f} if it runs to its max lifetime\n"
@@ -342,6 +342,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
 def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Record) -> None:
     """All N in one call; on InsufficientInstanceCapacity the next zone, saying why."""
     spec = state.cluster_spec
+    own = spec.settings  # AWS's own (aws_world.SETTINGS)
     ids = resources(state)
     user_data = render("user_data.sh.j2", cluster=state.name, max_minutes=int(spec.max_hours * 60))
     failures = []
@@ -350,12 +351,12 @@ def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Reco
         record()  # the token first: a retry after a crash finds the same instances, not new ones
         request = dict(
             ImageId=facts.ami, InstanceType=spec.instance_type, MinCount=spec.nodes, MaxCount=spec.nodes,
-            KeyName=ids.key_pair, NetworkInterfaces=[network_interface(subnet, ids.security_group, spec.ena_express)],
+            KeyName=ids.key_pair, NetworkInterfaces=[network_interface(subnet, ids.security_group, own["ena_express"])],
             Placement={"GroupName": ids.placement_group, "AvailabilityZone": zone},
             ClientToken=token, UserData=user_data, InstanceInitiatedShutdownBehavior="terminate",
             MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             BlockDeviceMappings=[{"DeviceName": facts.root_device, "Ebs": {
-                "VolumeSize": spec.root_volume_gb, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
+                "VolumeSize": own["root_volume_gb"], "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}],
             TagSpecifications=tags(state, "instance") + tags(state, "volume"))
         if spec.spot:
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
@@ -372,7 +373,7 @@ def run_instances(state: st.ClusterState, ec2, facts: AwsPreflight, record: Reco
             continue
         ids.instances = [i["InstanceId"] for i in reply["Instances"]]
         ids.zone = zone
-        ids.ena_express = spec.ena_express
+        ids.ena_express = own["ena_express"]
         record()
         return
     raise FtcError(f"no capacity for {spec.nodes} x {spec.instance_type} in {', '.join(failures)}; "

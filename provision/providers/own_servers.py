@@ -37,10 +37,11 @@ import paramiko
 from .. import procs
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option, switch_on
-from ..spec import ClusterSpec, host_label, parse_host
+from ..spec import ClusterSpec
 from ..ssh import StepFailed, connect, fetch_host_key, fingerprint, key_problem, run
 from ..templates import render
 from ..ui import console
+from ..values import host_label, parse_host
 from .records import HostCheck, NodeStatus, Record, SshResources
 
 ROOT = ".ftc-node"  # under $HOME; not ~/.ftc, which is the controller's own state when a host is this machine

@@ -179,11 +179,17 @@ class NameForm:
 
 @dataclass(frozen=True)
 class Setting:
-    """A setting a provider owns (AWS's AMI): a flag, FTC_<KEY> and a config key like any of the spec's,
-    whose value the spec keeps in ClusterSpec.settings for the provider's verbs."""
+    """A setting a provider owns (AWS's AMI, Slurm's PARTITION): a flag, FTC_<KEY> and a config key like any
+    of the spec's, whose value the spec keeps in ClusterSpec.settings for the provider's verbs."""
     parse: Callable[[str, Any], Any]  # (key, raw) -> the value, or UsageError in one line (provision/values.py)
-    default: Any  # what the verbs get when it is not given
+    # what the verbs get when it is not given; a function of the spec's InstanceType where the default
+    # follows the type (AWS's ENA_EXPRESS: on where the type has it)
+    default: Any
     help: str  # the flag's help
+
+    def default_on(self, kind: InstanceType) -> Any:
+        """Its default on a spec of instance type `kind`."""
+        return self.default(kind) if callable(self.default) else self.default
 
 
 @dataclass(frozen=True)
@@ -198,7 +204,14 @@ class World:
     zone_form: NameForm | None = None  # a zone's name; a zone is named after its region (us-east-1a)
     image_form: NameForm | None = None  # an image id (AMI), as its image setting takes it
     label_form: NameForm | None = None  # a label's value on what a cluster creates (OWNER: AWS's ftc:owner tag)
-    settings: Mapping[str, Setting] = field(default_factory=dict)  # its own, by key (aws: ami)
+    settings: Mapping[str, Setting] = field(default_factory=dict)  # its own, by key (aws: ami; slurm: partition)
+    # The rules its settings keep among themselves and with the spec's (aws: SSH_CIDR past a site needs
+    # ALLOW_OPEN_SSH; slurm: PARTITION is needed), each refused in one line; given the ClusterSpec once it
+    # is read (typed Any here: the spec imports this module)
+    check: Callable[[Any], None] | None = None
+    # How a refusal of its setting given to another provider names its clusters, where that says more than
+    # PROVIDER=<name> does: "a Slurm cluster"
+    cluster_called: str = ""
     spot_reader: SpotReader | None = None  # how a spot node hears its reclaim notice (aws: IMDSv2); None: not heard
     # Its notice may come to any cluster, not only a spot one: a scheduler preempts or ends any allocation.
     notice_without_spot: bool = False
@@ -301,6 +314,15 @@ def spec_world(name: str) -> World:
     default world, so that INSTANCE_TYPE, REGION, ZONES and AMI mean one thing whatever the provider."""
     own = world(name)
     return own if own.instance_types else default_world()
+
+
+def spec_worlds(name: str) -> tuple[World, ...]:
+    """The worlds whose own settings a spec of provider `name` takes, and whose rules (World.check) it is
+    held to: the world it is checked against (spec_world), then its own where that is another. So a
+    provider with no catalog takes the default world's settings, as it takes its INSTANCE_TYPE and
+    REGION, beside its own (slurm: PARTITION)."""
+    own, checked = world(name), spec_world(name)
+    return (checked,) if own is checked else (checked, own)
 
 
 def store_for(key: str, uri: str) -> Provider:

@@ -45,10 +45,10 @@ from runner.node.slurm_notice import NOTICE_FILE
 
 from .. import state as st
 from ..errors import FtcError, UsageError, command, option
-from ..spec import ClusterSpec, parse_host
+from ..spec import ClusterSpec
 from ..ssh import fingerprint, key_problem
 from ..ui import console
-from ..values import from_env, number
+from ..values import from_env, number, parse_host
 from . import own_servers as own
 from .records import NodeStatus, Record, SlurmResources
 
@@ -138,8 +138,8 @@ def batch_script(cluster: str) -> str:
 def sbatch_argv(spec: ClusterSpec) -> list[str]:
     """The allocation as one sbatch: exclusive nodes, held by the batch script until its time limit."""
     argv = ["sbatch", "--parsable", "--exclusive", f"--nodes={spec.nodes}", f"--job-name={job_name(spec.name)}",
-            f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.partition}", "--output=/dev/null"]
-    argv += [f"--{key}={getattr(spec, key)}" for key in ("account", "qos", "constraint") if getattr(spec, key)]
+            f"--time={minutes_of(spec.max_hours)}", f"--partition={spec.settings['partition']}", "--output=/dev/null"]
+    argv += [f"--{key}={spec.settings[key]}" for key in ("account", "qos", "constraint") if spec.settings[key]]
     return argv + [f"--signal=B:TERM@{notice_s(minutes_of(spec.max_hours))}", "--wrap", batch_script(spec.name)]
 
 
@@ -254,13 +254,18 @@ def poll_s() -> float:
 
 # ---- the edge: Slurm's commands, here or on LOGIN ----------------------------------------------
 
+def login_of(spec: ClusterSpec) -> str:
+    """LOGIN: user@host:port of the login node whose Slurm commands ftc runs; '' for this machine's."""
+    return spec.settings["login"]
+
+
 def where(spec: ClusterSpec, argv: list[str]) -> list[str]:
     """`argv` as it runs: here, or through ssh on LOGIN (your key: SSH_KEY, else your agent and ~/.ssh).
     LOGIN's host key: the one your known_hosts has, else the one it showed ftc first (pinned in
     $FTC_HOME/login_known_hosts, and any other refused from then on)."""
-    if not spec.login:
+    if not login_of(spec):
         return argv
-    user, host, port = parse_host(spec.login)
+    user, host, port = parse_host(login_of(spec))
     key = ["-i", spec.ssh_key, "-o", "IdentitiesOnly=yes"] if spec.ssh_key else []
     target = f"{user}@{host}" if user else host
     known = f"-oUserKnownHostsFile={st.ftc_home() / 'login_known_hosts'} ~/.ssh/known_hosts"
@@ -270,7 +275,7 @@ def where(spec: ClusterSpec, argv: list[str]) -> list[str]:
 
 def slurm(spec: ClusterSpec, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     """One Slurm command, where(): here, or on LOGIN."""
-    if spec.login:
+    if login_of(spec):
         st.ftc_home().mkdir(parents=True, exist_ok=True)
     argv = where(spec, argv)
     try:
@@ -290,7 +295,7 @@ def check_settings() -> None:
 
 def _reachable(spec: ClusterSpec) -> None:
     """Slurm answers: this machine has sbatch, or LOGIN logs in and has it there."""
-    if not spec.login:
+    if not login_of(spec):
         if not shutil.which("sbatch"):
             raise UsageError(f"no sbatch on this machine's PATH and no {option('login')}; run ftc where Slurm's "
                              f"commands are, or give {option('login')}=user@login-node")
@@ -301,32 +306,32 @@ def _reachable(spec: ClusterSpec) -> None:
     done = slurm(spec, ["sh", "-c", "command -v sbatch"], check=False)
     if done.returncode == 255:
         said = (done.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise UsageError(f"{option('login')}={spec.login!r} refused ftc's login ({said}); check {option('ssh_key')} "
-                         f"or your ssh agent, and that `ssh {spec.login.rsplit(':', 1)[0]}` works")
+        raise UsageError(f"{option('login')}={login_of(spec)!r} refused ftc's login ({said}); check {option('ssh_key')} "
+                         f"or your ssh agent, and that `ssh {login_of(spec).rsplit(':', 1)[0]}` works")
     if done.returncode != 0:
-        raise UsageError(f"{option('login')}={spec.login!r} has no sbatch on its PATH; give a Slurm login node")
+        raise UsageError(f"{option('login')}={login_of(spec)!r} has no sbatch on its PATH; give a Slurm login node")
 
 
 def confirm(state: st.ClusterState, yes: bool) -> None:
     """Before anything is queued: Slurm answers, and the partition can give this allocation."""
     spec = state.cluster_spec
-    if spec.ssh_key and not spec.login:
+    if spec.ssh_key and not login_of(spec):
         problem = key_problem(spec.ssh_key)
         if problem:
             raise UsageError(f"{option('ssh_key')}={spec.ssh_key!r} {problem}; give an unencrypted private key that "
                              "logs in to the nodes, or leave it out to use your ssh agent and ~/.ssh keys")
     _reachable(spec)
-    found = slurm(spec, ["scontrol", "show", "partition", "-o", spec.partition], check=False)
+    found = slurm(spec, ["scontrol", "show", "partition", "-o", spec.settings["partition"]], check=False)
     if found.returncode != 0 or not found.stdout.strip():
         known = slurm(spec, ["sinfo", "-h", "-o", "%R"], check=False).stdout.split()
-        raise UsageError(f"{option('partition')}={spec.partition!r} is not a partition of this Slurm; allowed: "
+        raise UsageError(f"{option('partition')}={spec.settings['partition']!r} is not a partition of this Slurm; allowed: "
                          f"{', '.join(sorted(set(known))) or '(sinfo lists none)'}")
     partition = partition_of(found.stdout.strip().splitlines()[0])
     problems = refusals(spec, partition)
     if problems:
         raise own.refusal(problems)
     resources(state).claim = secrets.token_hex(16)
-    where = f"through {spec.login}" if spec.login else "on this machine"
+    where = f"through {login_of(spec)}" if login_of(spec) else "on this machine"
     console.print(f"Slurm ({where}): partition {partition.name} ({partition.state}, {partition.nodes} node(s)), "
                   f"asking for {spec.nodes} exclusive node(s) for {minutes_of(spec.max_hours)} min", markup=False)
 
@@ -341,7 +346,7 @@ def launch(state: st.ClusterState, record: Record) -> None:
     running = _until_running(state)
     names = slurm(spec, ["scontrol", "show", "hostnames", running.nodes]).stdout.split()
     addresses = _addresses(spec, names)
-    user = (parse_host(spec.login)[0] if spec.login else "") or getpass.getuser()
+    user = (parse_host(login_of(spec))[0] if login_of(spec) else "") or getpass.getuser()
     checked, unreached = _over_ssh(state, names, [own.Host(user, addresses[name], SSH_PORT) for name in names])
     console.print(reach_line(job_id, unreached), markup=False, soft_wrap=True)
     if any(unreached):
