@@ -86,13 +86,15 @@ $(STAMP): pyproject.toml
 # Two workers: most of a test's time is spent waiting on sshd, mpirun and moto, and no test races
 # the clock (a job is held at a known step instead), so the suite shares two cores safely. One test
 # at a time to each worker, longest first (tests/conftest.py LONGEST): both workers end together.
+# Bytecode is kept (`env -u PYTHONDONTWRITEBYTECODE`): a test run starts hundreds of Python processes
+# of this repository's modules, which would otherwise each compile them anew.
 test: lint
-	$(VENV)/bin/python -m pytest -q -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
 # The inner loop, under a minute: every test not marked slow (decisions, the protocol, input checks,
 # rendered scripts, estimates). None starts a node, server, emulator or training run (tests/README.md).
 test-fast: lint
-	$(VENV)/bin/python -m pytest -q -n 2 -m 'not slow' $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 -m 'not slow' $(PYTEST_ARGS)
 
 # Opt-in, not in `make test`: STACK=ipex (IPEX 2.7.0 on PyPI's torch 2.7.0, the CUDA build: ~7 GB in
 # .venv-intel, built on first use) against the stock stack, one short 2-node MRPC fine-tune each on

@@ -27,6 +27,7 @@ FTC = [sys.executable, "-m", "runner.cli"]
 # the short ones fill in, so the workers end together instead of one running a long test alone at the
 # end. Only the order depends on these numbers.
 LONGEST = {
+    "test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_with_static_shapes": 300,
     "test_slurms_sigterm_stops_a_job_at_a_checkpoint_and_run_resumes_it_on_a_new_allocation": 200,
     "test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_foreign_cache_is_one_line": 400,
     "test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline": 151,

@@ -317,11 +317,11 @@ def test_long_jobs_runs_of_another_call_land_in_one_report_only_for_the_same_set
 
 @pytest.mark.slow
 def test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_with_static_shapes(ftc_home, tmp_path):
-    from runner.bench.long_jobs import OTHER_SHAPES
     from runner.node.recipes import AUTO_SHAPES
     out = tmp_path / "bench"
+    # the launches whose runs depend on each other; every launch's flags are test_long_jobs_run_ftcs_compiles_...'s
     proc = ftc("bench", "long-jobs", "1x2", "--quick", "--rows", "64", "--repeats", "1", "--out", str(out),
-               timeout=3600)
+               "--launches", "peer-compiled,from-home,compiled", timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     section = json.loads((out / "bench.json").read_text())["long_jobs"]
     caches = {run["launch"]: run.get("cache") for run in section["runs"]}
@@ -329,19 +329,19 @@ def test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_wi
     # the peer's static shapes compile where its dynamic ones failed in inductor ("expected [s16] to have been
     # codegen-ed"); ftc's second node starts from the kernels the first brought home
     assert entry["failed"] == {}
-    assert caches == {"ftc 1x1x2 compiled": "cold", "ftc 1x1x2 compiled, kernels from home": "warm from home",
-                      "peer 1x1x2 pinned compiled static": "cold", f"ftc 1x1x2 compiled {OTHER_SHAPES}": "cold",
-                      "peer 1x1x2 pinned": "none", "ftc 1x1x2": "none"}
+    # in the bench's own order, whatever order --launches named them in
+    assert list(caches.items()) == [("ftc 1x1x2 compiled", "cold"), ("ftc 1x1x2 compiled, kernels from home", "warm from home"),
+                                    ("peer 1x1x2 pinned compiled static", "cold")]
     assert all(run["passes"][0][0] == run["passes"][1][0] > 0 for run in section["runs"])
     from_home = json.loads((out / "runs" / "long-ftc-1x1x2-compiled-kernels-from-home-r1" / "results.json").read_text())
     assert (from_home["compile_cache"], from_home["compile_cache_from"], from_home["compile_shapes"]) == (
         "warm", "an earlier cluster", AUTO_SHAPES)
-    assert set(entry["compile"]) >= {"from_home_share", "start_vs_peer_compiled", "other_shapes_start_vs_default"}
+    assert entry["compile"]["from_home_share"] > 0 and entry["compile"]["start_vs_peer_compiled"] > 0
     assert set(entry["jobs"]) == {"mrpc, 3 epochs", "qqp, 3 epochs"} and entry["long_job_speedup_vs_peer"] > 0
-    # the bench's node noted each shapes' cold compile, the fresh node its warm one (and no rate: 3 steady
-    # steps a run are too few)
+    # the bench's node noted its cold compile, the fresh node its warm one (and no rate: 3 steady steps a
+    # run are too few)
     (note_file,) = (out / "node").glob("cache/inductor-*/ftc-compiled.json")
-    assert [set(noted) for noted in json.loads(note_file.read_text()).values()] == [{"cold_s"}, {"cold_s"}]
+    assert [set(noted) for noted in json.loads(note_file.read_text()).values()] == [{"cold_s"}]
     (from_home_note,) = (out / "node-from-home-r1").glob("cache/inductor-*/ftc-compiled.json")
     assert [set(noted) for noted in json.loads(from_home_note.read_text()).values()] == [{"warm_s"}]
 
