@@ -57,9 +57,13 @@ MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
 MAX_REQUIREMENTS_BYTES = 2**20  # a requirements file is lines of names; more is not one
 TAIL_LINES = 15  # of a failed rank's log, shown when the job ends
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What every process of a job carries, so that it is found and stopped when the job ends: the job's
+# directory on the head node, one job's on any machine (FTC_RUN_ID, a time to the second, may be another
+# cluster's too on a machine that several clusters share).
+RUN_TAG = "FTC_RUN_TAG"
 # Set by ftc for every rank: --env may not replace them (the launch and the wrapper would disagree).
 RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", "FTC_PREEMPTED_FILE",
+                "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "FTC_OUTPUT_DIR", "FTC_RUN_ID", RUN_TAG, "FTC_PREEMPTED_FILE",
                 "FTC_WORLD_SIZE", "FTC_SELF_PIN", REQUIREMENTS_ENV, "FTC_NODE_DIR", "HOME", "USER", "LOGNAME",
                 "PYTHONPATH", "LD_PRELOAD", "GLOO_SOCKET_IFNAME",
                 "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV",  # would change the Python or shell ftc's launch runs in
@@ -119,7 +123,8 @@ class ScriptJob:
         return [self.output, self.script, *self.args]
 
     def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]:
-        env = {**passed_on(dict(os.environ), state.provider), **self.env, "FTC_RUN_ID": record.id}
+        env = {**passed_on(dict(os.environ), state.provider), **self.env, "FTC_RUN_ID": record.id,
+               RUN_TAG: record.remote_dir}
         return {**env, REQUIREMENTS_ENV: digest_of(self.requirements)} if self.requirements else env
 
     def refuse(self, state: st.ClusterState, launch: RankLaunch, render_only: bool) -> None:
@@ -137,9 +142,9 @@ class ScriptJob:
         try:
             send_workdir(state, self.copy, record.remote_dir, self.requirements, connections)
             if self.requirements:
-                install_requirements(state, facts, self.requirements, record.remote_dir, record.id, connections)
+                install_requirements(state, facts, self.requirements, record.remote_dir, connections)
         except BaseException:
-            stop_run_processes(state, record.id, connections)
+            stop_run_processes(state, record.remote_dir, connections)
             remove_on_nodes(state, record.remote_dir, connections)
             raise
 
@@ -148,12 +153,12 @@ class ScriptJob:
     @staticmethod
     def stop_leftovers(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> None:
         """What the script left running in a session of its own (a daemon) ends with the job."""
-        stop_run_processes(state, job.id, connections)
+        stop_run_processes(state, job.remote_dir, connections)
 
     @staticmethod
     def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
         """Rank 0's output folder and every rank's log home; then the workdir's copies go."""
-        stop_run_processes(state, job.id, connections)
+        stop_run_processes(state, job.remote_dir, connections)
         results = fetch(state, job, connections)
         remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}", connections)
         return results
@@ -425,11 +430,12 @@ def digest_of(requirements: Path) -> str:
     return hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
 
 
-def layer_command(python: str, node_dir: str, digest: str, job_dir: str, pins: dict[str, str], run_id: str) -> str:
+def layer_command(python: str, node_dir: str, digest: str, job_dir: str, pins: dict[str, str],
+                  run_tag: str) -> str:
     """Shell, run on a node: the requirements' own venv (a layer whose Python reads the stack's
     site-packages after its own), made and pip-installed unless done before; the stack's pins are
     constraints, so no requirement moves them. Its processes carry the node's directory and the run's
-    id, so `down` and an interrupted launch find them. Echoes SKIPPED, DONE, or FAILED and the log's
+    tag, so `down` and an interrupted launch find them. Echoes SKIPPED, DONE, or FAILED and the log's
     last lines. Pure."""
     layer = str(requirements_layer(PurePosixPath(node_dir), digest))
     log = f"{layer}.{REQUIREMENTS_LOG}"
@@ -438,7 +444,7 @@ def layer_command(python: str, node_dir: str, digest: str, job_dir: str, pins: d
                    "for p in site.getsitepackages()))")
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     constraints = " ".join(q(f"{name}=={version}") for name, version in pins.items())
-    return (f"export FTC_NODE_DIR={q(node_dir)} FTC_RUN_ID={q(run_id)}; L={q(layer)}; PY={q(python)}; "
+    return (f"export FTC_NODE_DIR={q(node_dir)} {RUN_TAG}={q(run_tag)}; L={q(layer)}; PY={q(python)}; "
             f'if [ -e "$L/{LAYER_DONE}" ]; then echo {REQUIREMENTS_SKIPPED}; exit 0; fi; '
             f'rm -rf "$L" && mkdir -p "$L" && cd {q(job_dir)}/{SCRIPT_WORKDIR} || exit 1; '
             f'{{ "$PY" -m venv --without-pip "$L" '
@@ -464,7 +470,7 @@ def pip_failure(lines: list[str], pins: dict[str, str]) -> str:
 
 
 def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str,
-                         run_id: str, connections: NodeConnections) -> None:
+                         connections: NodeConnections) -> None:
     """Your requirements into a venv of the cluster's own on every node (one on nodes that share this
     machine), layered on the stack: the stack's Python is never changed, and `down` removes the layer.
     Skipped where this file's content was installed before. pip runs in the node's copy of the workdir,
@@ -476,7 +482,7 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
         job_dir = node_path(state, node, remote_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
-        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, run_id)
+        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, remote_dir)
         conn = connections.to(state, node)
         out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
         lines = out.splitlines()
@@ -491,13 +497,13 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
                       markup=False)
 
 
-def stop_run_processes(state: st.ClusterState, run_id: str, connections: NodeConnections) -> None:
+def stop_run_processes(state: st.ClusterState, remote_dir: str, connections: NodeConnections) -> None:
     """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
-    behind), found by the run's id in its environment, stopped."""
+    behind), found by the run's tag in its environment, stopped."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         try:
-            run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"FTC_RUN_ID={run_id}"]))
+            run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"{RUN_TAG}={remote_dir}"]))
         except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
             pass
 

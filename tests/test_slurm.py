@@ -12,7 +12,7 @@ import pytest
 from conftest import FTC, ftc
 from helpers import assert_refused, held_job, make, only_line, wait_for
 
-from provision.errors import UsageError
+from provision.errors import FtcError, UsageError
 from provision.providers.slurm import (
     Partition,
     allocation_of,
@@ -257,6 +257,19 @@ def test_an_allocation_cancelled_under_the_cluster_is_named_with_slurms_reason_a
     down = ftc("down", "--name", "gone")
     assert down.returncode == 0, down.stderr
     assert homes(slurm) == before and queue(slurm) == []
+
+
+@pytest.mark.slow
+def test_only_slurm_saying_it_does_not_know_a_job_reads_as_the_jobs_end(slurm, monkeypatch):
+    import provision.providers.slurm as provider
+    spec = resolve_spec({"provider": "slurm", "partition": "debug"}, {})
+    assert provider._allocation(spec, "99999999").state == "GONE"  # an id this Slurm never gave, or forgot
+    # a Slurm that does not answer (here: no configuration to find its controller by) is not a job's end
+    monkeypatch.setenv("SLURM_CONF", str(slurm.root / "nosuch.conf"))
+    monkeypatch.setattr(provider, "GONE_WITHIN_S", 0)
+    with pytest.raises(FtcError, match=r"Slurm did not say how allocation 7 stands for 0 s \(.+\); "
+                                        r"`scontrol show job 7` asks it again"):
+        provider._allocation(spec, "7")
 
 
 @pytest.mark.slow

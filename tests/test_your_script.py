@@ -536,8 +536,15 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     assert len(processes_under(Path(job["remote_dir"]))) >= 3  # launch script, mpirun, ranks
     follower = subprocess.Popen([*FTC, "logs", "--name", cluster, "-f"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+    # another cluster's job on this machine, started in the same second: the same run id, its own tag
+    neighbour = subprocess.Popen(["sleep", "600"], env={**os.environ, "FTC_RUN_ID": job["id"],
+                                                        "FTC_RUN_TAG": f"/elsewhere/jobs/{job['id']}"})
     cancel = ftc("cancel", "--name", cluster)
     assert cancel.returncode == 0, cancel.stderr
+    spared = neighbour.poll() is None
+    neighbour.kill()
+    neighbour.wait()
+    assert spared, "cancel stopped another cluster's process with the same run id"
     assert last_job(ftc_home, cluster)["state"] == "cancelled"
     # what it wrote comes home with the cancel, its logs included
     assert "holding" in (Path(job["results_dir"]) / "logs" / "rank0.log").read_text()

@@ -59,6 +59,7 @@ LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUE
 # failed on a node), or asking for what this site does not have
 IN_VAIN = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "BadConstraints", "InvalidAccount",
            "InvalidQOS")
+FORGOTTEN = "Invalid job id"  # what scontrol says of a job it no longer knows
 POLL_VARIABLE = "FTC_SLURM_POLL_S"  # how often the queue is asked while an allocation waits or ends
 GONE_WITHIN_S = 120  # scancel to the queue no longer listing it (the nodes' epilog runs meanwhile)
 NOTICE_S = 120  # the notice before the time limit, as EC2 gives before a spot reclaim
@@ -388,10 +389,21 @@ def _until_running(state: st.ClusterState) -> "Allocation":
 
 
 def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
-    done = slurm(spec, ["scontrol", "show", "job", "-o", job_id], check=False)
-    if done.returncode != 0 or not done.stdout.strip():  # past MinJobAge Slurm forgets it: it is over
-        return Allocation(job_id, "GONE", "no longer known to Slurm", "")
-    return allocation_of(job_id, done.stdout.strip().splitlines()[0])
+    """The allocation as Slurm tells it. Only Slurm's saying it does not know the job means it is over (past
+    MinJobAge Slurm forgets it); a Slurm that does not answer (slurmctld busy, LOGIN's ssh timing out) is
+    asked again, for up to GONE_WITHIN_S."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while True:
+        done = slurm(spec, ["scontrol", "show", "job", "-o", job_id], check=False)
+        if done.returncode == 0 and done.stdout.strip():
+            return allocation_of(job_id, done.stdout.strip().splitlines()[0])
+        if done.returncode == 0 or FORGOTTEN in done.stderr:
+            return Allocation(job_id, "GONE", "no longer known to Slurm", "")
+        if time.monotonic() > deadline:
+            said = (done.stderr.strip() or f"exit {done.returncode}").splitlines()[-1]
+            raise FtcError(f"Slurm did not say how allocation {job_id} stands for {GONE_WITHIN_S} s ({said}); "
+                           f"`scontrol show job {job_id}` asks it again")
+        time.sleep(poll_s())
 
 
 def _settled(spec: ClusterSpec, job_id: str) -> Allocation:
