@@ -30,7 +30,7 @@ LONGEST = {
     "test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_with_static_shapes": 300,
     "test_slurms_sigterm_stops_a_job_at_a_checkpoint_and_run_resumes_it_on_a_new_allocation": 200,
     "test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_foreign_cache_is_one_line": 400,
-    "test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline": 151,
+    "test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline": 80,
     "test_spot_reclaim_mid_run_is_noticed_checkpointed_and_resumed_by_run": 90,
     "test_ansible_bootstrap_matches_fabric_and_is_idempotent": 88,
     "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 60,

@@ -18,11 +18,12 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     out.mkdir()
     # another mode's section, and an earlier scaling report's figure
     (out / "bench.json").write_text(json.dumps({"long_jobs": {"runs": []}, "speedup_vs_seed": 99.0, "levers": ["old"]}))
-    # a hang guard sized for a loaded 2-core machine: 1 + 2 + 3 runs of 128 rows each, twice, and the seed's
-    proc = ftc("bench", "scaling", "--quick", "--out", str(out), timeout=3600)
+    # one round (the median and range of repeats are summary()'s, tested on its own); a hang guard sized for a
+    # loaded 2-core machine: six runs of 128 rows (the seed; ftc and the peer at 1 and 2 ranks, the peer two ways at 2)
+    proc = ftc("bench", "scaling", "--quick", "--repeats", "1", "--out", str(out), timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "bench.json").read_text())
-    assert report["method"] == "whole-pass" and report["rows_per_pass"] == 128 and report["repeats"] == 2
+    assert report["method"] == "whole-pass" and report["rows_per_pass"] == 128 and report["repeats"] == 1
     assert report["complete"] is True and report["levers"] == [] and report["long_jobs"] == {"runs": []}
     for key in ("seed_samples_per_s", "ftc_samples_per_s", "speedup_vs_seed", "scaling", "gemm_peak_tflops", "mfu",
                 "precision", "backend", "peer_samples_per_s", "speedup_vs_peer", "compile", "timeline", "planner"):
@@ -34,14 +35,14 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
             low, high = row[f"{program}_rows_per_s_range"]
             assert 0 < low <= row[f"{program}_rows_per_s"] <= high
         assert row["speedup_vs_peer"] == round(row["ftc_rows_per_s"] / row["peer_rows_per_s"], 3)
-        assert len(row["ftc_rows_per_s_runs"]) == 2 and len(row["peer_pinned_rows_per_s_runs"]) == 2
+        assert len(row["ftc_rows_per_s_runs"]) == 1 and len(row["peer_pinned_rows_per_s_runs"]) == 1
     one, two = report["scaling"]
     assert one["peer_launch"] == "pinned" and "peer_unpinned_rows_per_s_runs" not in one  # one rank: one launch
-    assert two["peer_launch"] in ("pinned", "unpinned") and len(two["peer_unpinned_rows_per_s_runs"]) == 2
-    # the peer's figure is its better launch's median
-    best = max(sorted(two[f"peer_{kind}_rows_per_s_runs"])[0] + sorted(two[f"peer_{kind}_rows_per_s_runs"])[1]
-               for kind in ("pinned", "unpinned")) / 2
-    assert two["peer_rows_per_s"] == pytest.approx(best, abs=1e-3)
+    assert two["peer_launch"] in ("pinned", "unpinned") and len(two["peer_unpinned_rows_per_s_runs"]) == 1
+    # the peer's figure is its better launch's
+    launches = {kind: two[f"peer_{kind}_rows_per_s_runs"][0] for kind in ("pinned", "unpinned")}
+    assert two["peer_launch"] == max(launches, key=launches.__getitem__)
+    assert two["peer_rows_per_s"] == pytest.approx(max(launches.values()), abs=1e-3)
     assert one["efficiency"] == 1.0 and two["efficiency"] == round(two["ftc_rows_per_s"] / (2 * one["ftc_rows_per_s"]), 3)
     timeline = report["timeline"]
     assert timeline["ranks"] == 2 and [p["rank"] for p in timeline["per_rank"]] == [0, 1]
@@ -52,7 +53,7 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     assert runs["seed-1"]["padding"] == "max_length" and runs["ftc-1-r0"]["padding"] == "longest"
     assert runs["ftc-2-r0"]["world_size"] == 2 and report["backend"] == "gloo"
     assert runs["ftc-2-r0"]["allreduce"] == "after-backward" and runs["ftc-2-r0"]["balance"] == "even"
-    peer = runs["peer-2-unpinned-r1"]
+    peer = runs["peer-2-unpinned-r0"]
     assert peer["trainer"] == "transformers.Trainer" and peer["world_size"] == 2 and peer["pinned"] is False
     assert runs["peer-2-pinned-r0"]["pinned"] is True
     assert peer["precision"] == report["precision"] and peer["batch_size_per_rank"] == 32
@@ -67,6 +68,13 @@ def test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_
     markdown = (out / "scaling.md").read_text()
     assert "simulated" in markdown and "waiting for the slowest" in markdown
     assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_repeated_runs_are_summed_up_as_their_median_and_range():
+    from runner.bench.common import summary
+    assert summary([3.0, 1.0, 2.0]) == (2.0, [1.0, 3.0])
+    assert summary([1.0, 2.0]) == (1.5, [1.0, 2.0])
+    assert summary([2.0004]) == (2.0, [2.0, 2.0])
 
 
 @pytest.mark.parametrize("flag, value, message", [
