@@ -51,12 +51,12 @@ def test_world_size_mismatch_aborts_before_training(glue_dir, minilm):
 
 
 @pytest.mark.slow
-def test_compile_auto_weighs_what_this_node_measured_and_an_eager_job_notes_its_rate(glue_dir, minilm, tmp_path):
+def test_compile_auto_weighs_what_this_node_measured_and_an_eager_job_notes_its_rate(glue_dir, tiny_bert, tmp_path):
     node = tmp_path / "node"
 
     def job(name: str, compile_mode: str, steps: int) -> dict:
         out = tmp_path / name
-        proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", minilm,
+        proc = subprocess.run([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", tiny_bert,
                                "--data-dir", str(glue_dir), "--output-dir", str(out), "--max-train-samples", "64",
                                "--batch-size", "8", "--epochs", "4", "--max-steps", str(steps), "--compile",
                                compile_mode, "--no-eval", "--no-save"], capture_output=True, text=True, timeout=600,
