@@ -37,7 +37,7 @@ def test_inventory_names_every_node_and_the_pinned_keys(ftc_home):
 
 
 @pytest.mark.slow
-def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, minilm, glue_dir):
+def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, tiny_bert, glue_dir):
     assert ftc("up", "--name", "ans", "--nodes", "2", "--no-bootstrap").returncode == 0
     env = {**os.environ, "FTC_HOME": str(ftc_home)}
     first = subprocess.run(["make", "-s", "-C", str(REPO), "bootstrap", "BOOTSTRAPPER=ansible", "NAME=ans"],
@@ -55,7 +55,7 @@ def test_ansible_bootstrap_matches_fabric_and_is_idempotent(ftc_home, minilm, gl
     changed = [int(c) for c in re.findall(r"changed=(\d+)", again.stdout)]
     assert changed and set(changed) == {0}, again.stdout[-1500:]
 
-    job = ftc("finetune", "--name", "ans", "--task", "mrpc", "--model", minilm, "--data-dir", str(glue_dir),
+    job = ftc("finetune", "--name", "ans", "--task", "mrpc", "--model", tiny_bert, "--data-dir", str(glue_dir),
               "--max-eval-samples", "64", "--max-train-samples", "64", "--epochs", "1", timeout=900)
     assert job.returncode == 0, job.stderr[-2000:]
     results = json.loads((Path(st.ClusterState.from_json(
