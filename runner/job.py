@@ -285,10 +285,12 @@ def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     EXIT_PREEMPTED when the job stopped itself for a spot interruption (mpirun's own code
     for that varies by MPI, so the program's PREEMPTED_FILE decides)."""
     in_dir = shlex.quote(job.remote_dir)
-    out = run(conn, state.head, "status", f"cat {in_dir}/{EXIT_CODE_FILE} 2>/dev/null; "
-              f"test -e {in_dir}/{PREEMPTED_FILE} && echo {JOB_PREEMPTED}; "
-              f'[ "$({procs.START_OF.format(pid=job.pid)} 2>/dev/null)" = "{job.pid_start}" ] && echo {JOB_RUNNING} || true'
-              ).split()
+    # whether it runs first, then its files: a script that writes its code and exits between the two reads
+    # is seen running, or ended with its code, never ended without one
+    out = run(conn, state.head, "status",
+              f'[ "$({procs.START_OF.format(pid=job.pid)} 2>/dev/null)" = "{job.pid_start}" ] && echo {JOB_RUNNING}; '
+              f"cat {in_dir}/{EXIT_CODE_FILE} 2>/dev/null; "
+              f"test -e {in_dir}/{PREEMPTED_FILE} && echo {JOB_PREEMPTED}; true").split()
     if JOB_RUNNING in out:
         return None
     if JOB_PREEMPTED in out:

@@ -60,9 +60,10 @@ from werkzeug.serving import make_server  # noqa: E402
 
 SSH_USER = "ec2-user"  # the AMI's user, as for Amazon Linux
 # Shared by every emulator on this machine: the lock under which nodes choose addresses, and one
-# record per live node (its owner, its namespace), by which a new emulator stops what a killed one left.
+# record per live node (its owner, its namespace), by which a new emulator stops what a killed one left
+# (FTC_EMULATOR_REGISTRY: a registry of a few emulators' own, that no other emulator cleans up).
 LOCK = Path(tempfile.gettempdir()) / "ftc-ec2-emulator.lock"
-REGISTRY = Path(tempfile.gettempdir()) / "ftc-ec2-emulator-nodes"
+REGISTRY = Path(os.environ.get("FTC_EMULATOR_REGISTRY") or Path(tempfile.gettempdir()) / "ftc-ec2-emulator-nodes")
 MINUTE_S = float(os.environ.get("FTC_EMULATOR_MINUTE_S", "60"))
 NOTICE_S = float(os.environ.get("FTC_EMULATOR_NOTICE_S", "120"))
 SFTP = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if Path(p).exists()),

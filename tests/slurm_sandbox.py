@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runner.node.distenv import listen_port
+
 PREFIX = "ftcsl"
 PARTITION = "debug"
 HELD_PARTITION = "held"
@@ -198,10 +200,9 @@ class Sandbox:
         _until(lambda: (self.sockets / "munge.sock").exists(), "munged's socket", self.root / "munged.log")
 
     def _config(self) -> None:
-        listen = socket.socket()
-        listen.bind(("", 0))  # slurmctld's port: free now, in this namespace (slurmd's are in their own)
-        ctl_port = listen.getsockname()[1]
-        listen.close()
+        # slurmctld's port: free now, in this namespace (slurmd's are in their own), and below the ephemeral
+        # range, so no outgoing connection of the other worker's is handed it before slurmctld binds it
+        ctl_port = listen_port()
         host = socket.gethostname().split(".")[0]
         # every node is this machine's hardware, as `slurmd -C` reports it (CPUs, sockets, cores, memory)
         found = _sh(shutil.which("slurmd") or "/usr/sbin/slurmd", "-C").stdout.splitlines()[0]

@@ -41,14 +41,17 @@ def test_emulator_whose_terminal_closes_stops_every_node(ftc_home, tmp_path):
 
 def test_new_emulator_stops_the_nodes_a_killed_one_left(ftc_home, tmp_path):
     killed_disks = tmp_path / "killed"
-    killed, url, _ = start_emulator(killed_disks)
+    # a registry of these two emulators' own: another worker's emulator starting meanwhile would stop the
+    # node it finds there first, and say so in its own output
+    registry = {"FTC_EMULATOR_REGISTRY": str(tmp_path / "registry")}
+    killed, url, _ = start_emulator(killed_disks, **registry)
     up = ftc(*UP, "--name", "left", env=aws_env(url))
     assert up.returncode == 0, up.stderr[-3000:]
     (instance,) = [p.name for p in killed_disks.glob("i-*")]
     killed.kill()
     killed.communicate(timeout=60)
     assert len(sshd_pids(killed_disks)) == 1  # the node outlived its emulator
-    successor, _, before = start_emulator(tmp_path / "successor")
+    successor, _, before = start_emulator(tmp_path / "successor", **registry)
     try:
         assert any(line.startswith(f"{instance}: stopped, at 127.0.1.") and f"pid {killed.pid})" in line
                    for line in before), before

@@ -170,7 +170,8 @@ def wait(state: st.ClusterState, record: Record, timeout: float = 30.0) -> None:
     pending = list(state.nodes)
     restarts = 0
     while pending:
-        pending = [n for n in pending if not _port_open(n.public_ip, n.ssh_port)]
+        # up: its own sshd alive and answering (another's at its address and port does not count)
+        pending = [n for n in pending if not ((not n.pid or procs.alive(n.pid)) and _port_open(n.public_ip, n.ssh_port))]
         for node in pending:
             if node.pid and not procs.alive(node.pid):
                 log = Path(node.workdir) / "sshd.log"

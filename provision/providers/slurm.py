@@ -519,12 +519,22 @@ def terminate(state: st.ClusterState, record: Record) -> None:
 
 
 def _queued_by_name(spec: ClusterSpec, cluster: str) -> list[str]:
-    """This user's jobs named after the cluster: one sbatch queued and ftc stopped before it was recorded."""
-    try:
-        done = slurm(spec, ["squeue", "-h", "--me", f"--name={job_name(cluster)}", "-o", "%i"], check=False)
-    except FtcError:  # no Slurm here: nothing of it can be queued from here either
-        return []
-    return done.stdout.split() if done.returncode == 0 else []
+    """This user's jobs named after the cluster: one sbatch queued and ftc stopped before it was recorded.
+    A Slurm that does not answer is asked again, as in _allocation: its silence is not an empty queue."""
+    argv = ["squeue", "-h", "--me", f"--name={job_name(cluster)}", "-o", "%i"]
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while True:
+        try:
+            done = slurm(spec, argv, check=False)
+        except FtcError:  # no Slurm here: nothing of it can be queued from here either
+            return []
+        if done.returncode == 0:
+            return done.stdout.split()
+        if time.monotonic() > deadline:
+            said = (done.stderr.strip() or f"exit {done.returncode}").splitlines()[-1]
+            raise FtcError(f"Slurm did not list this cluster's allocations for {GONE_WITHIN_S} s ({said}); "
+                           f"`{shlex.join(argv)}` lists them, `scancel` ends one")
+        time.sleep(poll_s())
 
 
 def _cancel(spec: ClusterSpec, job_id: str) -> None:
