@@ -268,7 +268,7 @@ def test_only_slurm_saying_it_does_not_know_a_job_reads_as_the_jobs_end(slurm, m
     monkeypatch.setenv("SLURM_CONF", str(slurm.root / "nosuch.conf"))
     monkeypatch.setattr(provider, "GONE_WITHIN_S", 0)
     with pytest.raises(FtcError, match=r"Slurm did not say how allocation 7 stands for 0 s \(.+\); "
-                                        r"`scontrol show job 7` asks it again"):
+                                        r"`scontrol show job -o 7` asks it again"):
         provider._allocation(spec, "7")
 
 

@@ -388,22 +388,26 @@ def _until_running(state: st.ClusterState) -> "Allocation":
         time.sleep(poll_s())
 
 
-def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
-    """The allocation as Slurm tells it. Only Slurm's saying it does not know the job means it is over (past
-    MinJobAge Slurm forgets it); a Slurm that does not answer (slurmctld busy, LOGIN's ssh timing out) is
-    asked again, for up to GONE_WITHIN_S."""
+def _answer(spec: ClusterSpec, argv: list[str], what: str) -> subprocess.CompletedProcess:
+    """Slurm's answer to `argv` (asked to `what`). A Slurm that does not answer (slurmctld busy, LOGIN's ssh
+    timing out) is asked again, for up to GONE_WITHIN_S: its silence is no answer. Its saying it does not
+    know a job is one."""
     deadline = time.monotonic() + GONE_WITHIN_S
     while True:
-        done = slurm(spec, ["scontrol", "show", "job", "-o", job_id], check=False)
-        if done.returncode == 0 and done.stdout.strip():
-            return allocation_of(job_id, done.stdout.strip().splitlines()[0])
+        done = slurm(spec, argv, check=False)
         if done.returncode == 0 or FORGOTTEN in done.stderr:
-            return Allocation(job_id, "GONE", "no longer known to Slurm", "")
+            return done
         if time.monotonic() > deadline:
             said = (done.stderr.strip() or f"exit {done.returncode}").splitlines()[-1]
-            raise FtcError(f"Slurm did not say how allocation {job_id} stands for {GONE_WITHIN_S} s ({said}); "
-                           f"`scontrol show job {job_id}` asks it again")
+            raise FtcError(f"Slurm did not {what} for {GONE_WITHIN_S} s ({said}); `{shlex.join(argv)}` asks it again")
         time.sleep(poll_s())
+
+
+def _allocation(spec: ClusterSpec, job_id: str) -> Allocation:
+    """The allocation as Slurm tells it: over once Slurm no longer knows the job (past MinJobAge it forgets it)."""
+    done = _answer(spec, ["scontrol", "show", "job", "-o", job_id], f"say how allocation {job_id} stands")
+    line = done.stdout.strip().splitlines()[:1] if done.returncode == 0 else []
+    return allocation_of(job_id, line[0]) if line else Allocation(job_id, "GONE", "no longer known to Slurm", "")
 
 
 def _settled(spec: ClusterSpec, job_id: str) -> Allocation:
@@ -519,22 +523,11 @@ def terminate(state: st.ClusterState, record: Record) -> None:
 
 
 def _queued_by_name(spec: ClusterSpec, cluster: str) -> list[str]:
-    """This user's jobs named after the cluster: one sbatch queued and ftc stopped before it was recorded.
-    A Slurm that does not answer is asked again, as in _allocation: its silence is not an empty queue."""
-    argv = ["squeue", "-h", "--me", f"--name={job_name(cluster)}", "-o", "%i"]
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while True:
-        try:
-            done = slurm(spec, argv, check=False)
-        except FtcError:  # no Slurm here: nothing of it can be queued from here either
-            return []
-        if done.returncode == 0:
-            return done.stdout.split()
-        if time.monotonic() > deadline:
-            said = (done.stderr.strip() or f"exit {done.returncode}").splitlines()[-1]
-            raise FtcError(f"Slurm did not list this cluster's allocations for {GONE_WITHIN_S} s ({said}); "
-                           f"`{shlex.join(argv)}` lists them, `scancel` ends one")
-        time.sleep(poll_s())
+    """This user's jobs named after the cluster: one sbatch queued and ftc stopped before it was recorded."""
+    if not login_of(spec) and not shutil.which("squeue"):  # no Slurm here: nothing of it queued from here either
+        return []
+    return _answer(spec, ["squeue", "-h", "--me", f"--name={job_name(cluster)}", "-o", "%i"],
+                   "list this cluster's allocations").stdout.split()
 
 
 def _cancel(spec: ClusterSpec, job_id: str) -> None:
