@@ -121,12 +121,8 @@ def _hosts(key: str, raw: Any) -> list[str]:
     return seen
 
 
-def _remote_python(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not re.match(r"^/[\w./+-]+$", value):
-        raise UsageError(f"{label(key)}={raw!r} is not an absolute path on the hosts (e.g. /opt/conda/bin/python); "
-                         "allowed: letters, digits and _./+-")
-    return value
+REMOTE_PYTHON = NameForm(r"/[\w./+-]+", "an absolute path on the hosts (e.g. /opt/conda/bin/python)",
+                         "letters, digits and _./+-")
 
 
 def world_parsers(world: World) -> dict[str, Callable[[str, Any], Any]]:
@@ -149,7 +145,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "stack": one_of(STACKS),
     "hosts": _hosts,
     "ssh_key": local_path,
-    "stack_python": _remote_python,
+    "stack_python": REMOTE_PYTHON.parse,
 }
 
 

@@ -3,7 +3,6 @@ that a Slurm cluster needs a PARTITION, and the reader of an allocation's notice
 slurm.py; shared code reads these through the registry (records.py).
 """
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from runner.node import slurm_notice
@@ -11,26 +10,16 @@ from runner.node.spot import SpotReader
 
 from ..errors import UsageError
 from ..values import host_label, label, parse_host
-from .records import Provider, Setting, SlurmResources, Traits, World
+from .records import NameForm, Provider, Setting, SlurmResources, Traits, World
 
 if TYPE_CHECKING:
     from ..spec import ClusterSpec
 
 
-def _slurm_name(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", value):
-        raise UsageError(f"{label(key)}={raw!r} is not a Slurm name; allowed: up to 64 letters, digits and _.+- "
-                         "(not starting with . + or -)")
-    return value
-
-
-def _constraint(key: str, raw: Any) -> str:
-    value = str(raw).strip()
-    if value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.&|,:*()\[\]-]{0,199}", value):
-        raise UsageError(f"{label(key)}={raw!r} is not a Slurm constraint; allowed: node features joined by & | , "
-                         "(letters, digits and _.:*()[]-), as sbatch --constraint takes them")
-    return value
+SLURM_NAME = NameForm(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", "a Slurm name",
+                      "up to 64 letters, digits and _.+- (not starting with . + or -)")
+CONSTRAINT = NameForm(r"[A-Za-z0-9_][A-Za-z0-9_.&|,:*()\[\]-]{0,199}", "a Slurm constraint",
+                      "node features joined by & | , (letters, digits and _.:*()[]-), as sbatch --constraint takes them")
 
 
 def _login(key: str, raw: Any) -> str:
@@ -53,11 +42,11 @@ def check(spec: "ClusterSpec") -> None:
 
 
 SETTINGS = {
-    "partition": Setting(_slurm_name, "", "slurm: the partition to ask for an allocation of NODES nodes"),
-    "account": Setting(_slurm_name, "", "slurm: the account the allocation is charged to (default: the site's)"),
-    "qos": Setting(_slurm_name, "", "slurm: the quality of service of the allocation (default: the site's)"),
+    "partition": Setting(SLURM_NAME.parse, "", "slurm: the partition to ask for an allocation of NODES nodes"),
+    "account": Setting(SLURM_NAME.parse, "", "slurm: the account the allocation is charged to (default: the site's)"),
+    "qos": Setting(SLURM_NAME.parse, "", "slurm: the quality of service of the allocation (default: the site's)"),
     # node features, e.g. "sapphirerapids&ib"
-    "constraint": Setting(_constraint, "", "slurm: node features the allocation needs, as sbatch --constraint "
+    "constraint": Setting(CONSTRAINT.parse, "", "slurm: node features the allocation needs, as sbatch --constraint "
                                            "takes them"),
     # whose sbatch, squeue and scancel ftc runs over ssh; "": this machine's
     "login": Setting(_login, "", "slurm: user@host[:port] of a login node whose sbatch ftc runs (default: this "
