@@ -52,6 +52,8 @@ class JobInfo:
     checkpoint_uri: str = ""  # a checkpoint store's URI (s3://bucket/prefix) that each checkpoint is also copied to
     kind: str = "finetune"  # finetune (ftc's trainer) | script (`ftc launch`: your own program)
     output: str = ""  # script: rank 0's output folder, relative to the workdir (fetched into output/)
+    tag: str = ""  # script: FTC_RUN_TAG, which every process of the job carries; random, so unique on any
+    #                machine even where nodes of two clusters name the same directory (the EC2 emulator)
 
 
 class UnregisteredProvider(UsageError):

@@ -10,6 +10,7 @@ gloo interface (provision/launch.py, the one launch builder), FTC_OUTPUT_DIR and
 import hashlib
 import os
 import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -117,14 +118,15 @@ class ScriptJob:
             console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
         job_id = f"script-{runs.utc_stamp()}"
         return st.JobInfo(id=job_id, task="script", remote_dir=f"{state.head.workdir}/jobs/{job_id}",
-                          results_dir=runs.default_results_dir(state.name, job_id), kind="script", output=self.output)
+                          results_dir=runs.default_results_dir(state.name, job_id), kind="script", output=self.output,
+                          tag=f"{job_id}-{secrets.token_hex(6)}")
 
     def arguments(self, state: st.ClusterState, record: st.JobInfo) -> list[str]:
         return [self.output, self.script, *self.args]
 
     def environment(self, state: st.ClusterState, record: st.JobInfo) -> dict[str, str]:
         env = {**passed_on(dict(os.environ), state.provider), **self.env, "FTC_RUN_ID": record.id,
-               RUN_TAG: record.remote_dir}
+               RUN_TAG: record.tag}
         return {**env, REQUIREMENTS_ENV: digest_of(self.requirements)} if self.requirements else env
 
     def refuse(self, state: st.ClusterState, launch: RankLaunch, render_only: bool) -> None:
@@ -142,9 +144,9 @@ class ScriptJob:
         try:
             send_workdir(state, self.copy, record.remote_dir, self.requirements, connections)
             if self.requirements:
-                install_requirements(state, facts, self.requirements, record.remote_dir, connections)
+                install_requirements(state, facts, self.requirements, record, connections)
         except BaseException:
-            stop_run_processes(state, record.remote_dir, connections)
+            stop_run_processes(state, record.tag, connections)
             remove_on_nodes(state, record.remote_dir, connections)
             raise
 
@@ -153,12 +155,12 @@ class ScriptJob:
     @staticmethod
     def stop_leftovers(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> None:
         """What the script left running in a session of its own (a daemon) ends with the job."""
-        stop_run_processes(state, job.remote_dir, connections)
+        stop_run_processes(state, job.tag, connections)
 
     @staticmethod
     def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
         """Rank 0's output folder and every rank's log home; then the workdir's copies go."""
-        stop_run_processes(state, job.remote_dir, connections)
+        stop_run_processes(state, job.tag, connections)
         results = fetch(state, job, connections)
         remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}", connections)
         return results
@@ -469,7 +471,7 @@ def pip_failure(lines: list[str], pins: dict[str, str]) -> str:
     return quoted or next((line for line in reversed(lines) if line.strip()), "no output")
 
 
-def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, remote_dir: str,
+def install_requirements(state: st.ClusterState, facts: list[NodeFacts], requirements: Path, record: st.JobInfo,
                          connections: NodeConnections) -> None:
     """Your requirements into a venv of the cluster's own on every node (one on nodes that share this
     machine), layered on the stack: the stack's Python is never changed, and `down` removes the layer.
@@ -479,10 +481,10 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
     digest = digest_of(requirements)
     pins = STACKS[state.cluster_spec.stack]
     for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
-        job_dir = node_path(state, node, remote_dir)
+        job_dir = node_path(state, node, record.remote_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
-        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, remote_dir)
+        command = layer_command(node_python(state, facts, node), node.workdir, digest, job_dir, pins, record.tag)
         conn = connections.to(state, node)
         out = interruptible(conn.client.get_transport(), run, conn, node, "requirements", command)
         lines = out.splitlines()
@@ -497,13 +499,13 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
                       markup=False)
 
 
-def stop_run_processes(state: st.ClusterState, remote_dir: str, connections: NodeConnections) -> None:
+def stop_run_processes(state: st.ClusterState, run_tag: str, connections: NodeConnections) -> None:
     """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
     behind), found by the run's tag in its environment, stopped."""
     nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
     for node in nodes:
         try:
-            run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"{RUN_TAG}={remote_dir}"]))
+            run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"{RUN_TAG}={run_tag}"]))
         except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
             pass
 

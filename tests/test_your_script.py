@@ -536,9 +536,11 @@ def test_cancel_of_a_detached_script_leaves_no_process(ftc_home, cluster, tmp_pa
     assert len(processes_under(Path(job["remote_dir"]))) >= 3  # launch script, mpirun, ranks
     follower = subprocess.Popen([*FTC, "logs", "--name", cluster, "-f"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-    # another cluster's job on this machine, started in the same second: the same run id, its own tag
+    # another cluster's job on this machine, started in the same second, whose nodes name the same job
+    # directory (two EC2 emulator clusters): the same run id, a tag of its own
+    assert job["tag"].startswith(job["id"]) and job["tag"] != job["remote_dir"]
     neighbour = subprocess.Popen(["sleep", "600"], env={**os.environ, "FTC_RUN_ID": job["id"],
-                                                        "FTC_RUN_TAG": f"/elsewhere/jobs/{job['id']}"})
+                                                        "FTC_RUN_TAG": f"{job['id']}-0"})
     cancel = ftc("cancel", "--name", cluster)
     assert cancel.returncode == 0, cancel.stderr
     spared = neighbour.poll() is None
