@@ -654,3 +654,23 @@ def test_a_server_without_sftp_is_refused_by_name_before_anything_is_installed(f
         assert bare.listing() == before and not (ftc_home / "clusters" / "nosftp").exists()
     finally:
         bare.stop()
+
+
+@pytest.mark.slow
+def test_a_connection_lost_while_sftp_opens_is_named_as_that_not_as_a_missing_subsystem(ftc_home, tmp_path, user_key):
+    # the subsystem exists, but starting it kills the sshd process that serves this connection (its own
+    # ancestor, so no other server's session): the connection drops, as a network that fails would
+    drop = tmp_path / "drop_connection"
+    drop.write_text('#!/bin/sh\np=$$\nwhile [ "$p" -gt 1 ]; do\n'
+                    '  case "$(ps -o args= -p "$p")" in "sshd: "*@*) kill -9 "$p"; exit;; esac\n'
+                    '  p=$(ps -o ppid= -p "$p" | tr -d " ")\ndone\n')
+    drop.chmod(0o755)
+    dying = Server(tmp_path / "dying", "127.0.0.113", user_key, sftp=str(drop)).start()
+    try:
+        proc = ftc("up", "--name", "dying", *ssh_flags([dying], user_key), "--yes", "1")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"host {dying.spec}: the connection closed as ftc opened SFTP" in proc.stderr, proc.stderr[-2000:]
+        assert "no SFTP subsystem" not in proc.stderr and "Traceback" not in proc.stderr
+        assert not (ftc_home / "clusters" / "dying").exists()
+    finally:
+        dying.stop()

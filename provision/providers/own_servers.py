@@ -270,7 +270,11 @@ def _sftp_missing(conn, label: str) -> list[str]:
         return [f"host {label}: its SFTP (which ftc copies results with) is garbled by what the shell's start-up "
                 "files print (an echo in ~/.bashrc?); print only in interactive shells (`[[ $- == *i* ]] || return` "
                 "before it), or use `Subsystem sftp internal-sftp` in its sshd_config"]
-    except (EOFError, OSError, paramiko.SSHException):
+    except (EOFError, OSError, paramiko.SSHException) as exc:
+        transport = conn.client.get_transport()
+        if transport is None or not transport.is_active():  # the connection itself went, not the subsystem
+            return [f"host {label}: the connection closed as ftc opened SFTP, which it copies results with "
+                    f"({exc or type(exc).__name__}); check that the server and its sshd stay up, and try again"]
         return [f"host {label}: its sshd offers no SFTP subsystem, which ftc copies results with; add "
                 "`Subsystem sftp internal-sftp` to its sshd_config and reload sshd"]
     return []
