@@ -59,8 +59,9 @@ def check(spec: "ClusterSpec") -> None:
     Express a type that has it (the spec's instance type is of this catalog: AWS's world is the default
     world that a spec of a provider with no catalog is checked against too)."""
     own = spec.settings
-    if own["ssh_cidr"] and too_open(ipaddress.ip_network(own["ssh_cidr"])) and not own["allow_open_ssh"]:
-        everyone = ipaddress.ip_network(own["ssh_cidr"]).prefixlen == 0
+    network = ipaddress.ip_network(own["ssh_cidr"]) if own["ssh_cidr"] else None
+    if network and too_open(network) and not own["allow_open_ssh"]:
+        everyone = network.prefixlen == 0
         raise UsageError(f"{label('ssh_cidr')}={own['ssh_cidr']!r} opens SSH to "
                          f"{'the whole internet' if everyone else 'more than a /16 of addresses'}; give your own "
                          f"address (e.g. 203.0.113.7/32) or set {label('allow_open_ssh')}=1 to really mean it")
