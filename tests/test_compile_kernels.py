@@ -29,6 +29,8 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
 
     first = one_cluster_one_job("k1")
     assert "kernels: cold (compiled on the cluster)" in first
+    # the model traced once: no float of its made dynamo start again, nor config.problem_type at step 2
+    assert results_of_run(ftc_home, "k1")["compile_graphs"]["retraced"] == 0
     (kept,) = (ftc_home / "kernels").glob("*.json")
     key = json.loads(kept.read_text())["key"]
     assert key["threads"] == results_of_run(ftc_home, "k1")["threads_per_rank"] and key["shapes"] == "dynamic"
@@ -48,7 +50,8 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     assert "kernels: the shipped cache broken cannot be read; ignored, compiling without it" in second
     results = results_of_run(ftc_home, "k2")
     assert (results["compile_cache"], results["compile_cache_from"]) == ("warm", "an earlier cluster")
-    assert results["compile_graphs"]["cached"] > 0 and results["eval_accuracy"] is not None
+    assert results["compile_graphs"]["cached"] > 0 and results["compile_graphs"]["retraced"] == 0
+    assert results["eval_accuracy"] is not None
 
     listed = json.loads(ftc("runs", "--json").stdout)
     assert {(r["cluster"], r["compile"], r["kernels"]) for r in listed} == {

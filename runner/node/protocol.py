@@ -352,7 +352,8 @@ class TrainResults:
     compile_cache: str = "none"  # warm | cold: the node's kernel cache when the compile began; none: not compiled
     compile_cache_from: str = ""  # warm kernels' source: this node | an earlier cluster (shipped from FTC_HOME)
     compile_shapes: str = ""  # dynamic | buckets: what the compiled step ran with; "": not compiled
-    compile_graphs: dict[str, int] = field(default_factory=dict)  # cached | compiled: how rank 0's graphs were made
+    # cached | compiled: how rank 0's graphs were made; retraced: whole traces dynamo threw away and began again
+    compile_graphs: dict[str, int] = field(default_factory=dict)
     compile_seconds: float | None = None  # what the compile cost rank 0's first steps; None: not compiled
     seed: int = 42  # the job's random seed (results from before SEED was a job option all ran 42)
     # rank 0's wall seconds of the job's stages around its steps (train.timed): to_first_step (from started_at,
