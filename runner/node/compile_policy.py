@@ -31,7 +31,7 @@ from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
-# steps ran 21% faster; 0.18 under the pinned torch 2.13 on 2 cores, where they ran no faster. The
+# steps ran 21% faster; 0.07 under the pinned torch 2.13 on 2 cores, where they ran no faster. The
 # larger keeps --compile auto from compiling short jobs on the strength of a gain not seen there.
 WARM_COMPILE_SHARE = 0.375
 # The note in a node's kernel cache, per kernels compiled there: how long each compile took, and the
