@@ -104,6 +104,7 @@ class Measured:
     eager_tokens_per_s: float  # a rank's steady real tokens per second, eager
     compiled_tokens_per_s: float  # the same, compiled
     planned_rank_tokens: float  # real tokens one rank trains on in this job: steps x its batch x the mean row
+    from_cold: bool = False  # compile_s is WARM_COMPILE_SHARE of the cold compile measured, no warm one was
 
     @property
     def saving_s(self) -> float:
@@ -112,12 +113,17 @@ class Measured:
 
 def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float) -> Measured | None:
     """The node's note for these kernels as Measured (the rates of jobs of this `layout`: a rank's rate
-    holds its share of the exchange), or None where it lacks a figure. Pure."""
+    holds its share of the exchange), or None where it lacks a figure. A warm compile that was never
+    measured (kernels shipped from the cluster that compiled them cold) costs its share of the cold one.
+    Pure."""
     rates = noted.get("rates", {}).get(layout, {})
-    figures = [noted.get(f"{cache}_s"), rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")]
-    if figures[0] is None or not (figures[1] and figures[2] and planned_rank_tokens):
+    compile_s, from_cold = noted.get(f"{cache}_s"), False
+    if compile_s is None and cache == "warm" and noted.get("cold_s") is not None:
+        compile_s, from_cold = noted["cold_s"] * WARM_COMPILE_SHARE, True
+    eager, compiled = rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")
+    if compile_s is None or not (eager and compiled and planned_rank_tokens):
         return None
-    return Measured(*figures, planned_rank_tokens)
+    return Measured(compile_s, eager, compiled, planned_rank_tokens, from_cold)
 
 
 def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
@@ -130,7 +136,9 @@ def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: M
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
     if measured:
         pays = measured.saving_s > measured.compile_s
-        return pays, (f"{'on' if pays else 'off'} (measured on this node: a {cache} compile {measured.compile_s:.0f} s; "
+        cost = (f"a {cache} compile {measured.compile_s:.0f} s" if not measured.from_cold else
+                f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.0%} of the cold one")
+        return pays, (f"{'on' if pays else 'off'} (measured on this node: {cost}; "
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
