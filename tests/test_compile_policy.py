@@ -71,7 +71,7 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
     assert from_cold.compile_s == 170.0 * WARM_COMPILE_SHARE and from_cold.from_cold
     assert compile_choice("auto", 400, "warm", from_cold)[1].startswith(
         f"off (measured on this node: a warm compile {170.0 * WARM_COMPILE_SHARE:.0f} s, "
-        f"{WARM_COMPILE_SHARE:.0%} of the cold one; ")
+        f"{WARM_COMPILE_SHARE:.1%} of the cold one; ")
     assert compile_choice("auto", 400, "warm", measured_here(shipped, "warm", two, 2_000_000.0))[0]
     assert measured_here(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
     assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]

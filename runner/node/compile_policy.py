@@ -137,7 +137,7 @@ def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: M
     if measured:
         pays = measured.saving_s > measured.compile_s
         cost = (f"a {cache} compile {measured.compile_s:.0f} s" if not measured.from_cold else
-                f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.0%} of the cold one")
+                f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.1%} of the cold one")
         return pays, (f"{'on' if pays else 'off'} (measured on this node: {cost}; "
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
