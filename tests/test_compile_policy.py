@@ -12,6 +12,7 @@ from runner.node.compile_policy import (
     bucket_widths,
     compile_choice,
     compile_key,
+    key_difference,
     compile_min_steps,
     compile_seconds,
     key_digest,
@@ -105,6 +106,9 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
                     dict(batch_size=16), dict(config=CONFIG | {"n_layers": 12}),
                     dict(config=CONFIG | {"id2label": {"0": "a", "1": "b", "2": "c"}})):
         assert key_digest(key(**changed)) != key_digest(key()), changed
+    # kernels brought home before floats were traced as constants: their graphs miss torch's caches
+    before = {field: value for field, value in key().items() if field != "floats"}
+    assert key_difference(key(), before) == "floats None here 'constant'"
     # a copy of the model under another name, or saved by another transformers, is the same architecture
     assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
 

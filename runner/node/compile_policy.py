@@ -42,8 +42,10 @@ RATE_MIN_STEPS = 20
 # Length buckets: widths in steps of this many tokens, up to --max-length (MRPC at 128: 4 graphs).
 BUCKET_STEP = 32
 # What a kept cache's key holds besides the digest of the model's architecture: a cache made under
-# other values is not this job's (another torch, CPU, thread count, precision or shapes).
-KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size")
+# other values is not this job's (another torch, CPU, thread count, precision, shapes or way of tracing).
+KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats")
+# How dynamo traces the floats a model reads (maybe_compile): graphs traced the other way miss torch's caches.
+TRACED_FLOATS = "constant"
 # The config entries that name a model rather than shape it: two copies of one architecture share kernels.
 NAMING_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "id2label", "label2id", "torch_dtype", "dtype",
                "architectures")
@@ -78,11 +80,11 @@ def compile_key(config: dict, isa: list[str], threads: int, precision: str, shap
                 max_length: int) -> dict:
     """What the kernels depend on: torch, the CPU's vector ISA, the architecture, the rank's threads
     (inductor writes them into its CPU kernels: a 16-thread rank's kernels are not a 4-thread rank's),
-    precision, and the shapes a step sees. Pure but for torch's version."""
+    precision, the shapes a step sees, and how floats are traced. Pure but for torch's version."""
     return {"torch": torch.__version__, "isa": ",".join(isa), "architecture": architecture(config),
             "threads": threads, "precision": precision,
             "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
-            "batch_size": batch_size}
+            "batch_size": batch_size, "floats": TRACED_FLOATS}
 
 
 def key_digest(key: dict) -> str:
@@ -297,7 +299,7 @@ def maybe_compile(training) -> Compiled:
     # A float the model reads (a dropout's p) would be traced as a symbol, found constant at the end, and
     # dynamo would trace the whole model a second time: taken as a constant from the start, a cold
     # compile is about a quarter shorter and a warm one a quarter of what it was (docs/performance.md).
-    torch._dynamo.config.specialize_float = True
+    torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
     training.model.compile(dynamic=shapes == "dynamic")
     return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
