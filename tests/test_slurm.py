@@ -264,8 +264,11 @@ def test_only_slurm_saying_it_does_not_know_a_job_reads_as_the_jobs_end(slurm, m
     import provision.providers.slurm as provider
     spec = resolve_spec({"provider": "slurm", "partition": "debug"}, {})
     assert provider._allocation(spec, "99999999").state == "GONE"  # an id this Slurm never gave, or forgot
-    # a Slurm that does not answer (here: no configuration to find its controller by) is not a job's end
-    monkeypatch.setenv("SLURM_CONF", str(slurm.root / "nosuch.conf"))
+    # a Slurm that does not answer (here: a configuration it cannot parse, so no controller to ask) is not a
+    # job's end. Not a missing file: scontrol then looks for a configless controller in DNS for a minute.
+    unreadable = slurm.root / "unreadable.conf"
+    unreadable.write_text("this is not slurm.conf\n")
+    monkeypatch.setenv("SLURM_CONF", str(unreadable))
     monkeypatch.setattr(provider, "GONE_WITHIN_S", 0)
     with pytest.raises(FtcError, match=r"Slurm did not say how allocation 7 stands for 0 s \(.+\); "
                                         r"`scontrol show job -o 7` asks it again"):
