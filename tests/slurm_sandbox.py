@@ -236,6 +236,8 @@ MpiDefault=none
 ReturnToService=2
 Epilog={self.root / 'epilog.sh'}
 SlurmdTimeout=30
+# 5 s from a cancel's SIGTERM to its SIGKILL (the default 30): the tests that cancel wait it out
+KillWait=5
 MinJobAge=600
 FirstJobId={self.first_job_id}
 {nodes}
