@@ -90,9 +90,11 @@ def stop(pids: list[int], grace: float = 5.0) -> None:
 def stop_group_command(pid: int, started: int, grace_s: int = 2) -> str:
     """Shell, run on the node: stop the process group `pid` leads (a job started under setsid:
     its mpirun and ranks go with it), only if that process started at `started`; SIGKILL after
-    `grace_s` seconds for what SIGTERM did not end."""
+    `grace_s` seconds for what SIGTERM did not end. A group that ends sooner is not waited for."""
     same = f'[ "$({START_OF.format(pid=pid)} 2>/dev/null)" = "{started}" ]'
-    return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; sleep {int(grace_s)}; kill -KILL -- -{pid} 2>/dev/null; "
+    waited = (f"n=0; while kill -0 -- -{pid} 2>/dev/null && [ $n -lt {10 * int(grace_s)} ]; do sleep 0.1; n=$((n+1)); "
+              "done")
+    return (f"if {same}; then kill -TERM -- -{pid} 2>/dev/null; {waited}; kill -KILL -- -{pid} 2>/dev/null; "
             f"else echo 'pid {pid} is no longer the job: left alone' >&2; fi; true")
 
 

@@ -75,7 +75,10 @@ def main(argv: list[str]) -> int:
         """mpirun stopping the job (`ftc cancel`) stops the script: the signal to its process group, then,
         after STOP_GRACE_S, SIGKILL to whatever of it is left, before a SIGKILL can end this process."""
         _signal_group(child.pid, signum)
-        threading.Timer(STOP_GRACE_S, _stop_leftovers, args=(child.pid,)).start()
+        # a daemon: a script that ends sooner has its leftovers stopped by main, which then exits at once
+        timer = threading.Timer(STOP_GRACE_S, _stop_leftovers, args=(child.pid,))
+        timer.daemon = True
+        timer.start()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
     watcher = _watch_spot(child, note)
