@@ -24,7 +24,7 @@ MAKE_ONLY = {
                "default: examples/hf_trainer_glue.py on ../shared's MRPC"),
     "ARGS": ("launch", "the script's arguments, split as a shell would, never run by one"),
     "BOOTSTRAPPER": ("bootstrap", "fabric (default) or ansible: what bootstraps the nodes"),
-    "QUICK": ("bench", "1: the quick bench (a 2-layer model, 128 rows: minutes on 2 cores)"),
+    "QUICK": ("bench", "1: the quick bench (a 1-layer model, 128 rows: minutes on 2 cores)"),
     "MODE": ("bench", "the bench's mode (default scaling): `ftc bench --help` lists them, docs/bench.md says what each "
              "measures"),
     "SHAPES": ("bench", "MODE=long-jobs: node shapes, nodes x cores per node (default 1x16)"),

@@ -32,6 +32,9 @@ from ..node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORK
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# The quick bench's model: one of distilbert's 6 layers, so that a 2-core CI machine runs every
+# configuration and compile of a mode in a minute or two. Its figures prove the bench works, nothing more.
+QUICK_LAYERS = 1
 REPORT = "bench.json"  # in OUT: every mode's section beside the scaling report
 
 
@@ -45,7 +48,7 @@ def add_out(p: argparse.ArgumentParser, writes: str = REPORT) -> None:
 def add_workload(p: argparse.ArgumentParser, rows: str, repeats: str) -> None:
     """--quick and what each run trains on: the rows and repeats (`rows`, `repeats`: their defaults, said)."""
     p.add_argument("--quick", nargs="?", const="1", default="0", metavar="1|0",
-                   help="1 (or no value): a 2-layer model and fewer rows and rounds, minutes on 2 cores (CI); "
+                   help="1 (or no value): a 1-layer model and fewer rows and rounds, minutes on 2 cores (CI); "
                         "0: the full bench")
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv")
     p.add_argument("--tokenizer", default=None, help="directory with the bert-base-uncased vocabulary")
@@ -139,7 +142,7 @@ def physical_cores() -> list[int]:
 
 def make_distilbert(target: Path, vocab_from: Path, layers: int = 6) -> Path:
     """distilbert-base-uncased's architecture, from transformers' own default config (6 layers;
-    the quick bench takes 2, so that a 2-core CI machine runs every configuration in minutes)."""
+    the quick bench takes QUICK_LAYERS)."""
     from transformers import DistilBertConfig
     target.mkdir(parents=True, exist_ok=True)
     config = DistilBertConfig(num_labels=2, n_layers=layers)
@@ -302,10 +305,10 @@ class Bench:
     @classmethod
     def of(cls, args: argparse.Namespace, out: Path, mpi: str, rows: tuple[int, int],
            repeats: tuple[int, int]) -> "Bench":
-        """A mode's bench from its checked options: distilbert's architecture with random weights (2 of
-        its 6 layers when quick, so that a 2-core CI machine runs every configuration in minutes); the
-        rows and repeats given, else the mode's defaults (quick, full); ftc's allocator, as on a cluster."""
-        layers, which = (2, 0) if args.quick else (6, 1)
+        """A mode's bench from its checked options: distilbert's architecture with random weights
+        (QUICK_LAYERS of its 6 when quick); the rows and repeats given, else the mode's defaults (quick,
+        full); ftc's allocator, as on a cluster."""
+        layers, which = (QUICK_LAYERS, 0) if args.quick else (6, 1)
         return cls(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers),
                    args.data_dir, physical_cores(), getattr(args, "cores_per_rank", None), mpi,
                    rows=args.rows or rows[which], repeats=args.repeats or repeats[which],

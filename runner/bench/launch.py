@@ -14,6 +14,7 @@ from provision.launch import pick_allocator
 from ..node import facts as node_facts
 from ..node.protocol import OUTPUT_LOG, SCRIPT_WORKDIR
 from .common import (
+    QUICK_LAYERS,
     REPO,
     add_layout,
     add_out,
@@ -57,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     out, mpi = started(args.out)
     ranks, per_rank = max(args.ranks), args.cores_per_rank
     cores, rows, repeats = physical_cores()[:ranks * per_rank], args.rows or (64 if args.quick else 2048), args.repeats or 3
-    model = trained_shape(out / f"distilbert-{2 if args.quick else 6}-layers-weights", args.tokenizer,
-                          2 if args.quick else 6)
+    layers = QUICK_LAYERS if args.quick else 6
+    model = trained_shape(out / f"distilbert-{layers}-layers-weights", args.tokenizer, layers)
     workdir = out / "launch-workdir"
     workdir.mkdir(exist_ok=True)
     shutil.copy(EXAMPLE, workdir / EXAMPLE.name)
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     setting = {"script": f"examples/{EXAMPLE.name}", "ranks": ranks, "cores_per_rank": per_rank, "rows_per_pass": rows,
                "repeats": repeats, "cpu": node_facts.cpu_info()[0], "allocator": allocator or "glibc malloc",
                "date": today(), "command": args.command_line,
-               "model": "distilbert-base-uncased architecture, random weights" + (", 2 layers (quick)" if args.quick else ""),
+               "model": "distilbert-base-uncased architecture, random weights"
+                 + (f", {layers} layer (quick)" if args.quick else ""),
                "torchrun": "python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT, under taskset of "
                            "the same cores, OMP_NUM_THREADS = cores per rank, no pinning, no allocator",
                "rate": "rows / Trainer's train_runtime, one whole pass; medians, [min, max]"}
