@@ -138,8 +138,8 @@ def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: M
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
     if measured:
         pays = measured.saving_s > measured.compile_s
-        cost = (f"a {cache} compile {measured.compile_s:.0f} s" if not measured.from_cold else
-                f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.1%} of the cold one")
+        cost = (f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.1%} of the cold one"
+                if measured.from_cold else f"a {cache} compile {measured.compile_s:.0f} s")
         return pays, (f"{'on' if pays else 'off'} (measured on this node: {cost}; "
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
