@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 GLUE = REPO.parent / "shared" / "data" / "glue"
 FTC = [sys.executable, "-m", "runner.cli"]
 
-# Seconds each long test took (setup, call and teardown; a parametrized one: its cases together) in one
-# `make test --durations=60` on the 2-core machine (a test made shorter since: its own run). They run
-# first, longest first, and `make test` hands the workers one test at a time (--maxschedchunk 1): the
-# long ones spread over both workers and the short ones fill in, so the workers end together instead of
-# one running a long test alone at the end. Only the order depends on these numbers.
+# Seconds each long test took (setup, call and teardown; a parametrized one: its cases together) in
+# one `make test --durations=60` on the 2-core machine. They run first, longest first, and `make test`
+# hands the workers one test at a time (--maxschedchunk 1): the long ones spread over both workers and
+# the short ones fill in, so the workers end together instead of one running a long test alone at the
+# end. Only the order depends on these numbers.
 LONGEST = {
     "test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_with_static_shapes": 228,
     "test_quick_bench_reports_whole_passes_of_ftc_and_the_peer_with_ranges_and_a_timeline": 134,
@@ -37,6 +37,8 @@ LONGEST = {
     "test_slurms_sigterm_stops_a_job_at_a_checkpoint_and_run_resumes_it_on_a_new_allocation": 67,
     "test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time": 67,
     "test_nodes_that_refuse_ssh_are_reached_through_srun_for_bootstrap_jobs_and_down": 61,
+    "test_only_slurm_saying_it_does_not_know_a_job_reads_as_the_jobs_end": 59,
+    "test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason": 59,
     "test_servers_with_their_own_homes_install_their_own_stacks_and_mpirun_starts_each_from_its_own": 55,
     "test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_and_the_nodes_as_they_were": 54,
     "test_node_lost_mid_training_fails_fast_and_run_resume_matches_an_uninterrupted_run": 52,
@@ -50,7 +52,8 @@ LONGEST = {
     "test_it_runs_up_a_finetune_stopped_by_its_own_spot_notice_and_resumed_and_down": 44,
     "test_a_bench_cut_short_by_ctrl_c_keeps_the_rank_counts_it_finished_and_exits_130": 42,
     "test_one_shot_run_tears_down_after_itself": 37,
-    "test_an_allocation_that_ends_under_a_job_is_named_with_slurms_reason": 36,
+    "test_an_allocation_cancelled_under_the_cluster_is_named_with_slurms_reason_and_down_still_cleans": 37,
+    "test_cancel_of_a_detached_script_leaves_no_process": 36,
     "test_resume_after_a_killed_run_continues_from_the_checkpoint": 35,
     "test_a_job_that_ended_unfetched_is_not_cancelled_nor_written_over_and_fetch_collects_it": 30,
     "test_stock_stack_installs_into_a_fresh_venv": 28,
@@ -69,7 +72,6 @@ LONGEST = {
     "test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_home": 19,
     "test_ctrl_c_during_the_checkpoint_copy_detaches_and_the_job_goes_on": 19,
     "test_a_follower_whose_node_freezes_says_so_and_exits_non_zero": 17,
-    "test_cancel_of_a_detached_script_leaves_no_process": 15,
     "test_resume_of_a_job_stopped_before_its_first_checkpoint_is_refused_before_launch": 15,
     "test_make_cluster_with_instance_type_and_nodes_auto_builds_the_plans_pick_with_ena_express": 15,
     "test_finetune_follow_detach_reattach_and_results": 15,
@@ -77,7 +79,6 @@ LONGEST = {
     "test_what_each_rank_sees_a_failing_rank_and_shell_characters_in_names": 14,
     "test_ctrl_c_on_a_foreground_launch_stops_the_job_as_under_torchrun": 14,
     "test_a_node_that_sees_only_its_mirror_installs_though_an_extra_index_is_out_of_reach": 14,
-    "test_an_allocation_cancelled_under_the_cluster_is_named_with_slurms_reason_and_down_still_cleans": 12,
 }
 
 
