@@ -35,6 +35,12 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 # The quick bench's model: one of distilbert's 6 layers, so that a 2-core CI machine runs every
 # configuration and compile of a mode in a minute or two. Its figures prove the bench works, nothing more.
 QUICK_LAYERS = 1
+FULL_LAYERS = 6  # distilbert-base-uncased's own
+
+
+def model_layers(quick: bool) -> int:
+    """The bench model's transformer layers: distilbert's own, or the quick bench's."""
+    return QUICK_LAYERS if quick else FULL_LAYERS
 REPORT = "bench.json"  # in OUT: every mode's section beside the scaling report
 
 
@@ -140,7 +146,7 @@ def physical_cores() -> list[int]:
     return node_facts.cpu_topology(sorted(os.sched_getaffinity(0)))["core_cpus"]
 
 
-def make_distilbert(target: Path, vocab_from: Path, layers: int = 6) -> Path:
+def make_distilbert(target: Path, vocab_from: Path, layers: int = FULL_LAYERS) -> Path:
     """distilbert-base-uncased's architecture, from transformers' own default config (6 layers;
     the quick bench takes QUICK_LAYERS)."""
     from transformers import DistilBertConfig
@@ -308,7 +314,7 @@ class Bench:
         """A mode's bench from its checked options: distilbert's architecture with random weights
         (QUICK_LAYERS of its 6 when quick); the rows and repeats given, else the mode's defaults (quick,
         full); ftc's allocator, as on a cluster."""
-        layers, which = (QUICK_LAYERS, 0) if args.quick else (6, 1)
+        layers, which = model_layers(args.quick), 0 if args.quick else 1
         return cls(out, make_distilbert(out / f"distilbert-{layers}-layers-random", args.tokenizer, layers),
                    args.data_dir, physical_cores(), getattr(args, "cores_per_rank", None), mpi,
                    rows=args.rows or rows[which], repeats=args.repeats or repeats[which],

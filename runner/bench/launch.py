@@ -14,7 +14,6 @@ from provision.launch import pick_allocator
 from ..node import facts as node_facts
 from ..node.protocol import OUTPUT_LOG, SCRIPT_WORKDIR
 from .common import (
-    QUICK_LAYERS,
     REPO,
     add_layout,
     add_out,
@@ -22,6 +21,7 @@ from .common import (
     check_layout,
     check_workload,
     fresh_job_dir,
+    model_layers,
     physical_cores,
     progress,
     run_launch_script,
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     out, mpi = started(args.out)
     ranks, per_rank = max(args.ranks), args.cores_per_rank
     cores, rows, repeats = physical_cores()[:ranks * per_rank], args.rows or (64 if args.quick else 2048), args.repeats or 3
-    layers = QUICK_LAYERS if args.quick else 6
+    layers = model_layers(args.quick)
     model = trained_shape(out / f"distilbert-{layers}-layers-weights", args.tokenizer, layers)
     workdir = out / "launch-workdir"
     workdir.mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ from provision.values import name_list
 from ..node import facts as node_facts
 from ..report import pyplot
 from .common import (
+    FULL_LAYERS,
     QUICK_LAYERS,
     REPORT,
     Bench,
@@ -180,7 +181,7 @@ def measured(bench: Bench, args: argparse.Namespace, seed: dict, scaling: list[d
         "simulated_nodes": "each rank is one simulated node: a disjoint set of physical cores on one host, "
                            "all-reduce over loopback TCP (gloo), memory bandwidth shared",
         "model": "distilbert-base-uncased architecture (DistilBertConfig), random weights, bert-base-uncased vocabulary"
-                 + (f", {QUICK_LAYERS} of its 6 layers (quick)" if quick else ""),
+                 + (f", {QUICK_LAYERS} of its {FULL_LAYERS} layers (quick)" if quick else ""),
         "data": f"the first {bench.rows} rows of GLUE MRPC train, one whole pass per run, timed wall to wall",
         "peer": "Hugging Face Trainer (transformers.Trainer via torchrun): bf16 as ftc's rule decides, "
                 "group_by_length sampling, DataCollatorWithPadding(pad_to_multiple_of=8), batch 32 per rank, "
