@@ -1,1 +1,1 @@
-"""ftc's control side: cluster spec, state, providers (aws, local) and the bootstrap."""
+"""ftc's control side: cluster spec, state, providers (local, aws, ssh, slurm) and the bootstrap."""

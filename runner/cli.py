@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the same cleanup as Ctrl-C
     started = time.monotonic()
-    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench.py), also usable without ftc
+    if argv[:1] == ["bench"]:  # bench has its own options (runner/bench/), also usable without ftc
         from runner import bench
         try:
             return bench.main(argv[1:])

@@ -37,12 +37,13 @@ HEADER = """# Settings
 Every setting of `make` and `ftc`, written from the Makefile and ftc's argument parser by
 `make settings-doc` (a test fails when this file is not current).
 
-**Precedence**, one rule for every setting: command-line flag (which the Makefile fills from its
-variable) > environment variable `FTC_<NAME>` (for example `FTC_NODES=4`) > config file
-(`CONFIG=path`, `$FTC_CONFIG`, or `./ftc.toml`, a `[cluster]` table with the lower-case names) >
-default. Switches take `1`/`0` (also `yes`/`no`, `true`/`false`); any other value is refused, never
-dropped. A value holding a newline is refused before any recipe runs. Bad input gets one line
-naming the value and what is allowed, exit code 2, and nothing is created or changed.
+**Precedence**: command-line flag (which the Makefile fills from its variable) > environment
+variable `FTC_<NAME>` (for example `FTC_NODES=4`; read for the cluster's settings, the job's flags,
+`NAME` and `YES`) > config file (`CONFIG=path`, `$FTC_CONFIG`, or `./ftc.toml`: a `[cluster]` table of
+the cluster's settings, with the lower-case names) > default. Switches take `1`/`0` (also
+`yes`/`no`, `true`/`false`); any other value is refused, never dropped. A value holding a newline is
+refused before any recipe runs. Bad input gets one line naming the value and what is allowed, exit
+code 2, and nothing is created or changed.
 
 | Make variable | ftc option | commands | what it takes |
 |---|---|---|---|
