@@ -35,6 +35,7 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     key = json.loads(kept.read_text())["key"]
     assert key["threads"] == results_of_run(ftc_home, "k1")["threads_per_rank"] and key["shapes"] == "dynamic"
     assert kept.with_suffix(".tgz").stat().st_size > 0
+    assert "cold_s" in json.loads(kept.read_text())["note"] and "warm_s" not in json.loads(kept.read_text())["note"]
     assert not list((ftc_home / "runs" / "k1").glob("*/kernels"))  # moved home, not kept twice
 
     # beside them at home: kernels of another torch, and a cache whose key file is not JSON
@@ -52,6 +53,9 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     assert (results["compile_cache"], results["compile_cache_from"]) == ("warm", "an earlier cluster")
     assert results["compile_graphs"]["cached"] > 0 and results["compile_graphs"]["retraced"] == 0
     assert results["eval_accuracy"] is not None
+    # what the new cluster measured of the kernels came home into their note, beside the first's cold compile
+    home_note = json.loads(kept.read_text())["note"]
+    assert home_note["warm_s"] > 0 and home_note["cold_s"] > 0, home_note
 
     listed = json.loads(ftc("runs", "--json").stdout)
     assert {(r["cluster"], r["compile"], r["kernels"]) for r in listed} == {

@@ -68,10 +68,10 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
     assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
     # kernels shipped from the cluster that compiled them cold: their warm compile is its share of the cold one
     shipped = {k: v for k, v in noted.items() if k != "warm_s"}
-    from_cold = measured_here(shipped, "warm", two, 600_000.0)
+    from_cold = measured_here(shipped, "warm", two, 600_000.0, "an earlier cluster")
     assert from_cold.compile_s == 170.0 * WARM_COMPILE_SHARE and from_cold.from_cold
     assert compile_choice("auto", 400, "warm", from_cold)[1].startswith(
-        f"off (measured on this node: a warm compile {170.0 * WARM_COMPILE_SHARE:.0f} s, "
+        f"off (measured on an earlier cluster: a warm compile {170.0 * WARM_COMPILE_SHARE:.0f} s, "
         f"{WARM_COMPILE_SHARE:.1%} of the cold one; ")
     assert compile_choice("auto", 400, "warm", measured_here(shipped, "warm", two, 2_000_000.0))[0]
     assert measured_here(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated

@@ -107,17 +107,19 @@ class Measured:
     compiled_tokens_per_s: float  # the same, compiled
     planned_rank_tokens: float  # real tokens one rank trains on in this job: steps x its batch x the mean row
     from_cold: bool = False  # compile_s is WARM_COMPILE_SHARE of the cold compile measured, no warm one was
+    where: str = "this node"  # or an earlier cluster: the note came home with the kernels and was shipped here
 
     @property
     def saving_s(self) -> float:
         return self.planned_rank_tokens / self.eager_tokens_per_s - self.planned_rank_tokens / self.compiled_tokens_per_s
 
 
-def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float) -> Measured | None:
-    """The node's note for these kernels as Measured (the rates of jobs of this `layout`: a rank's rate
-    holds its share of the exchange), or None where it lacks a figure. A warm compile that was never
-    measured (kernels shipped from the cluster that compiled them cold) costs its share of the cold one.
-    Pure."""
+def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float,
+                  where: str = "this node") -> Measured | None:
+    """A note on these kernels (this node's, or the one shipped with them: what earlier clusters
+    measured, `where`) as Measured (the rates of jobs of this `layout`: a rank's rate holds its share of
+    the exchange), or None where it lacks a figure. A warm compile that was never measured (kernels
+    shipped from the cluster that compiled them cold) costs its share of the cold one. Pure."""
     rates = noted.get("rates", {}).get(layout, {})
     compile_s, from_cold = noted.get(f"{cache}_s"), False
     if compile_s is None and cache == "warm" and noted.get("cold_s") is not None:
@@ -125,13 +127,13 @@ def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: flo
     eager, compiled = rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")
     if compile_s is None or not (eager and compiled and planned_rank_tokens):
         return None
-    return Measured(compile_s, eager, compiled, planned_rank_tokens, from_cold)
+    return Measured(compile_s, eager, compiled, planned_rank_tokens, from_cold, where)
 
 
 def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
-    """Whether to torch.compile, and why, in words for the log and results.json. Where this node has
-    measured it for these kernels (`measured`), the compile runs when the time it saves over this
-    rank's planned tokens exceeds its measured cost. Else by planned steps: with the kernel cache warm
+    """Whether to torch.compile, and why, in words for the log and results.json. Where this node, or an
+    earlier cluster whose note came with the kernels, has measured it (`measured`), the compile runs when
+    the time it saves over this rank's planned tokens exceeds its measured cost. Else by planned steps: with the kernel cache warm
     (an earlier job compiled the same model and shapes, here or on an earlier cluster), the compile
     costs WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
     if mode != "auto":
@@ -140,7 +142,7 @@ def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: M
         pays = measured.saving_s > measured.compile_s
         cost = (f"a warm compile {measured.compile_s:.0f} s, {WARM_COMPILE_SHARE:.1%} of the cold one"
                 if measured.from_cold else f"a {cache} compile {measured.compile_s:.0f} s")
-        return pays, (f"{'on' if pays else 'off'} (measured on this node: {cost}; "
+        return pays, (f"{'on' if pays else 'off'} (measured on {measured.where}: {cost}; "
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
@@ -281,7 +283,8 @@ def maybe_compile(training) -> Compiled:
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     compiled, note = compile_choice(args.compile, steps_left, cache,
-                                    measured_here(noted or shipped_note, cache, layout, planned_rank_tokens))
+                                    measured_here(noted or shipped_note, cache, layout, planned_rank_tokens,
+                                                  "this node" if noted else "an earlier cluster"))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
@@ -350,22 +353,25 @@ def graphs_compiled() -> dict[str, int]:
 
 
 def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
-    """Rank 0 of a job that compiled cold or from its node's cache leaves that cache (inductor's FX-graph
-    and AOT-autograd caches, and the C++ kernels they load, which torch's portable cache artifacts leave
-    out to be built again), with its key and this node's note, in the job's HOME_KERNELS_DIR: they come
-    home with the results, and ftc ships them to the next cluster's nodes. Kernels from home are there."""
-    if compiled.cache == "none" or compiled.source == "an earlier cluster":
+    """Rank 0 leaves in the job's HOME_KERNELS_DIR, to come home with the results, what the next
+    cluster's `--compile auto` weighs: this node's note for these kernels (what this job measured) with
+    their key; and where the job compiled cold or from its node's own cache, that cache (inductor's
+    FX-graph and AOT-autograd caches, and the C++ kernels they load, which torch's portable cache
+    artifacts leave out to be built again), which ftc ships to the next cluster's nodes. Kernels from
+    home are there already, and an eager job has none: their notes come alone."""
+    if not note:
         return
     folder = out_dir / HOME_KERNELS_DIR
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(folder / f"{compiled.digest}{KERNELS_ARCHIVE}", "w:gz", compresslevel=1) as tar:
-            for entry in sorted(compiled.cache_dir.iterdir()):
-                if entry.name != "locks" and not entry.name.startswith(COMPILED_FILE):  # the node's own
-                    tar.add(entry, arcname=entry.name)
-    except OSError as exc:
-        print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
-        return
+    if compiled.cache != "none" and compiled.source != "an earlier cluster":
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(folder / f"{compiled.digest}{KERNELS_ARCHIVE}", "w:gz", compresslevel=1) as tar:
+                for entry in sorted(compiled.cache_dir.iterdir()):
+                    if entry.name != "locks" and not entry.name.startswith(COMPILED_FILE):  # the node's own
+                        tar.add(entry, arcname=entry.name)
+        except OSError as exc:
+            print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
+            return
     written_whole(folder / f"{compiled.digest}.json", {"key": compiled.key, "note": note,
                                                         "cluster": os.environ.get("FTC_CLUSTER", "")},
                   "kernels: their key was not written; the next cluster compiles cold")

@@ -37,11 +37,21 @@ TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
 KERNEL_CACHE_DIR = "inductor-cache"  # compiled kernels, in a run by hand (a node keeps them in its own cache/)
 # A compiled job's kernels: its node's kernel cache (inductor's FX-graph and AOT-autograd caches with the
 # compiled C++ kernels beside them) as <key digest>.tgz, its key and note in <key digest>.json; left in the
-# job's directory by rank 0, they come home with the results into FTC_HOME/kernels ...
+# job's directory by rank 0, they come home with the results into FTC_HOME/kernels (a job with no kernels
+# to add, eager or warm from home, leaves its note alone: home adds it to the kept kernels' note) ...
 HOME_KERNELS_DIR = "kernels"
 KERNELS_ARCHIVE = ".tgz"
 # ... and ftc ships them into this folder of each node's directory (FTC_NODE_DIR) before a job there
 SHIPPED_KERNELS_DIR = "cache/shipped-kernels"
+
+
+def merged_note(kept: dict, measured: dict) -> dict:
+    """A kernel cache's note (what nodes measured of these kernels: `cold_s`, `warm_s`, and per layout
+    `rates`) with a later job's figures over it, figure by figure: a job measures some, never all. Pure."""
+    rates = {**kept.get("rates", {})}
+    for layout, figures in measured.get("rates", {}).items():
+        rates[layout] = {**rates.get(layout, {}), **figures}
+    return {**kept, **measured, **({"rates": rates} if rates else {})}
 
 
 def kernels_words(cache: str, source: str) -> str:

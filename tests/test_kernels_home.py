@@ -1,0 +1,59 @@
+"""FTC_HOME/kernels, without a cluster: what a job's results bring home (kernels with their key and
+note, or a note alone) and how a later job's note joins the one kept for the same kernels."""
+
+import json
+
+from runner.kernels import bring_home, home_kernels, kept
+from runner.node.protocol import HOME_KERNELS_DIR, merged_note
+
+KEY = {"torch": "2.13.0+cpu", "architecture": "abc", "threads": 2}
+TWO = "2 ranks, gradient bf16"
+
+
+def left_by_job(results, digest: str, note: dict, kernels: bool, key: dict = KEY) -> None:
+    folder = results / HOME_KERNELS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    if kernels:
+        (folder / f"{digest}.tgz").write_bytes(b"kernels of " + digest.encode())
+    (folder / f"{digest}.json").write_text(json.dumps({"key": key, "note": note, "cluster": "c"}))
+
+
+def kept_note(digest: str) -> dict:
+    return json.loads((home_kernels() / f"{digest}.json").read_text())["note"]
+
+
+def test_a_later_jobs_figures_go_over_the_kept_ones_figure_by_figure():
+    kept_before = {"cold_s": 90.0, "rates": {TWO: {"compiled_tokens_per_s": 5000.0}, "1 ranks, gradient bf16": {"x": 1}}}
+    assert merged_note(kept_before, {"warm_s": 9.0, "rates": {TWO: {"eager_tokens_per_s": 3000.0}}}) == {
+        "cold_s": 90.0, "warm_s": 9.0,
+        "rates": {TWO: {"compiled_tokens_per_s": 5000.0, "eager_tokens_per_s": 3000.0}, "1 ranks, gradient bf16": {"x": 1}}}
+    assert merged_note({"cold_s": 90.0}, {"cold_s": 80.0}) == {"cold_s": 80.0}  # the newer measurement
+    assert merged_note({}, {}) == {}
+
+
+def test_notes_without_kernels_join_the_kept_kernels_note_and_are_dropped_where_none_are_kept(ftc_home, tmp_path):
+    first = tmp_path / "first"
+    left_by_job(first, "k", {"cold_s": 90.0, "rates": {TWO: {"compiled_tokens_per_s": 5000.0}}}, kernels=True)
+    bring_home(first)
+    assert kept(home_kernels()) == ["k"] and not (first / HOME_KERNELS_DIR).exists()  # moved, not copied
+
+    # a later cluster's eager job and its job warm from home: notes alone, each joining the kept one
+    eager, warm = tmp_path / "eager", tmp_path / "warm"
+    left_by_job(eager, "k", {"rates": {TWO: {"eager_tokens_per_s": 3000.0}}}, kernels=False)
+    left_by_job(warm, "k", {"warm_s": 9.0}, kernels=False)
+    # and notes on kernels home does not keep: nothing to weigh them with
+    left_by_job(warm, "gone", {"warm_s": 1.0}, kernels=False)
+    (warm / HOME_KERNELS_DIR / "broken.json").write_text("{not json")
+    bring_home(eager)
+    bring_home(warm)
+    assert kept_note("k") == {"cold_s": 90.0, "warm_s": 9.0,
+                              "rates": {TWO: {"compiled_tokens_per_s": 5000.0, "eager_tokens_per_s": 3000.0}}}
+    assert (home_kernels() / "k.tgz").read_bytes() == b"kernels of k"
+    assert sorted(p.name for p in home_kernels().iterdir()) == ["k.json", "k.tgz"]
+    assert not (warm / HOME_KERNELS_DIR).exists()
+
+    # kernels compiled again (another cluster compiled cold): the new artifacts, the note still joined
+    again = tmp_path / "again"
+    left_by_job(again, "k", {"cold_s": 85.0}, kernels=True)
+    bring_home(again)
+    assert kept_note("k")["cold_s"] == 85.0 and kept_note("k")["warm_s"] == 9.0
