@@ -23,7 +23,7 @@ from provision.launch import default_ppn
 from provision.values import name_list
 
 from ..node import facts as node_facts
-from ..node.protocol import HOME_KERNELS_DIR, OUTPUT_LOG, SHIPPED_KERNELS_DIR
+from ..node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, OUTPUT_LOG, SHIPPED_KERNELS_DIR
 from ..node.recipes import AUTO_SHAPES, SHAPES
 from .common import (
     REPORT,
@@ -219,8 +219,10 @@ def fresh_node_from_home(bench: Bench, round_: int):
     shutil.rmtree(node, ignore_errors=True)
     shipped = node / SHIPPED_KERNELS_DIR
     shipped.mkdir(parents=True)
-    for made in (bench.out / "runs").glob(f"*/{HOME_KERNELS_DIR}/*"):
-        shutil.copy(made, shipped / made.name)
+    for key_file in (bench.out / "runs").glob(f"*/{HOME_KERNELS_DIR}/*.json"):
+        if key_file.with_suffix(KERNELS_ARCHIVE).is_file():  # kernels, not a later job's note on them alone
+            for made in (key_file.with_suffix(KERNELS_ARCHIVE), key_file):
+                shutil.copy(made, shipped / made.name)
     os.environ["FTC_NODE_DIR"] = str(node)
     try:
         yield
