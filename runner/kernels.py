@@ -7,6 +7,7 @@ and weighs the note.
 """
 
 import json
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -20,6 +21,8 @@ from .node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DI
 # Kernels kept at home at most: the newest, by when they came home (a model of DistilBERT's size keeps
 # some tens of MB a key); older ones are removed as new ones arrive.
 KEPT_KEYS = 8
+# Jobs whose notes a kept key's note names (`merged_from`), the newest: a job fetched again is not added twice.
+KEPT_NOTES = 50
 
 
 def home_kernels() -> Path:
@@ -33,39 +36,58 @@ def kept(folder: Path) -> list[str]:
 
 
 def bring_home(results: Path) -> None:
-    """The job's kernels and notes from its results into FTC_HOME/kernels (moved: the results keep none).
-    Kernels come with their key file, the artifacts first and the key file last, so a key file there
-    always has its artifacts. A note is added to the note kept at home for the same kernels (what a job
-    warm from home or an eager one measured of them), and dropped where none are kept. Then only the
-    KEPT_KEYS newest stay."""
+    """The job's kernels and notes from its results into FTC_HOME/kernels (moved: the results keep none),
+    each entry on its own: one that cannot be read or written is a line, and the others still come.
+    Then only the KEPT_KEYS newest kernels stay."""
     came = results / HOME_KERNELS_DIR
     if not came.is_dir():
         return
     home = home_kernels()
     home.mkdir(parents=True, exist_ok=True)
-    for meta in sorted(came.glob("*.json")):
-        key, kept_meta = meta.stem, home / meta.name
-        with_kernels = meta.with_suffix(KERNELS_ARCHIVE).is_file()
-        if not (with_kernels or kept_meta.with_suffix(KERNELS_ARCHIVE).is_file()):
-            continue
-        record = read_key_file(meta)
-        if record is None:
-            continue
-        if (earlier := read_key_file(kept_meta)) is not None and earlier.get("key") == record.get("key"):
-            record["note"] = merged_note(earlier.get("note") or {}, record.get("note") or {})
-        if with_kernels:
-            meta.with_suffix(KERNELS_ARCHIVE).replace(home / f"{key}{KERNELS_ARCHIVE}")
-        partial = kept_meta.with_name(f"{meta.name}.partial")
-        partial.write_text(json.dumps(record, indent=1))
-        partial.replace(kept_meta)
-    shutil.rmtree(came)
+    job = f"{results.parent.name}/{results.name}"
+    for key_file in sorted(came.glob("*.json")):
+        try:
+            keep_entry(key_file, home, job)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            console.print(f"kernels: {key_file.name} of this job not kept at home ({type(exc).__name__}: {exc}); "
+                          "the next cluster's job decides without it", markup=False, soft_wrap=True)
+    shutil.rmtree(came, ignore_errors=True)
     for key in kept(home)[KEPT_KEYS:]:
         for suffix in (".json", KERNELS_ARCHIVE):
             (home / f"{key}{suffix}").unlink(missing_ok=True)
 
 
+def keep_entry(key_file: Path, home: Path, job: str) -> None:
+    """One key file of a job, with its kernels where it has them (the artifacts moved first and the key
+    file last, so a key file at home always has its artifacts); its note joins the one kept at home for
+    the same key (what a later job, warm from home or eager, measured of those kernels: `merged_from`
+    names the jobs in it, so a job fetched again adds nothing twice). A note alone is dropped where home
+    keeps no kernels of its key, and leaves their place in the newest-first order as it was."""
+    record, kept_file = read_key_file(key_file), home / key_file.name
+    archive = key_file.with_suffix(KERNELS_ARCHIVE)
+    earlier = read_key_file(kept_file)
+    same_kernels = earlier is not None and earlier["key"] == (record or {}).get("key")
+    if record is None or not (archive.is_file() or (same_kernels and kept_file.with_suffix(KERNELS_ARCHIVE).is_file())):
+        return
+    merged_from = earlier.get("merged_from", []) if same_kernels and isinstance(earlier.get("merged_from"), list) else []
+    if job in merged_from:
+        return
+    if same_kernels:
+        record["note"] = merged_note(earlier.get("note"), record.get("note"))
+    record["merged_from"] = [*merged_from, job][-KEPT_NOTES:]
+    came_at = None if archive.is_file() else kept_file.stat()
+    if archive.is_file():
+        archive.replace(home / f"{key_file.stem}{KERNELS_ARCHIVE}")
+    partial = kept_file.with_name(f"{kept_file.name}.{os.getpid()}")
+    partial.write_text(json.dumps(record, indent=1))
+    partial.replace(kept_file)
+    if came_at is not None:
+        os.utime(kept_file, ns=(came_at.st_atime_ns, came_at.st_mtime_ns))
+
+
 def read_key_file(path: Path) -> dict | None:
-    """A kernels' key file ({"key", "note", "cluster"}), or None where there is none or it is not one."""
+    """A kernels' key file ({"key", "note", "cluster", "merged_from"}), or None where there is none or it
+    is not one."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

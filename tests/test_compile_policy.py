@@ -14,9 +14,11 @@ from runner.node.compile_policy import (
     compile_key,
     compile_min_steps,
     compile_seconds,
+    compiled_here,
     key_difference,
     key_digest,
     measured_here,
+    measured_where,
     pick_shipped,
     shapes_of,
     shipped_entries,
@@ -49,10 +51,10 @@ def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
 
 
 def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
-    two = "2 ranks, gradient bf16"
+    two = "2 ranks on 2 node(s), gradient bf16"
     noted = {"cold_s": 170.0, "warm_s": 50.0,
              "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
-                       "1 ranks, gradient bf16": {"eager_tokens_per_s": 9000.0}}}
+                       "1 ranks on 1 node(s), gradient bf16": {"eager_tokens_per_s": 9000.0}}}
     # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
     assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 600_000.0)) == (
         True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
@@ -63,8 +65,8 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
     assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_900_000.0))[0]
     # a figure this node has not measured, for these kernels or this layout: by planned steps
     assert measured_here({**noted, "cold_s": None}, "cold", two, 9e9) is None
-    assert measured_here(noted, "warm", "1 ranks, gradient bf16", 9e9) is None  # no compiled rate at 1 rank
-    assert measured_here(noted, "warm", "4 ranks, gradient bf16", 9e9) is None
+    assert measured_here(noted, "warm", "1 ranks on 1 node(s), gradient bf16", 9e9) is None  # no compiled rate at 1 rank
+    assert measured_here(noted, "warm", "4 ranks on 2 node(s), gradient bf16", 9e9) is None
     assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
     # kernels shipped from the cluster that compiled them cold: their warm compile is its share of the cold one
     shipped = {k: v for k, v in noted.items() if k != "warm_s"}
@@ -76,6 +78,15 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
     assert compile_choice("auto", 400, "warm", measured_here(shipped, "warm", two, 2_000_000.0))[0]
     assert measured_here(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
     assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
+
+
+def test_a_note_of_rates_alone_is_not_kernels_compiled_here_and_the_log_says_whose_figures_it_weighs():
+    # an eager job noted its rate: the node's cache holds no kernels of its own, so shipped ones are taken
+    assert not compiled_here({"rates": {"1 ranks on 1 node(s), gradient none": {"eager_tokens_per_s": 1.0}}})
+    assert compiled_here({"cold_s": 9.0}) and compiled_here({"warm_s": 1.0, "rates": {}})
+    assert measured_where({"cold_s": 9.0}, {}) == "this node"
+    assert measured_where({}, {"cold_s": 9.0}) == "an earlier cluster"
+    assert measured_where({"rates": {}}, {"cold_s": 9.0}) == "an earlier cluster and this node"
 
 
 def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():

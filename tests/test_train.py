@@ -70,7 +70,8 @@ def test_compile_auto_weighs_what_this_node_measured_and_an_eager_job_notes_its_
     (note_file,) = node.glob("cache/inductor-*/ftc-compiled.json")  # the node's, outside the job's folder
     ((signature, noted),) = json.loads(note_file.read_text()).items()
     ((layout, rates),) = noted["rates"].items()
-    assert layout == "1 ranks, gradient none" and set(rates) == {"eager_tokens_per_s"} and rates["eager_tokens_per_s"] > 0
+    assert layout == "1 ranks on 1 node(s), gradient none"
+    assert set(rates) == {"eager_tokens_per_s"} and rates["eager_tokens_per_s"] > 0
     # As if this node had compiled these kernels before, at a cost their 4 steps cannot save:
     noted.update(cold_s=900.0, warm_s=300.0)
     rates["compiled_tokens_per_s"] = rates["eager_tokens_per_s"] * 1.5

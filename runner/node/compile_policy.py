@@ -26,7 +26,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
-from .protocol import HOME_KERNELS_DIR, KERNEL_CACHE_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, kernels_words  # noqa: E402
+from .protocol import (  # noqa: E402
+    HOME_KERNELS_DIR,
+    KERNEL_CACHE_DIR,
+    KERNELS_ARCHIVE,
+    SHIPPED_KERNELS_DIR,
+    kernels_words,
+    merged_note,
+)
 from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
@@ -249,14 +256,27 @@ class Compiled:
     layout: str  # ranks and how the gradient crosses: what else a rank's rate depends on
 
 
-def cache_state(noted: dict, shipped: Path | None, env) -> tuple[str, str]:
-    """warm when every node holds kernels for this key, in its own cache (`noted`: its note there) or
-    shipped from home, else cold: the ranks must agree, or one would wait at its first step on another's
-    compile. With the source of the warm kernels: this node's own earlier jobs, or an earlier cluster."""
-    own = bool({"cold_s", "warm_s"} & noted.keys())
+def cache_state(own: bool, shipped: Path | None, env) -> tuple[str, str]:
+    """warm when every node holds kernels for this key, compiled in its own cache (`own`) or shipped from
+    home, else cold: the ranks must agree, or one would wait at its first step on another's compile.
+    With the source of the warm kernels: this node's own earlier jobs, or an earlier cluster."""
     if not every_node(own or shipped is not None, env):
         return "cold", ""
     return "warm", "this node" if own else "an earlier cluster"
+
+
+def compiled_here(noted: dict) -> bool:
+    """Whether this node's note says it compiled these kernels into its own cache; a note of rates alone
+    is an eager job's, and kernels shipped from home are still to be taken. Pure."""
+    return bool({"cold_s", "warm_s"} & noted.keys())
+
+
+def measured_where(noted: dict, shipped_note: dict) -> str:
+    """Whose figures --compile auto weighs: this node's note, the one shipped with kernels from home
+    (earlier clusters'), or both. Pure."""
+    if not shipped_note:
+        return "this node"
+    return "an earlier cluster and this node" if noted else "an earlier cluster"
 
 
 def maybe_compile(training) -> Compiled:
@@ -267,10 +287,13 @@ def maybe_compile(training) -> Compiled:
     shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
     key = compile_key(training.model.config.to_dict(), cpu_info()[1], torch.get_num_threads(), setup.precision, shapes,
                       args.batch_size, args.max_length)
-    digest, layout = key_digest(key), f"{env.world_size} ranks, gradient {setup.grad_compress}"
+    nodes = env.world_size // max(1, env.local_world_size)
+    digest = key_digest(key)
+    layout = f"{env.world_size} ranks on {nodes} node(s), gradient {setup.grad_compress}"
     noted = compiled_before(cache_dir).get(digest, {})
+    own = compiled_here(noted)
     shipped, shipped_note = None, {}
-    if args.compile != "off" and not noted:
+    if args.compile != "off" and not own:
         shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
         for line in lines:
             training.log.warning(line)
@@ -279,12 +302,12 @@ def maybe_compile(training) -> Compiled:
             training.log.warning(f"kernels: the shipped cache {shipped.stem} did not unpack ({failed}); ignored, "
                             "compiling without it")
             shipped = None
-    cache, source = cache_state(noted, shipped, env) if args.compile != "off" else ("cold", "")
+    cache, source = cache_state(own, shipped, env) if args.compile != "off" else ("cold", "")
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     compiled, note = compile_choice(args.compile, steps_left, cache,
-                                    measured_here(noted or shipped_note, cache, layout, planned_rank_tokens,
-                                                  "this node" if noted else "an earlier cluster"))
+                                    measured_here(merged_note(shipped_note, noted), cache, layout,
+                                                  planned_rank_tokens, measured_where(noted, shipped_note)))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"

@@ -45,13 +45,19 @@ KERNELS_ARCHIVE = ".tgz"
 SHIPPED_KERNELS_DIR = "cache/shipped-kernels"
 
 
-def merged_note(kept: dict, measured: dict) -> dict:
+def merged_note(kept, measured) -> dict:
     """A kernel cache's note (what nodes measured of these kernels: `cold_s`, `warm_s`, and per layout
-    `rates`) with a later job's figures over it, figure by figure: a job measures some, never all. Pure."""
-    rates = {**kept.get("rates", {})}
-    for layout, figures in measured.get("rates", {}).items():
-        rates[layout] = {**rates.get(layout, {}), **figures}
-    return {**kept, **measured, **({"rates": rates} if rates else {})}
+    `rates`) with a later job's figures over it, figure by figure: a job measures some, never all. What
+    is not a note, or not a layout's figures, counts as none. Pure."""
+    notes = [note if isinstance(note, dict) else {} for note in (kept, measured)]
+    rates: dict[str, dict] = {}
+    for note in notes:
+        layouts = note.get("rates") if isinstance(note.get("rates"), dict) else {}
+        for layout, figures in layouts.items():
+            if isinstance(figures, dict):
+                rates[layout] = {**rates.get(layout, {}), **figures}
+    figures = {k: v for note in notes for k, v in note.items() if k != "rates"}
+    return {**figures, **({"rates": rates} if rates else {})}
 
 
 def kernels_words(cache: str, source: str) -> str:
