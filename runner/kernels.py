@@ -44,11 +44,10 @@ def bring_home(results: Path) -> None:
         return
     home = home_kernels()
     home.mkdir(parents=True, exist_ok=True)
-    job = f"{results.parent.name}/{results.name}"
     for key_file in sorted(came.glob("*.json")):
         try:
-            keep_entry(key_file, home, job)
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            keep_entry(key_file, home, str(results.resolve()))
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError) as exc:
             console.print(f"kernels: {key_file.name} of this job not kept at home ({type(exc).__name__}: {exc}); "
                           "the next cluster's job decides without it", markup=False, soft_wrap=True)
     shutil.rmtree(came, ignore_errors=True)
@@ -57,7 +56,7 @@ def bring_home(results: Path) -> None:
             (home / f"{key}{suffix}").unlink(missing_ok=True)
 
 
-def keep_entry(key_file: Path, home: Path, job: str) -> None:
+def keep_entry(key_file: Path, home: Path, results: str) -> None:
     """One key file of a job, with its kernels where it has them (the artifacts moved first and the key
     file last, so a key file at home always has its artifacts); its note joins the one kept at home for
     the same key (what a later job, warm from home or eager, measured of those kernels: `merged_from`
@@ -69,6 +68,7 @@ def keep_entry(key_file: Path, home: Path, job: str) -> None:
     same_kernels = earlier is not None and earlier["key"] == (record or {}).get("key")
     if record is None or not (archive.is_file() or (same_kernels and kept_file.with_suffix(KERNELS_ARCHIVE).is_file())):
         return
+    job = record.get("job") if isinstance(record.get("job"), str) else results  # the cluster and its job directory
     merged_from = earlier.get("merged_from", []) if same_kernels and isinstance(earlier.get("merged_from"), list) else []
     if job in merged_from:
         return
@@ -86,11 +86,11 @@ def keep_entry(key_file: Path, home: Path, job: str) -> None:
 
 
 def read_key_file(path: Path) -> dict | None:
-    """A kernels' key file ({"key", "note", "cluster", "merged_from"}), or None where there is none or it
+    """A kernels' key file ({"key", "note", "cluster", "job", "merged_from"}), or None where there is none or it
     is not one."""
     try:
         record = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("key"), dict) else None
 

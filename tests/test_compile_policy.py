@@ -78,6 +78,11 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
     assert compile_choice("auto", 400, "warm", measured_here(shipped, "warm", two, 2_000_000.0))[0]
     assert measured_here(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
     assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
+    # a note's figures that are not numbers (a note is a file from elsewhere) count as not measured
+    for bad in ("90", None, True, [1], float("nan"), -1.0):
+        assert measured_here({**noted, "cold_s": bad, "warm_s": bad}, "warm", two, 9e9) is None
+        assert measured_here({**noted, "rates": {two: {"eager_tokens_per_s": bad, "compiled_tokens_per_s": 2.0}}},
+                             "cold", two, 9e9) is None
 
 
 def test_a_note_of_rates_alone_is_not_kernels_compiled_here_and_the_log_says_whose_figures_it_weighs():

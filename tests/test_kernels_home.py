@@ -12,12 +12,15 @@ TWO = "2 ranks on 2 node(s), gradient bf16"
 ONE = "1 ranks on 1 node(s), gradient bf16"
 
 
-def left_by_job(results, digest: str, note, kernels: bool, key: dict = KEY) -> None:
+def left_by_job(results, digest: str, note, kernels: bool, key: dict = KEY, job: str | None = None) -> None:
+    """What rank 0 leaves in a job's kernels folder; `job`: the cluster and its job directory, as the node
+    names it (None: as an older node program, without it)."""
     folder = results / HOME_KERNELS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     if kernels:
         (folder / f"{digest}.tgz").write_bytes(b"kernels of " + digest.encode())
-    (folder / f"{digest}.json").write_text(json.dumps({"key": key, "note": note, "cluster": "c"}))
+    (folder / f"{digest}.json").write_text(json.dumps({"key": key, "note": note, "cluster": "c"}
+                                                      | ({"job": job} if job else {})))
 
 
 def kept_note(digest: str) -> dict:
@@ -92,3 +95,25 @@ def test_a_note_leaves_the_order_kernels_are_evicted_in_and_a_malformed_one_coun
     bring_home(bad)
     assert kept_note("k1") == {"cold_s": 1.0} and kept_note("k2") == {"warm_s": 3.0}
     assert not (bad / HOME_KERNELS_DIR).exists()
+
+
+def test_jobs_are_told_apart_by_cluster_and_job_directory_not_by_where_their_results_landed(ftc_home, tmp_path):
+    first = tmp_path / "a" / "sweep" / "1-node"
+    left_by_job(first, "k", {"cold_s": 90.0}, kernels=True, job="a:/n/jobs/mrpc-1")
+    bring_home(first)
+    # another project's sweep: results under the same two names, another job
+    again = tmp_path / "b" / "sweep" / "1-node"
+    left_by_job(again, "k", {"warm_s": 9.0}, kernels=False, job="b:/n/jobs/mrpc-2")
+    bring_home(again)
+    assert kept_note("k") == {"cold_s": 90.0, "warm_s": 9.0}
+    # the same job fetched into another folder: still once
+    elsewhere = tmp_path / "c"
+    left_by_job(elsewhere, "k", {"warm_s": 1.0}, kernels=False, job="b:/n/jobs/mrpc-2")
+    bring_home(elsewhere)
+    assert kept_note("k") == {"cold_s": 90.0, "warm_s": 9.0}
+    # a key file too deep to read is a line, and the rest still comes home
+    deep = tmp_path / "d"
+    left_by_job(deep, "k", {"warm_s": 5.0}, kernels=False, job="d:/n/jobs/mrpc-3")
+    (deep / HOME_KERNELS_DIR / "deep.json").write_text("[" * 200_000)
+    bring_home(deep)
+    assert kept_note("k")["warm_s"] == 5.0 and not (deep / HOME_KERNELS_DIR).exists()

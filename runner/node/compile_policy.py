@@ -128,13 +128,21 @@ def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: flo
     the exchange), or None where it lacks a figure. A warm compile that was never measured (kernels
     shipped from the cluster that compiled them cold) costs its share of the cold one. Pure."""
     rates = noted.get("rates", {}).get(layout, {})
-    compile_s, from_cold = noted.get(f"{cache}_s"), False
-    if compile_s is None and cache == "warm" and noted.get("cold_s") is not None:
-        compile_s, from_cold = noted["cold_s"] * WARM_COMPILE_SHARE, True
-    eager, compiled = rates.get("eager_tokens_per_s"), rates.get("compiled_tokens_per_s")
+    compile_s, from_cold = seconds_or_rate(noted.get(f"{cache}_s")), False
+    if compile_s is None and cache == "warm" and (cold_s := seconds_or_rate(noted.get("cold_s"))) is not None:
+        compile_s, from_cold = cold_s * WARM_COMPILE_SHARE, True
+    eager, compiled = (seconds_or_rate(rates.get(name)) for name in ("eager_tokens_per_s", "compiled_tokens_per_s"))
     if compile_s is None or not (eager and compiled and planned_rank_tokens):
         return None
     return Measured(compile_s, eager, compiled, planned_rank_tokens, from_cold, where)
+
+
+def seconds_or_rate(figure) -> float | None:
+    """A note's figure as a number, or None where it is not one (a note comes from files ftc did not
+    write alone: it is weighed, never trusted to be well formed). Pure."""
+    if isinstance(figure, bool) or not isinstance(figure, int | float) or not math.isfinite(figure) or figure < 0:
+        return None
+    return float(figure)
 
 
 def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
@@ -293,8 +301,10 @@ def maybe_compile(training) -> Compiled:
     noted = compiled_before(cache_dir).get(digest, {})
     own = compiled_here(noted)
     shipped, shipped_note = None, {}
-    if args.compile != "off" and not own:
+    if args.compile != "off":
         shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
+        # kernels of its own: the note from home still adds what earlier clusters measured
+        shipped, lines = (None, []) if own else (shipped, lines)
         for line in lines:
             training.log.warning(line)
         # one rank a node unpacks; cache_state's collective then holds every rank until it has
@@ -395,8 +405,9 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
         except OSError as exc:
             print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
             return
-    written_whole(folder / f"{compiled.digest}.json", {"key": compiled.key, "note": note,
-                                                        "cluster": os.environ.get("FTC_CLUSTER", "")},
+    cluster = os.environ.get("FTC_CLUSTER", "")
+    written_whole(folder / f"{compiled.digest}.json", {"key": compiled.key, "note": note, "cluster": cluster,
+                                                        "job": f"{cluster}:{out_dir.resolve()}"},
                   "kernels: their key was not written; the next cluster compiles cold")
 
 
