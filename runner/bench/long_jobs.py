@@ -2,8 +2,8 @@
 the start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
 compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
 home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
-shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled at the peer's fastest launch
-(`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
+shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled and not at the peer's fastest
+launch (`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
 (the later pass), the start cost (the first pass beyond it), the compile's start costs side by side,
 and MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
 peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
@@ -108,6 +108,7 @@ LAUNCH_KINDS = {
     "peer-fastest": "the peer's fastest launch, eager",
     "eager": "ftc's default launch uncompiled",
     "compiled-at-peer-launch": "ftc compiled at the peer's fastest launch",
+    "eager-at-peer-launch": "ftc uncompiled at the peer's fastest launch",
 }
 # The shapes a compiled ftc launch runs with that `--shapes auto` does not pick.
 OTHER_SHAPES = next(shapes for shapes in SHAPES if shapes not in ("auto", AUTO_SHAPES))
@@ -119,8 +120,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     run brought home (a new cluster's first job); the peer compiled with static shapes at one rank per
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
     the peer's fastest launch (the most ranks per node, unpinned on one node: measured so on node shapes,
-    docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled at the peer's fastest launch (where
-    that differs from ftc's own). Pure."""
+    docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled and uncompiled at the peer's fastest
+    launch (where that differs from ftc's own). Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
 
@@ -143,7 +144,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
              named("peer-fastest", "peer", most, False, nodes > 1 or most == 1),
              named("eager", "ftc", ppn, False, True)]
     if most != ppn:
-        every.append(named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes))
+        every += [named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
+                  named("eager-at-peer-launch", "ftc", most, False, True)]
     return [launch for launch in every if launch.kind in kinds]
 
 
@@ -165,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
     commands = (kept["commands"] if kept else []) + [args.command_line]
     first_round = 1 + max((run["round"] for run in earlier), default=0)
     runs: list[dict] = []
+    section = long_jobs_section(setting, earlier, commands)
+    if not any(long_job_launches(nodes, cores, args.launches) for nodes, cores in shapes):
+        progress(f"none of the launches {', '.join(args.launches)} runs on these shapes: one rank a node is all "
+                 "that fits (ranks keep 2 cores or more)")
     for round_ in range(first_round, first_round + bench.repeats):
         for nodes, cores in shapes:
             for launch in long_job_launches(nodes, cores, args.launches):
