@@ -16,7 +16,7 @@ from provision import state as st
 from provision.ssh import NodeConnections, interruptible, put_text, run
 from provision.ui import console
 
-from .node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, merged_note
+from .node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, SHIPPED_KERNELS_DIR, merged_note, write_whole
 
 # Kernels kept at home at most: the newest, by when they came home (a model of DistilBERT's size keeps
 # some tens of MB a key); older ones are removed as new ones arrive.
@@ -64,9 +64,10 @@ def keep_entry(key_file: Path, home: Path, results: str) -> None:
     keeps no kernels of its key, and leaves their place in the newest-first order as it was."""
     record, kept_file = read_key_file(key_file), home / key_file.name
     archive = key_file.with_suffix(KERNELS_ARCHIVE)
+    brings_kernels = archive.is_file()
     earlier = read_key_file(kept_file)
     same_kernels = earlier is not None and earlier["key"] == (record or {}).get("key")
-    if record is None or not (archive.is_file() or (same_kernels and kept_file.with_suffix(KERNELS_ARCHIVE).is_file())):
+    if record is None or not (brings_kernels or (same_kernels and kept_file.with_suffix(KERNELS_ARCHIVE).is_file())):
         return
     job = record.get("job") if isinstance(record.get("job"), str) else results  # the cluster and its job directory
     merged_from = earlier.get("merged_from", []) if same_kernels and isinstance(earlier.get("merged_from"), list) else []
@@ -75,14 +76,13 @@ def keep_entry(key_file: Path, home: Path, results: str) -> None:
     if same_kernels:
         record["note"] = merged_note(earlier.get("note"), record.get("note"))
     record["merged_from"] = [*merged_from, job][-KEPT_NOTES:]
-    came_at = None if archive.is_file() else kept_file.stat()
-    if archive.is_file():
+    if brings_kernels:
         archive.replace(home / f"{key_file.stem}{KERNELS_ARCHIVE}")
-    partial = kept_file.with_name(f"{kept_file.name}.{os.getpid()}")
-    partial.write_text(json.dumps(record, indent=1))
-    partial.replace(kept_file)
-    if came_at is not None:
-        os.utime(kept_file, ns=(came_at.st_atime_ns, came_at.st_mtime_ns))
+        write_whole(kept_file, record)
+        return
+    came_at = kept_file.stat()  # a note alone: the kernels keep their place in the newest-first order
+    write_whole(kept_file, record)
+    os.utime(kept_file, ns=(came_at.st_atime_ns, came_at.st_mtime_ns))
 
 
 def read_key_file(path: Path) -> dict | None:

@@ -17,7 +17,7 @@ from runner.node.compile_policy import (
     compiled_here,
     key_difference,
     key_digest,
-    measured_here,
+    measured_figures,
     measured_where,
     pick_shipped,
     shapes_of,
@@ -56,32 +56,32 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
              "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
                        "1 ranks on 1 node(s), gradient bf16": {"eager_tokens_per_s": 9000.0}}}
     # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
-    assert compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 600_000.0)) == (
+    assert compile_choice("auto", 400, "warm", measured_figures(noted, "warm", two, 600_000.0)) == (
         True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
               "compiled: the 400 planned steps save 56 s)")
-    assert not compile_choice("auto", 400, "warm", measured_here(noted, "warm", two, 500_000.0))[0]
+    assert not compile_choice("auto", 400, "warm", measured_figures(noted, "warm", two, 500_000.0))[0]
     # planned steps alone would say on
-    assert not compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_800_000.0))[0]
-    assert compile_choice("auto", 3000, "cold", measured_here(noted, "cold", two, 1_900_000.0))[0]
+    assert not compile_choice("auto", 3000, "cold", measured_figures(noted, "cold", two, 1_800_000.0))[0]
+    assert compile_choice("auto", 3000, "cold", measured_figures(noted, "cold", two, 1_900_000.0))[0]
     # a figure this node has not measured, for these kernels or this layout: by planned steps
-    assert measured_here({**noted, "cold_s": None}, "cold", two, 9e9) is None
-    assert measured_here(noted, "warm", "1 ranks on 1 node(s), gradient bf16", 9e9) is None  # no compiled rate at 1 rank
-    assert measured_here(noted, "warm", "4 ranks on 2 node(s), gradient bf16", 9e9) is None
+    assert measured_figures({**noted, "cold_s": None}, "cold", two, 9e9) is None
+    assert measured_figures(noted, "warm", "1 ranks on 1 node(s), gradient bf16", 9e9) is None  # no compiled rate at 1 rank
+    assert measured_figures(noted, "warm", "4 ranks on 2 node(s), gradient bf16", 9e9) is None
     assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
     # kernels shipped from the cluster that compiled them cold: their warm compile is its share of the cold one
     shipped = {k: v for k, v in noted.items() if k != "warm_s"}
-    from_cold = measured_here(shipped, "warm", two, 600_000.0, "an earlier cluster")
+    from_cold = measured_figures(shipped, "warm", two, 600_000.0, "an earlier cluster")
     assert from_cold.compile_s == 170.0 * WARM_COMPILE_SHARE and from_cold.from_cold
     assert compile_choice("auto", 400, "warm", from_cold)[1].startswith(
         f"off (measured on an earlier cluster: a warm compile {170.0 * WARM_COMPILE_SHARE:.0f} s, "
         f"{WARM_COMPILE_SHARE:.1%} of the cold one; ")
-    assert compile_choice("auto", 400, "warm", measured_here(shipped, "warm", two, 2_000_000.0))[0]
-    assert measured_here(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
-    assert not compile_choice("off", 9000, "warm", measured_here(noted, "warm", two, 9e9))[0]
+    assert compile_choice("auto", 400, "warm", measured_figures(shipped, "warm", two, 2_000_000.0))[0]
+    assert measured_figures(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
+    assert not compile_choice("off", 9000, "warm", measured_figures(noted, "warm", two, 9e9))[0]
     # a note's figures that are not numbers (a note is a file from elsewhere) count as not measured
     for bad in ("90", None, True, [1], float("nan"), -1.0):
-        assert measured_here({**noted, "cold_s": bad, "warm_s": bad}, "warm", two, 9e9) is None
-        assert measured_here({**noted, "rates": {two: {"eager_tokens_per_s": bad, "compiled_tokens_per_s": 2.0}}},
+        assert measured_figures({**noted, "cold_s": bad, "warm_s": bad}, "warm", two, 9e9) is None
+        assert measured_figures({**noted, "rates": {two: {"eager_tokens_per_s": bad, "compiled_tokens_per_s": 2.0}}},
                              "cold", two, 9e9) is None
 
 

@@ -22,6 +22,7 @@ from provision.estimate import GLUE_TRAIN_SIZES
 from provision.launch import default_ppn
 from provision.values import name_list
 
+from ..kernels import kept
 from ..node import facts as node_facts
 from ..node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, OUTPUT_LOG, SHIPPED_KERNELS_DIR
 from ..node.recipes import AUTO_SHAPES, SHAPES
@@ -162,9 +163,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # torch may have set it in this process: ranks would inherit it
     setting = {"cpu": node_facts.cpu_info()[0], "model": bench.model.name, "rows_per_pass": bench.rows,
                "passes": LONG_JOB_PASSES, "allocator": bench.allocator or "glibc"}
-    kept = same_setting(read_section(out, "long_jobs"), setting)
-    earlier = kept["runs"] if kept else []
-    commands = (kept["commands"] if kept else []) + [args.command_line]
+    previous = same_setting(read_section(out, "long_jobs"), setting)
+    earlier = previous["runs"] if previous else []
+    commands = (previous["commands"] if previous else []) + [args.command_line]
     first_round = 1 + max((run["round"] for run in earlier), default=0)
     runs: list[dict] = []
     section = long_jobs_section(setting, earlier, commands)
@@ -221,19 +222,19 @@ def long_job_one(bench: Bench, launch: LongJobLaunch, nodes: int, cores: int, ro
 def fresh_node_from_home(bench: Bench, round_: int):
     """The bench's node, for one run, a new one (an empty kernel cache) holding the kernels every earlier
     compiled run of this call left for home, shipped where ftc ships them to a new cluster's nodes."""
-    node, kept = bench.out / f"node-from-home-r{round_}", os.environ["FTC_NODE_DIR"]
+    node, node_before = bench.out / f"node-from-home-r{round_}", os.environ["FTC_NODE_DIR"]
     shutil.rmtree(node, ignore_errors=True)
     shipped = node / SHIPPED_KERNELS_DIR
     shipped.mkdir(parents=True)
-    for key_file in (bench.out / "runs").glob(f"*/{HOME_KERNELS_DIR}/*.json"):
-        if key_file.with_suffix(KERNELS_ARCHIVE).is_file():  # kernels, not a later job's note on them alone
-            for made in (key_file.with_suffix(KERNELS_ARCHIVE), key_file):
+    for kernels in (bench.out / "runs").glob(f"*/{HOME_KERNELS_DIR}"):
+        for key in kept(kernels):  # kernels, not a later job's note on them alone
+            for made in (kernels / f"{key}{KERNELS_ARCHIVE}", kernels / f"{key}.json"):
                 shutil.copy(made, shipped / made.name)
     os.environ["FTC_NODE_DIR"] = str(node)
     try:
         yield
     finally:
-        os.environ["FTC_NODE_DIR"] = kept
+        os.environ["FTC_NODE_DIR"] = node_before
 
 
 def long_job_run(results: dict, cache: str) -> dict:

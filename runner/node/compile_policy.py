@@ -33,6 +33,7 @@ from .protocol import (  # noqa: E402
     SHIPPED_KERNELS_DIR,
     kernels_words,
     merged_note,
+    write_whole,
 )
 from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS  # noqa: E402
 
@@ -121,7 +122,7 @@ class Measured:
         return self.planned_rank_tokens / self.eager_tokens_per_s - self.planned_rank_tokens / self.compiled_tokens_per_s
 
 
-def measured_here(noted: dict, cache: str, layout: str, planned_rank_tokens: float,
+def measured_figures(noted: dict, cache: str, layout: str, planned_rank_tokens: float,
                   where: str = "this node") -> Measured | None:
     """A note on these kernels (this node's, or the one shipped with them: what earlier clusters
     measured, `where`) as Measured (the rates of jobs of this `layout`: a rank's rate holds its share of
@@ -316,7 +317,7 @@ def maybe_compile(training) -> Compiled:
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     compiled, note = compile_choice(args.compile, steps_left, cache,
-                                    measured_here(merged_note(shipped_note, noted), cache, layout,
+                                    measured_figures(merged_note(shipped_note, noted), cache, layout,
                                                   planned_rank_tokens, measured_where(noted, shipped_note)))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
@@ -358,14 +359,15 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     kept_by_node = INDUCTOR_CACHE_GIVEN or bool(os.environ.get("FTC_NODE_DIR"))
     if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
         return {}
-    notes = compiled_before(compiled.cache_dir)
-    mine = notes.setdefault(compiled.digest, {})
+    measured: dict = {}
     if compiled.cache != "none":
-        mine[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
+        measured[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
     if stats.steps_run - stats.warmup_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
         rate = stats.steady_tokens / env.world_size / stats.steady_seconds
-        rates = mine.setdefault("rates", {}).setdefault(compiled.layout, {})
-        rates["eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"] = round(rate, 1)
+        which = "eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"
+        measured["rates"] = {compiled.layout: {which: round(rate, 1)}}
+    notes = compiled_before(compiled.cache_dir)
+    mine = notes[compiled.digest] = merged_note(notes.get(compiled.digest), measured)
     if not mine:
         return {}
     written_whole(compiled.cache_dir / COMPILED_FILE, notes, "the kernel cache's note was not written; the next job "
@@ -412,10 +414,7 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
 
 
 def written_whole(path: Path, data: dict, failure: str) -> None:
-    partial = path.with_name(f"{path.name}.{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(data, indent=1))
-        partial.replace(path)
+        write_whole(path, data)
     except OSError as exc:  # a full disk or a read-only cache: this job's results stand
         print(f"compile: {failure} ({exc})", file=sys.stderr)

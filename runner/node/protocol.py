@@ -14,6 +14,7 @@ metrics or a checkpoint. Each `parse_*` function returns None for a message that
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -58,6 +59,16 @@ def merged_note(kept, measured) -> dict:
                 rates[layout] = {**rates.get(layout, {}), **figures}
     figures = {k: v for note in notes for k, v in note.items() if k != "rates"}
     return {**figures, **({"rates": rates} if rates else {})}
+
+
+def write_whole(path: Path, data: dict) -> None:
+    """`data` as `path`'s JSON, written beside it and then renamed: a reader (a node's next job, a
+    controller bringing kernels home) never sees half a file. Raises OSError (a full disk, a read-only
+    cache) for the caller to say what is lost."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text(json.dumps(data, indent=1))
+    partial.replace(path)
 
 
 def kernels_words(cache: str, source: str) -> str:
