@@ -1,7 +1,8 @@
 """What a node's kept kernel cache saves: the same compiled training job twice on the same cores,
 the first with an empty cache (cold), the second reading what the first wrote (warm), then the
 same job uncompiled (what the compile buys a step). Run by hand; the trainer's own compile_seconds,
-from results.json. Each machine and torch version is one entry of docs/compile_cache.json's runs.
+from results.json, and where each compile's seconds went (dynamo's own timers, PHASES). Each
+machine and torch version is one entry of docs/compile_cache.json's runs.
 
     python tests/compile_cache_compare.py --data-dir GLUE --tokenizer DIR --cores 0-3 --out docs/compile_cache.json
 """
@@ -19,17 +20,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runner.bench.common import make_distilbert  # noqa: E402
 from runner.node.facts import cpu_info  # noqa: E402
 
+# Dynamo's timers that say where a compile's seconds go: tracing the model's bytecode, tracing the
+# joint forward-backward graph (not run when AOT autograd's cache hits), generating and compiling C++,
+# and loading the compiled graph's module with its kernels (on a cache hit, most of a warm start).
+PHASES = ("bytecode_tracing", "aot_trace_joint_graph", "GraphLowering.codegen", "compile_file",
+          "AOTAutogradCache.inductor_load", "PyCodeCache.load_by_key_path")
+# The training program, which at its end leaves the seconds of each of dynamo's timers in OUT/phases.json.
+TIMED_TRAIN = """
+import atexit, json, sys
+def leave_phases():
+    from torch._dynamo.utils import compile_times, counters
+    names, seconds = compile_times(repr="csv", aggregate=True)
+    with open(sys.argv[sys.argv.index("--output-dir") + 1] + "/phases.json", "w") as f:
+        json.dump({"seconds": dict(zip(names, map(float, seconds))), "aot_autograd": dict(counters["aot_autograd"])}, f)
+atexit.register(leave_phases)
+from runner.node.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
 
 def one_job(work: Path, node_dir: Path, name: str, args, compile_mode: str = "on") -> dict:
-    """One job of `args.steps` steps, compiled or not; its results.json."""
+    """One job of `args.steps` steps, compiled or not; its results.json, with `phases`: PHASES' seconds
+    and AOT autograd's cache counters."""
     out = work / name
     env = {**os.environ, "FTC_NODE_DIR": str(node_dir), "OMP_NUM_THREADS": str(len(args.cpus))}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    subprocess.run(["taskset", "-c", args.cores, sys.executable, "-m", "runner.node.train", "--task", "mrpc",
+    subprocess.run(["taskset", "-c", args.cores, sys.executable, "-c", TIMED_TRAIN, "--task", "mrpc",
                     "--data-dir", args.data_dir, "--model", str(args.model), "--random-init", "--compile", compile_mode,
                     "--max-steps", str(args.steps), "--no-eval", "--no-save", "--output-dir", str(out)],
                    env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
-    return json.loads((out / "results.json").read_text())
+    phases = json.loads((out / "phases.json").read_text())
+    return {**json.loads((out / "results.json").read_text()),
+            "phases": {"seconds": {name: round(phases["seconds"].get(name, 0.0), 1) for name in PHASES},
+                       "aot_autograd": phases["aot_autograd"]}}
 
 
 def main() -> int:
@@ -58,7 +81,8 @@ def main() -> int:
               "warm_share": round(warm["compile_seconds"] / cold["compile_seconds"], 3),
               "steady_samples_per_s": [cold["steady_samples_per_second"], warm["steady_samples_per_second"]],
               "eager_samples_per_s": eager["steady_samples_per_second"],
-              "compiled_speedup": round(compiled_rate / eager["steady_samples_per_second"], 3)}
+              "compiled_speedup": round(compiled_rate / eager["steady_samples_per_second"], 3),
+              "cold_phases": cold["phases"], "warm_phases": warm["phases"]}
     out = Path(args.out)
     kept = json.loads(out.read_text()).get("runs", []) if out.exists() else []
     same = (report["cpu"], report["cores"], report["torch"])
