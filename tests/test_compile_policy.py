@@ -3,13 +3,19 @@ valid, which shipped cache a job takes (and the one line for one it cannot), and
 
 import json
 import math
+import subprocess
+import sys
+
+import pytest
 
 from runner.node.compile_policy import (
     BUCKET_STEP,
+    ISA_CHECK_WITHOUT_TORCH,
     WARM_COMPILE_SHARE,
     architecture,
     bucket_width,
     bucket_widths,
+    check_isa_without_importing_torch,
     compile_choice,
     compile_key,
     compile_min_steps,
@@ -179,3 +185,45 @@ def test_shapes_auto_are_dynamic_and_a_speed_split_batch_keeps_dynamic_ones():
     assert shapes_of("auto", uneven_split=False) == "dynamic"
     assert shapes_of("buckets", uneven_split=False) == "buckets"
     assert shapes_of("buckets", uneven_split=True) == "dynamic"
+
+
+# ---- inductor's check of a vector ISA -----------------------------------------------------------------
+
+OLD_TORCH_ISA_CHECK = 'import torch\nfrom ctypes import cdll\ncdll.LoadLibrary("__lib_path__")\n'
+
+
+def test_an_isa_check_that_imports_torch_loads_torchs_library_instead_and_a_newer_one_is_left_alone():
+    class OldVecISA:  # torch before 2.13: a Python that imports torch loads the test kernel
+        _avx_py_load = OLD_TORCH_ISA_CHECK
+
+    class NewVecISA:  # torch 2.13: its own probe loads the kernel without torch
+        _avx_py_load = OLD_TORCH_ISA_CHECK
+
+        def _probe_load(self, output_path: str) -> bool:
+            return True
+
+    assert check_isa_without_importing_torch(OldVecISA)
+    assert "import torch" not in OldVecISA._avx_py_load and "__lib_path__" in OldVecISA._avx_py_load
+    assert "libtorch_cpu.so" in OldVecISA._avx_py_load
+    assert not check_isa_without_importing_torch(NewVecISA) and NewVecISA._avx_py_load == OLD_TORCH_ISA_CHECK
+    assert not check_isa_without_importing_torch(OldVecISA)  # once changed, never twice
+
+
+@pytest.mark.slow  # inductor compiles the test kernel with the C++ compiler
+def test_the_isa_check_without_torch_loads_a_kernel_inductor_built_and_imports_no_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    from torch._inductor.codecache import write
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+    from torch._inductor.cpu_vec_isa import VecISA, _get_isa_dry_compile_fingerprint, pick_vec_isa
+    isa = pick_vec_isa()
+    assert isa, "this machine's inductor found no vector ISA"
+    key, source = write(VecISA._avx_code, "cpp", extra=_get_isa_dry_compile_fingerprint(isa.build_arch_flags()))
+    builder = CppBuilder(key, [source], CppTorchOptions(vec_isa=isa, warning_all=False), str(tmp_path / "built"))
+    builder.build()
+    kernel = builder.get_target_file_path()
+    check = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(__import__("torch").__file__.rsplit("/", 1)[0]
+                                                                        + "/lib/libtorch_cpu.so")))
+    probe = check.replace("__lib_path__", kernel) + "import sys\nassert 'torch' not in sys.modules\n"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
+    missing = check.replace("__lib_path__", str(tmp_path / "no-such-kernel.so"))
+    assert subprocess.run([sys.executable, "-c", missing], capture_output=True, timeout=120).returncode != 0

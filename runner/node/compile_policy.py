@@ -288,6 +288,30 @@ def measured_where(noted: dict, shipped_note: dict) -> str:
     return "an earlier cluster and this node" if noted else "an earlier cluster"
 
 
+# How inductor checks that a vector ISA's kernels build and load, where torch checks it by starting a
+# Python that imports torch to load a test kernel (torch before 2.13; 2.13 loads it without torch): the
+# kernel needs only torch's C++ library, loaded here first. On a 16-core host under torch 2.11 those
+# imports were 46.8 s of a warm start's 50.6 s (docs/performance.md); torch's own check is unchanged.
+ISA_CHECK_WITHOUT_TORCH = """
+import ctypes
+ctypes.CDLL(__torch_cpu__, mode=ctypes.RTLD_GLOBAL)
+ctypes.cdll.LoadLibrary("__lib_path__")
+"""
+
+
+def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
+    """Where inductor's ISA check starts a Python that imports torch (VecISA._avx_py_load, torch before
+    2.13), the check loads torch's C++ library instead; True where it changed the check."""
+    if vec_isa_class is None:
+        from torch._inductor.cpu_vec_isa import VecISA as vec_isa_class
+    torch_cpu = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    loader = getattr(vec_isa_class, "_avx_py_load", "")
+    if hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or not torch_cpu.is_file():
+        return False
+    vec_isa_class._avx_py_load = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(torch_cpu)))
+    return True
+
+
 def maybe_compile(training) -> Compiled:
     """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
     `training`: train.Training, after a resume (it weighs the steps left)."""
@@ -337,6 +361,7 @@ def maybe_compile(training) -> Compiled:
     # dynamo would trace the whole model a second time: taken as a constant from the start, a cold
     # compile is about a quarter shorter and a warm one a quarter of what it was (docs/performance.md).
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
+    check_isa_without_importing_torch()
     training.model.compile(dynamic=shapes == "dynamic")
     return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
