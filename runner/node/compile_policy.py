@@ -303,7 +303,10 @@ def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
     """Where inductor's ISA check starts a Python that imports torch (VecISA._avx_py_load, torch before
     2.13), the check loads torch's C++ library instead; True where it changed the check."""
     if vec_isa_class is None:
-        from torch._inductor.cpu_vec_isa import VecISA as vec_isa_class
+        try:
+            from torch._inductor.cpu_vec_isa import VecISA as vec_isa_class
+        except ImportError:  # a torch whose inductor keeps its ISAs elsewhere: its own check stands
+            return False
     torch_cpu = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     loader = getattr(vec_isa_class, "_avx_py_load", "")
     if hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or not torch_cpu.is_file():
