@@ -77,8 +77,14 @@ def keep_entry(key_file: Path, home: Path, results: str) -> None:
         record["note"] = merged_note(earlier.get("note"), record.get("note"))
     record["merged_from"] = [*merged_from, job][-KEPT_NOTES:]
     if brings_kernels:
-        archive.replace(home / f"{key_file.stem}{KERNELS_ARCHIVE}")
-        write_whole(kept_file, record)
+        kept_archive = home / f"{key_file.stem}{KERNELS_ARCHIVE}"
+        archive.replace(kept_archive)
+        try:
+            write_whole(kept_file, record)
+        except OSError:
+            if not same_kernels:  # kernels without a key file: never shipped, never evicted
+                kept_archive.unlink(missing_ok=True)
+            raise
         return
     came_at = kept_file.stat()  # a note alone: the kernels keep their place in the newest-first order
     write_whole(kept_file, record)

@@ -183,6 +183,14 @@ def test_network_bench_refuses_bad_input_in_one_line_before_making_anything(ftc_
     assert not (tmp_path / "bench").exists()
 
 
+def test_long_jobs_bench_refuses_launches_that_fit_none_of_its_shapes_in_one_line(ftc_home, tmp_path):
+    proc = ftc("bench", "long-jobs", "1x2", "--launches", "eager-at-peer-launch", "--out", str(tmp_path / "bench"))
+    assert proc.returncode == 2 and one_error(proc) == (
+        "error: --launches=eager-at-peer-launch: none runs on 1x2, where only one rank a node fits (ranks per node "
+        "divide its cores, each rank keeping 2 or more); allowed: a shape with 4 or more cores a node, or other launches")
+    assert not (tmp_path / "bench").exists()
+
+
 def test_network_bench_on_a_machine_without_pyroute2_says_what_is_missing(ftc_home, tmp_path):
     # a pyroute2 that cannot be imported, ahead of the installed one
     (tmp_path / "hide" / "pyroute2").mkdir(parents=True)

@@ -5,12 +5,12 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from runner.node.compile_policy import (
     BUCKET_STEP,
-    ISA_CHECK_WITHOUT_TORCH,
     WARM_COMPILE_SHARE,
     architecture,
     bucket_width,
@@ -203,27 +203,42 @@ def test_an_isa_check_that_imports_torch_loads_torchs_library_instead_and_a_newe
             return True
 
     assert check_isa_without_importing_torch(OldVecISA)
-    assert "import torch" not in OldVecISA._avx_py_load and "__lib_path__" in OldVecISA._avx_py_load
-    assert "libtorch_cpu.so" in OldVecISA._avx_py_load
+    first, _, otherwise = OldVecISA._avx_py_load.partition("except OSError:")
+    assert "libtorch_cpu.so" in first and "__lib_path__" in first and "import torch" not in first
+    assert "import torch" in otherwise and "__lib_path__" in otherwise  # as torch's own check, where needed
     assert not check_isa_without_importing_torch(NewVecISA) and NewVecISA._avx_py_load == OLD_TORCH_ISA_CHECK
     assert not check_isa_without_importing_torch(OldVecISA)  # once changed, never twice
 
 
-@pytest.mark.slow  # inductor compiles the test kernel with the C++ compiler
-def test_the_isa_check_without_torch_loads_a_kernel_inductor_built_and_imports_no_torch(tmp_path, monkeypatch):
+@pytest.mark.slow  # inductor compiles its test kernel with the C++ compiler
+def test_the_isa_check_loads_inductors_kernel_without_torch_and_one_that_wants_more_as_torch_does(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    import torch
     from torch._inductor.codecache import write
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions, get_cpp_compiler
     from torch._inductor.cpu_vec_isa import VecISA, _get_isa_dry_compile_fingerprint, pick_vec_isa
     isa = pick_vec_isa()
     assert isa, "this machine's inductor found no vector ISA"
     key, source = write(VecISA._avx_code, "cpp", extra=_get_isa_dry_compile_fingerprint(isa.build_arch_flags()))
     builder = CppBuilder(key, [source], CppTorchOptions(vec_isa=isa, warning_all=False), str(tmp_path / "built"))
     builder.build()
-    kernel = builder.get_target_file_path()
-    check = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(__import__("torch").__file__.rsplit("/", 1)[0]
-                                                                        + "/lib/libtorch_cpu.so")))
-    probe = check.replace("__lib_path__", kernel) + "import sys\nassert 'torch' not in sys.modules\n"
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0
-    missing = check.replace("__lib_path__", str(tmp_path / "no-such-kernel.so"))
-    assert subprocess.run([sys.executable, "-c", missing], capture_output=True, timeout=120).returncode != 0
+
+    class OldVecISA:  # torch before 2.13's check, changed as a training rank changes it
+        _avx_py_load = OLD_TORCH_ISA_CHECK
+
+    assert check_isa_without_importing_torch(OldVecISA)
+
+    def check(kernel, then: str = "") -> int:
+        """The check as inductor runs it (a new Python), then `then`: its exit code."""
+        probe = OldVecISA._avx_py_load.replace("__lib_path__", str(kernel)) + then
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120, cwd=tmp_path).returncode
+
+    # inductor's test kernel, linked as needed, loads beside torch's C++ library alone
+    assert check(builder.get_target_file_path(), "import sys\nassert 'torch' not in sys.modules\n") == 0
+    # one linked to every torch library named (a toolchain without --as-needed) loads as torch's own check loads it
+    (tmp_path / "wants_more.cpp").write_text("extern \"C\" void ftc_kernel() {}\n")
+    subprocess.run([get_cpp_compiler(), "-shared", "-fPIC", "-o", str(tmp_path / "wants_more.so"),
+                    str(tmp_path / "wants_more.cpp"), f"-L{Path(torch.__file__).parent / 'lib'}", "-Wl,--no-as-needed",
+                    "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"], check=True, timeout=300)
+    assert check(tmp_path / "wants_more.so", "import sys\nassert 'torch' in sys.modules\n") == 0
+    assert check(tmp_path / "no-such-kernel.so") != 0

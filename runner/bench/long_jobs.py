@@ -2,8 +2,8 @@
 the start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
 compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
 home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
-shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled and not at the peer's fastest
-launch (`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
+shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled and uncompiled at the peer's
+fastest launch (`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
 (the later pass), the start cost (the first pass beyond it), the compile's start costs side by side,
 and MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
 peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
@@ -67,6 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def checked(args: argparse.Namespace) -> None:
     args.shapes = node_shape_list(args.shapes, len(physical_cores()))
     args.launches = tuple(name_list(tuple(LAUNCH_KINDS), "launch", "all")("launches", args.launches))
+    for nodes, cores in args.shapes:
+        if not long_job_launches(nodes, cores, args.launches):
+            raise UsageError(f"--launches={','.join(args.launches)}: none runs on {nodes}x{cores}, where only one rank "
+                             "a node fits (ranks per node divide its cores, each rank keeping 2 or more); allowed: "
+                             "a shape with 4 or more cores a node, or other launches")
     check_workload(args)
 
 
@@ -169,9 +174,6 @@ def run(args: argparse.Namespace) -> int:
     first_round = 1 + max((run["round"] for run in earlier), default=0)
     runs: list[dict] = []
     section = long_jobs_section(setting, earlier, commands)
-    if not any(long_job_launches(nodes, cores, args.launches) for nodes, cores in shapes):
-        progress(f"none of the launches {', '.join(args.launches)} runs on these shapes: one rank a node is all "
-                 "that fits (ranks keep 2 cores or more)")
     for round_ in range(first_round, first_round + bench.repeats):
         for nodes, cores in shapes:
             for launch in long_job_launches(nodes, cores, args.launches):

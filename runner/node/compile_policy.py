@@ -194,11 +194,12 @@ def kernel_cache(out_dir: Path, stack: str) -> Path:
 
 
 def compiled_before(cache_dir: Path) -> dict:
-    """The cache's note (COMPILED_FILE), by key_digest."""
+    """The cache's note (COMPILED_FILE), by key_digest; {} where there is none or it is not one."""
     try:
-        return json.loads((cache_dir / COMPILED_FILE).read_text())
-    except (OSError, ValueError):
+        notes = json.loads((cache_dir / COMPILED_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
         return {}
+    return notes if isinstance(notes, dict) else {}
 
 
 def shipped_kernels() -> Path | None:
@@ -289,13 +290,19 @@ def measured_where(noted: dict, shipped_note: dict) -> str:
 
 
 # How inductor checks that a vector ISA's kernels build and load, where torch checks it by starting a
-# Python that imports torch to load a test kernel (torch before 2.13; 2.13 loads it without torch): the
-# kernel needs only torch's C++ library, loaded here first. On a 16-core host under torch 2.11 those
-# imports were 46.8 s of a warm start's 50.6 s (docs/performance.md); torch's own check is unchanged.
+# Python that imports torch to load a test kernel (torch before 2.13; 2.13 finds torch's libraries without
+# importing it). A test kernel linked as needed wants torch's C++ library alone, loaded first here; one
+# that wants more (a toolchain that links every library named) is loaded as torch's own check loads it,
+# so the check never passes fewer ISAs than torch's. Under torch 2.11 on 2 cores the imports were 7.6 s
+# of a warm start's 11.1 s (docs/bench-log.md).
 ISA_CHECK_WITHOUT_TORCH = """
 import ctypes
-ctypes.CDLL(__torch_cpu__, mode=ctypes.RTLD_GLOBAL)
-ctypes.cdll.LoadLibrary("__lib_path__")
+try:
+    ctypes.CDLL(__torch_cpu__, mode=ctypes.RTLD_GLOBAL)
+    ctypes.cdll.LoadLibrary("__lib_path__")
+except OSError:
+    import torch
+    ctypes.cdll.LoadLibrary("__lib_path__")
 """
 
 
@@ -309,7 +316,8 @@ def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
             return False
     torch_cpu = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     loader = getattr(vec_isa_class, "_avx_py_load", "")
-    if hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or not torch_cpu.is_file():
+    if (hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or "ctypes.CDLL(" in loader
+            or not torch_cpu.is_file()):
         return False
     vec_isa_class._avx_py_load = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(torch_cpu)))
     return True
@@ -326,7 +334,8 @@ def maybe_compile(training) -> Compiled:
     nodes = env.world_size // max(1, env.local_world_size)
     digest = key_digest(key)
     layout = f"{env.world_size} ranks on {nodes} node(s), gradient {setup.grad_compress}"
-    noted = compiled_before(cache_dir).get(digest, {})
+    noted = compiled_before(cache_dir).get(digest)
+    noted = noted if isinstance(noted, dict) else {}
     own = compiled_here(noted)
     shipped, shipped_note = None, {}
     if args.compile != "off":

@@ -67,8 +67,12 @@ def write_whole(path: Path, data: dict) -> None:
     cache) for the caller to say what is lost."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_text(json.dumps(data, indent=1))
-    partial.replace(path)
+    try:
+        partial.write_text(json.dumps(data, indent=1))
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def kernels_words(cache: str, source: str) -> str:
