@@ -11,6 +11,7 @@ import pytest
 
 from runner.node.compile_policy import (
     BUCKET_STEP,
+    COMPILED_FILE,
     WARM_COMPILE_SHARE,
     architecture,
     bucket_width,
@@ -20,12 +21,14 @@ from runner.node.compile_policy import (
     compile_key,
     compile_min_steps,
     compile_seconds,
+    compiled_before,
     compiled_here,
     key_difference,
     key_digest,
     measured_figures,
     measured_where,
     pick_shipped,
+    remember_compile,
     shapes_of,
     shipped_entries,
 )
@@ -242,3 +245,28 @@ def test_the_isa_check_loads_inductors_kernel_without_torch_and_one_that_wants_m
                     "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"], check=True, timeout=300)
     assert check(tmp_path / "wants_more.so", "import sys\nassert 'torch' in sys.modules\n") == 0
     assert check(tmp_path / "no-such-kernel.so") != 0
+
+
+# ---- what a job leaves in its node's note -------------------------------------------------------------
+
+def test_a_jobs_figures_join_the_nodes_note_whatever_the_note_held_before(tmp_path):
+    from types import SimpleNamespace
+
+    from runner.node.compile_policy import Compiled
+    layout = "2 ranks on 2 node(s), gradient bf16"
+    compiled = Compiled("on", "warm", "this node", "dynamic", tmp_path, "d1", {}, layout)
+    stats = SimpleNamespace(steps_run=40, warmup_steps=3, steady_seconds=10.0, steady_tokens=20_000.0, seconds=30.0)
+    note_file, measured = tmp_path / COMPILED_FILE, {"compiled_tokens_per_s": 1000.0}  # 20,000 tokens, 2 ranks, 10 s
+    kept = {"d1": {"cold_s": 90.0, "rates": {layout: {"eager_tokens_per_s": 500.0}}}, "d2": {"cold_s": 7.0}}
+    for earlier in (None, "not a note", [1], {"d1": "x"}, {"d1": {"rates": []}}, kept):
+        note_file.unlink(missing_ok=True)
+        if earlier is not None:
+            note_file.write_text(json.dumps(earlier))
+        mine = remember_compile(compiled, stats, SimpleNamespace(local_rank=0, world_size=2))
+        assert compiled_before(tmp_path)["d1"] == mine, earlier
+        assert mine["warm_s"] == round(compile_seconds(stats), 1) and mine["rates"][layout]["compiled_tokens_per_s"] == 1000.0
+    # a note of these kernels keeps what earlier jobs measured beside this one's, and other keys' notes stay
+    assert mine == {"cold_s": 90.0, "warm_s": round(compile_seconds(stats), 1),
+                    "rates": {layout: {"eager_tokens_per_s": 500.0, **measured}}}
+    assert compiled_before(tmp_path)["d2"] == {"cold_s": 7.0}
+    assert not remember_compile(compiled, stats, SimpleNamespace(local_rank=1, world_size=2))  # a node's first rank notes
