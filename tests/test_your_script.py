@@ -292,14 +292,18 @@ def test_the_example_trainer_script_trains_on_two_nodes_and_its_output_comes_hom
 HOLD_SAVE = """
 import atexit, os, pathlib, time
 signal_file = pathlib.Path(os.environ["FTC_TEST_RANK1"])
+def say(text):  # whole or not at all: rank 0 never reads a file rank 1 has made but not yet written
+    partial = signal_file.with_name(signal_file.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, signal_file)
 if os.environ.get("RANK") == "1":
     import torch.distributed
     barrier = torch.distributed.barrier
     def at_barrier(*args, **kwargs):
-        signal_file.write_text("barrier")
+        say("barrier")
         return barrier(*args, **kwargs)
     torch.distributed.barrier = at_barrier
-    atexit.register(lambda: signal_file.exists() or signal_file.write_text(f"exit {os.getpid()}"))
+    atexit.register(lambda: signal_file.exists() or say(f"exit {os.getpid()}"))
 elif os.environ.get("RANK") == "0":
     import transformers
     save = transformers.Trainer.save_model
