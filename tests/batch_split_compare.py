@@ -3,7 +3,7 @@ recipe's global batch (32 rows split among them) and at 32 rows a rank (a larger
 recipe), the layouts alternating in each round; two whole passes a run, a run's rate the later pass's.
 Run by hand on a whole node (the bench's distilbert, random weights); rates compare within one call.
 
-    python tests/batch_split_compare.py OUT --cores 16 --rounds 2 --rows 512 --data-dir GLUE --tokenizer DIR
+    python tests/batch_split_compare.py --out OUT --cores 16 --repeats 2 --rows 512 --data-dir GLUE --tokenizer DIR
 """
 
 import argparse
@@ -14,7 +14,7 @@ from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runner.bench.common import Bench, check_workload, started  # noqa: E402
+from runner.bench.common import Bench, add_out, add_workload, check_workload, started  # noqa: E402
 from runner.bench.long_jobs import later_rate, long_job_run  # noqa: E402
 from runner.node.facts import cpu_info  # noqa: E402
 
@@ -24,20 +24,15 @@ LAYOUTS = ((1, 32), (2, 16), (4, 8), (2, 32), (4, 32))
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("out")
+    add_out(p, "batch_split.json")
+    add_workload(p, rows="default 512", repeats="rounds, default 2")
     p.add_argument("--cores", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--rows", default="512")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--tokenizer", default=None)
     args = p.parse_args()
-    workload = argparse.Namespace(quick="0", data_dir=args.data_dir, tokenizer=args.tokenizer, rows=args.rows,
-                                  repeats="1", out=args.out, cores_per_rank=None, grad_compress=None)
-    check_workload(workload)
+    check_workload(args)
     out, mpi = started(args.out)
-    bench = Bench.of(workload, out, mpi, rows=(128, 512), repeats=(1, 1))
+    bench = Bench.of(args, out, mpi, rows=(128, 512), repeats=(2, 2))
     rates: dict[str, list[float]] = {}
-    for round_ in range(args.rounds):
+    for round_ in range(bench.repeats):
         for ranks, batch in (layout for layout in LAYOUTS if args.cores // layout[0] >= 1):
             at = replace(bench, cores_per_rank=args.cores // ranks)
             results = at.ftc(f"r{ranks}-b{batch}-{round_}", ranks, extra=["--compile", "off", "--batch-size", str(batch)],

@@ -123,7 +123,7 @@ class Measured:
 
 
 def measured_figures(noted: dict, cache: str, layout: str, planned_rank_tokens: float,
-                  where: str = "this node") -> Measured | None:
+                     where: str = "this node") -> Measured | None:
     """A note on these kernels (this node's, or the one shipped with them: what earlier clusters
     measured, `where`) as Measured (the rates of jobs of this `layout`: a rank's rate holds its share of
     the exchange), or None where it lacks a figure. A warm compile that was never measured (kernels
@@ -194,12 +194,13 @@ def kernel_cache(out_dir: Path, stack: str) -> Path:
 
 
 def compiled_before(cache_dir: Path) -> dict:
-    """The cache's note (COMPILED_FILE), by key_digest; {} where there is none or it is not one."""
+    """The cache's note (COMPILED_FILE), by key_digest: {} where there is none or it is not one, and only
+    the entries that are notes."""
     try:
         notes = json.loads((cache_dir / COMPILED_FILE).read_text())
     except (OSError, ValueError, RecursionError):
         return {}
-    return notes if isinstance(notes, dict) else {}
+    return {digest: note for digest, note in notes.items() if isinstance(note, dict)} if isinstance(notes, dict) else {}
 
 
 def shipped_kernels() -> Path | None:
@@ -334,8 +335,7 @@ def maybe_compile(training) -> Compiled:
     nodes = env.world_size // max(1, env.local_world_size)
     digest = key_digest(key)
     layout = f"{env.world_size} ranks on {nodes} node(s), gradient {setup.grad_compress}"
-    noted = compiled_before(cache_dir).get(digest)
-    noted = noted if isinstance(noted, dict) else {}
+    noted = compiled_before(cache_dir).get(digest, {})
     own = compiled_here(noted)
     shipped, shipped_note = None, {}
     if args.compile != "off":
@@ -354,7 +354,7 @@ def maybe_compile(training) -> Compiled:
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     compiled, note = compile_choice(args.compile, steps_left, cache,
                                     measured_figures(merged_note(shipped_note, noted), cache, layout,
-                                                  planned_rank_tokens, measured_where(noted, shipped_note)))
+                                                     planned_rank_tokens, measured_where(noted, shipped_note)))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
