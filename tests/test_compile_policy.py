@@ -23,6 +23,7 @@ from runner.node.compile_policy import (
     compile_seconds,
     compiled_before,
     compiled_here,
+    kernel_cache,
     key_difference,
     key_digest,
     measured_figures,
@@ -136,6 +137,18 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
     assert key_difference(key(), before) == "floats None here 'constant'"
     # a copy of the model under another name, or saved by another transformers, is the same architecture
     assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
+
+
+def test_a_nodes_kernels_are_kept_apart_per_rank_thread_count(tmp_path, monkeypatch):
+    # torch before 2.13 leaves the thread count out of its FX-graph cache's key: in one folder a
+    # 4-thread rank would load the 16-thread kernels a rank of a whole node compiled there
+    monkeypatch.setenv("FTC_NODE_DIR", str(tmp_path / "node"))
+    whole_node, quarter = kernel_cache(tmp_path / "job", "stock", 16), kernel_cache(tmp_path / "job", "stock", 4)
+    assert whole_node != quarter
+    assert whole_node.parent == quarter.parent == tmp_path / "node" / "cache"
+    assert kernel_cache(tmp_path / "other-job", "stock", 16) == whole_node  # the node's, not the job's
+    monkeypatch.delenv("FTC_NODE_DIR")
+    assert kernel_cache(tmp_path / "job", "stock", 16).parent == tmp_path / "job"  # a run by hand keeps its own
 
 
 def ship(folder, name: str, meta, artifacts: bool = True) -> None:
