@@ -135,6 +135,10 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
     # kernels brought home before floats were traced as constants: their graphs miss torch's caches
     before = {field: value for field, value in key().items() if field != "floats"}
     assert key_difference(key(), before) == "floats None here 'constant'"
+    # a node cache packed when one folder held every thread count's kernels: not taken, one line
+    shared = {field: value for field, value in key().items() if field != "folder"}
+    assert key_digest(shared) != key_digest(key())
+    assert key_difference(key(), shared) == "folder None here 'per thread count'"
     # a copy of the model under another name, or saved by another transformers, is the same architecture
     assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
 

@@ -51,9 +51,12 @@ RATE_MIN_STEPS = 20
 BUCKET_STEP = 32
 # What a kept cache's key holds besides the digest of the model's architecture: a cache made under
 # other values is not this job's (another torch, CPU, thread count, precision, shapes or way of tracing).
-KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats")
+KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats", "folder")
 # How dynamo traces the floats a model reads (maybe_compile): graphs traced the other way miss torch's caches.
 TRACED_FLOATS = "constant"
+# What a packed node cache holds: one thread count's kernels (kernel_cache). A cache packed when a node kept
+# every thread count in one folder may hold another count's kernels under this key's graphs: not taken.
+CACHE_FOLDER = "per thread count"
 # The config entries that name a model rather than shape it: two copies of one architecture share kernels.
 NAMING_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "id2label", "label2id", "torch_dtype", "dtype",
                "architectures")
@@ -92,7 +95,7 @@ def compile_key(config: dict, isa: list[str], threads: int, precision: str, shap
     return {"torch": torch.__version__, "isa": ",".join(isa), "architecture": architecture(config),
             "threads": threads, "precision": precision,
             "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
-            "batch_size": batch_size, "floats": TRACED_FLOATS}
+            "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER}
 
 
 def key_digest(key: dict) -> str:
@@ -187,10 +190,10 @@ def every_node(flag: bool, env) -> bool:
 def kernel_cache(out_dir: Path, stack: str, threads: int) -> Path:
     """Where compiled kernels are kept: per node, stack and a rank's threads, outside the job directory,
     so the next job of the same model and shapes on this node reuses them (unless the launcher chose a
-    place). Per thread count because inductor's C++ kernels fix it in their OpenMP pragmas, and torch
-    before 2.13 leaves it out of its FX-graph cache's key: 4 ranks of 4 threads would load a 16-thread
-    rank's kernels, 64 threads on 16 cores (measured: 0.73x their own eager rate). Pure but for the
-    environment."""
+    place, which is used as it is). Per thread count because inductor's C++ kernels fix it in their
+    OpenMP pragmas, and torch before 2.13 leaves it out of its FX-graph cache's key: 4 ranks of 4 threads
+    would load a 16-thread rank's kernels, 64 threads on 16 cores (measured: 0.73x their own eager rate).
+    Pure but for the environment."""
     if INDUCTOR_CACHE_GIVEN:
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     node_dir = os.environ.get("FTC_NODE_DIR")
