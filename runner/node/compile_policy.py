@@ -335,9 +335,10 @@ def maybe_compile(training) -> Compiled:
     """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
     `training`: train.Training, after a resume (it weighs the steps left)."""
     args, env, setup = training.args, training.env, training.setup
-    cache_dir = kernel_cache(training.out_dir, args.stack, torch.get_num_threads())
+    threads = torch.get_num_threads()  # the rank's: its kernels' folder and their key say the same count
+    cache_dir = kernel_cache(training.out_dir, args.stack, threads)
     shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
-    key = compile_key(training.model.config.to_dict(), cpu_info()[1], torch.get_num_threads(), setup.precision, shapes,
+    key = compile_key(training.model.config.to_dict(), cpu_info()[1], threads, setup.precision, shapes,
                       args.batch_size, args.max_length)
     nodes = env.world_size // max(1, env.local_world_size)
     digest = key_digest(key)
