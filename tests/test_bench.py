@@ -254,10 +254,16 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
     assert {AUTO_SHAPES, OTHER_SHAPES} == {"dynamic", "buckets"}
     assert [launch.label for launch in long_job_launches(1, 16)] == [
         "ftc 1x1x16 compiled", "ftc 1x1x16 compiled, kernels from home", "peer 1x1x16 pinned compiled static",
-        f"ftc 1x1x16 compiled {OTHER_SHAPES}", "peer 1x4x4 unpinned", "ftc 1x1x16", "ftc 1x4x4 compiled", "ftc 1x4x4"]
+        f"ftc 1x1x16 compiled {OTHER_SHAPES}", "peer 1x4x4 unpinned", "ftc 1x1x16", "ftc 1x4x4 compiled", "ftc 1x4x4",
+        "ftc 1x1x16 compiled batch 128", "ftc 1x1x16 batch 128"]
     assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
         "ftc 2x1x8 compiled", "ftc 2x1x8 compiled, kernels from home", "peer 2x1x8 pinned compiled static",
-        f"ftc 2x1x8 compiled {OTHER_SHAPES}", "peer 2x4x2 pinned", "ftc 2x1x8", "ftc 2x4x2 compiled", "ftc 2x4x2"]
+        f"ftc 2x1x8 compiled {OTHER_SHAPES}", "peer 2x4x2 pinned", "ftc 2x1x8", "ftc 2x4x2 compiled", "ftc 2x4x2",
+        "ftc 2x1x8 compiled batch 128", "ftc 2x1x8 batch 128"]
+    # at the peer's global batch: its 4 ranks a node at the seed recipe's 32 rows each, in ftc's one rank a node
+    at_peer_batch = {launch.label: launch.args for launch in long_job_launches(1, 16)}
+    assert at_peer_batch["ftc 1x1x16 compiled batch 128"] == ("--compile", "on", "--shapes", AUTO_SHAPES, "--batch-size", "128")
+    assert at_peer_batch["ftc 1x1x16 batch 128"] == ("--compile", "off", "--batch-size", "128")
     assert [launch.label for launch in long_job_launches(1, 2)] == [  # one rank: pinned, nothing else fits
         "ftc 1x1x2 compiled", "ftc 1x1x2 compiled, kernels from home", "peer 1x1x2 pinned compiled static",
         f"ftc 1x1x2 compiled {OTHER_SHAPES}", "peer 1x1x2 pinned", "ftc 1x1x2"]

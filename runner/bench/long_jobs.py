@@ -2,8 +2,9 @@
 the start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
 compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
 home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
-shapes, the peer's fastest launch, ftc uncompiled, and ftc compiled and uncompiled at the peer's
-fastest launch (`--launches` picks some of them: a 16-core round outlasts a 10-minute call); a long job's rate
+shapes, the peer's fastest launch, ftc uncompiled, ftc compiled and uncompiled at the peer's fastest
+launch, and at the peer's global batch (`--launches` picks some of them: a 16-core round outlasts a
+10-minute call); a long job's rate
 (the later pass), the start cost (the first pass beyond it), the compile's start costs side by side,
 and MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
 peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
@@ -25,7 +26,7 @@ from provision.values import name_list
 from ..kernels import kept
 from ..node import facts as node_facts
 from ..node.protocol import HOME_KERNELS_DIR, KERNELS_ARCHIVE, OUTPUT_LOG, SHIPPED_KERNELS_DIR
-from ..node.recipes import AUTO_SHAPES, SHAPES
+from ..node.recipes import AUTO_SHAPES, RECIPES, SHAPES
 from .common import (
     REPORT,
     Bench,
@@ -115,6 +116,8 @@ LAUNCH_KINDS = {
     "eager": "ftc's default launch uncompiled",
     "compiled-at-peer-launch": "ftc compiled at the peer's fastest launch",
     "eager-at-peer-launch": "ftc uncompiled at the peer's fastest launch",
+    "compiled-at-peer-batch": "ftc's default launch compiled, each step the rows the peer's fastest launch trains",
+    "eager-at-peer-batch": "the same uncompiled",
 }
 # The shapes a compiled ftc launch runs with that `--shapes auto` does not pick.
 OTHER_SHAPES = next(shapes for shapes in SHAPES if shapes not in ("auto", AUTO_SHAPES))
@@ -127,9 +130,12 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
     the peer's fastest launch (the most ranks per node, unpinned on one node: measured so on node shapes,
     docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled and uncompiled at the peer's fastest
-    launch (where that differs from ftc's own). Pure."""
+    launch (where that differs from ftc's own), and ftc's default launch compiled and uncompiled at the
+    peer's fastest launch's global batch (its ranks' rows a step together): rates compared at one global
+    batch, as a user sets it with BATCH_SIZE. Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
+    peer_batch = ("--batch-size", str(RECIPES["seed"]["batch_size"] * most // ppn))  # the peer: the seed recipe's batch a rank
 
     def named(kind: str, program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
               extra: tuple[str, ...] = (), from_home: bool = False) -> LongJobLaunch:
@@ -151,7 +157,10 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
              named("eager", "ftc", ppn, False, True)]
     if most != ppn:
         every += [named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
-                  named("eager-at-peer-launch", "ftc", most, False, True)]
+                  named("eager-at-peer-launch", "ftc", most, False, True),
+                  named("compiled-at-peer-batch", "ftc", ppn, True, True, f"batch {peer_batch[1]}",
+                        default_shapes + peer_batch),
+                  named("eager-at-peer-batch", "ftc", ppn, False, True, f"batch {peer_batch[1]}", peer_batch)]
     return [launch for launch in every if launch.kind in kinds]
 
 

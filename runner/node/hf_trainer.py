@@ -29,6 +29,7 @@ from . import glue
 from .distenv import pin_self, read_env
 from .facts import cpu_info, native_bf16, versions
 from .protocol import RESULTS_FILE, strict_json
+from .recipes import RECIPES
 
 if os.environ.get("FTC_PEER_PIN") == "1":  # before torch loads: its threads inherit the cores
     pin_self(read_env())
@@ -47,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights (bench)")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--batch-size", type=int, default=RECIPES["seed"]["batch_size"], help="per rank")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=0)
