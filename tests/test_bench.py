@@ -9,6 +9,7 @@ from conftest import ftc
 from helpers import one_error
 
 from provision import procs
+from provision.estimate import Compile
 
 
 @pytest.mark.slow
@@ -302,6 +303,24 @@ def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for
     assert qqp["ftc_launch"] == "ftc 1x1x16 compiled" and qqp["ftc_s"] == round(40 + JOB_ROWS["qqp, 3 epochs"] / 125, 1)
     assert qqp["peer_s"] == round(0.25 + JOB_ROWS["qqp, 3 epochs"] / 80, 1)
     assert qqp["speedup"] == round(qqp["peer_s"] / qqp["ftc_s"], 3) and 1.5 < qqp["speedup"] < 1.6
+
+
+def test_ftc_at_the_peers_global_batch_is_rated_beside_never_as_ftcs_best_and_the_plan_keeps_its_own_batch(tmp_path):
+    from runner.bench.long_jobs import long_job_entry
+    from runner.plan import compile_figures
+    # at 128 rows a step ftc compiled is the fastest launch, but it trains another recipe (a quarter of the steps)
+    runs = [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0), long_run("ftc 1x1x16 compiled", 1, "cold", 100.8, 0.8),
+            long_run("peer 1x4x4 unpinned", 1, "none", 1.5, 1.25),
+            long_run("ftc 1x1x16 compiled batch 128", 1, "warm", 40.5, 0.5),
+            long_run("ftc 1x1x16 batch 128", 1, "none", 2.0, 2.0)]
+    entry = long_job_entry(1, 16, runs)
+    assert entry["ftc_launch"] == "ftc 1x1x16 compiled" and entry["long_job_speedup_vs_peer"] == round(125 / 80, 3)
+    assert {job["ftc_launch"] for job in entry["jobs"].values()} <= {"ftc 1x1x16", "ftc 1x1x16 compiled"}
+    assert entry["at_peer_batch"] == {"ftc 1x1x16 compiled batch 128": round(200 / 80, 3),
+                                      "ftc 1x1x16 batch 128": round(50 / 80, 3)}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"long_jobs": {"shapes": [entry]}}))
+    assert compile_figures(str(bench)) == Compile(1.25, 100.0)  # compiled over eager, both at 32 rows a step
 
 
 def test_a_long_jobs_entry_sets_ftcs_cold_start_beside_its_start_from_home_its_other_shapes_and_the_peers():

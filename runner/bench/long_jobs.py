@@ -3,10 +3,10 @@ the start. On each node shape (nodes x cores per node), two whole passes a run o
 compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
 home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
 shapes, the peer's fastest launch, ftc uncompiled, ftc compiled and uncompiled at the peer's fastest
-launch, and at the peer's global batch (`--launches` picks some of them: a 16-core round outlasts a
-10-minute call); a long job's rate
-(the later pass), the start cost (the first pass beyond it), the compile's start costs side by side,
-and MRPC's and QQP's training time from them. ftc's kernels are kept in the bench node's cache, the
+launch, and ftc's default launch compiled and uncompiled at the peer's global batch (`--launches` picks
+some of them: a 16-core round outlasts a 10-minute call); a long job's rate (the later pass), the start
+cost (the first pass beyond it), the compile's start costs side by side, and MRPC's and QQP's training
+time from them. ftc's kernels are kept in the bench node's cache, the
 peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
 `long_jobs`, rewritten after every run, so a bench cut short keeps the runs it finished; a later call
 into the same OUT with the same setting adds its rounds to them.
@@ -119,6 +119,8 @@ LAUNCH_KINDS = {
     "compiled-at-peer-batch": "ftc's default launch compiled, each step the rows the peer's fastest launch trains",
     "eager-at-peer-batch": "the same uncompiled",
 }
+# How a launch at the peer's global batch names its rows a rank in its label.
+AT_PEER_BATCH = "batch "
 # The shapes a compiled ftc launch runs with that `--shapes auto` does not pick.
 OTHER_SHAPES = next(shapes for shapes in SHAPES if shapes not in ("auto", AUTO_SHAPES))
 
@@ -129,10 +131,10 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     run brought home (a new cluster's first job); the peer compiled with static shapes at one rank per
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
     the peer's fastest launch (the most ranks per node, unpinned on one node: measured so on node shapes,
-    docs/probes/node_shapes.json); ftc uncompiled; and ftc compiled and uncompiled at the peer's fastest
-    launch (where that differs from ftc's own), and ftc's default launch compiled and uncompiled at the
-    peer's fastest launch's global batch (its ranks' rows a step together): rates compared at one global
-    batch, as a user sets it with BATCH_SIZE. Pure."""
+    docs/probes/node_shapes.json); ftc uncompiled; ftc compiled and uncompiled at the peer's fastest
+    launch; and ftc's default launch compiled and uncompiled at that launch's global batch (its ranks'
+    rows a step together, as a user sets it with BATCH_SIZE): rates compared at one global batch. Both
+    pairs only where the peer's fastest launch differs from ftc's own. Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
     peer_batch = ("--batch-size", str(RECIPES["seed"]["batch_size"] * most // ppn))  # the peer: the seed recipe's batch a rank
@@ -158,9 +160,9 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     if most != ppn:
         every += [named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
                   named("eager-at-peer-launch", "ftc", most, False, True),
-                  named("compiled-at-peer-batch", "ftc", ppn, True, True, f"batch {peer_batch[1]}",
+                  named("compiled-at-peer-batch", "ftc", ppn, True, True, f"{AT_PEER_BATCH}{peer_batch[1]}",
                         default_shapes + peer_batch),
-                  named("eager-at-peer-batch", "ftc", ppn, False, True, f"batch {peer_batch[1]}", peer_batch)]
+                  named("eager-at-peer-batch", "ftc", ppn, False, True, f"{AT_PEER_BATCH}{peer_batch[1]}", peer_batch)]
     return [launch for launch in every if launch.kind in kinds]
 
 
@@ -281,7 +283,8 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     """One shape's row of bench.json's long_jobs, from its runs (every round, every call): each
     launch's later-pass rate (median, [min, max]) and start cost by kernel cache; each side's fastest
     launch for a long job and their ratio; each of JOB_ROWS' training time worked out from those parts
-    (the start cost with the cache warm where it was measured so: a second job on the node); and the
+    (the start cost with the cache warm where it was measured so: a second job on the node); ftc's
+    rates at the peer's global batch over the peer's (another recipe, so no side's best); and the
     launches that failed, with their error. Pure."""
     launches: dict[str, dict] = {}
     failed = {run["launch"]: run["failed"] for run in runs if "failed" in run}
@@ -301,9 +304,11 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
         start = next(costs[cache] for cache in ("warm", "warm from home", "none", "cold") if cache in costs)
         return start + rows / launches[label]["later_rows_per_s"]
 
-    # a run from home measures a start: its kernels, and so its rate, are the run's that compiled them
-    sides = {program: [label for label in launches if label.startswith(program + " ") and not label.endswith(" home")]
-             for program in ("ftc", "peer")}
+    # a run from home measures a start: its kernels, and so its rate, are the run's that compiled them; one
+    # at the peer's global batch changes the recipe's rows a rank (recipes.batch_line): beside, not a side's best
+    at_peer_batch = [label for label in launches if AT_PEER_BATCH in label]
+    sides = {program: [label for label in launches if label.startswith(program + " ") and not label.endswith(" home")
+                       and label not in at_peer_batch] for program in ("ftc", "peer")}
     if not (sides["ftc"] and sides["peer"]):
         return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
     ftc, peer = (max(sides[program], key=lambda label: launches[label]["later_rows_per_s"]) for program in ("ftc", "peer"))
@@ -317,7 +322,10 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
             "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
             "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
-            "jobs": jobs, "compile": compile_starts(launches), "launches": launches, "failed": failed}
+            "jobs": jobs, "compile": compile_starts(launches),
+            "at_peer_batch": {label: round(launches[label]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3)
+                              for label in at_peer_batch},
+            "launches": launches, "failed": failed}
 
 
 def compile_starts(launches: dict) -> dict:
