@@ -1,15 +1,15 @@
-"""`ftc bench long-jobs NxC,...`: the rate once a compile has paid back, and what the compile costs at
-the start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
+"""`ftc bench long-jobs NxC,...`: the rate once a compile has paid back, and what the compile costs at the
+start. On each node shape (nodes x cores per node), two whole passes a run of ftc's default launch
 compiled (its default shapes), the same on a fresh node that holds only the kernels that run brought
 home, the peer compiled with static shapes (Trainer's torch_compile), ftc compiled with its other
 shapes, the peer's fastest launch, ftc uncompiled, ftc compiled and uncompiled at the peer's fastest
 launch, and ftc's default launch compiled and uncompiled at the peer's global batch (`--launches` picks
 some of them: a 16-core round outlasts a 10-minute call); a long job's rate (the later pass), the start
 cost (the first pass beyond it), the compile's start costs side by side, and MRPC's and QQP's training
-time from them. ftc's kernels are kept in the bench node's cache, the
-peer's in a folder of the bench's per launch, both starting empty in a new OUT. Into OUT/bench.json's
-`long_jobs`, rewritten after every run, so a bench cut short keeps the runs it finished; a later call
-into the same OUT with the same setting adds its rounds to them.
+time from them. ftc's kernels are kept in the bench node's cache, the peer's in a folder of the bench's
+per launch, both starting empty in a new OUT. Into OUT/bench.json's `long_jobs`, rewritten after every
+run, so a bench cut short keeps the runs it finished; a later call into the same OUT with the same
+setting adds its rounds to them.
 """
 
 import argparse
