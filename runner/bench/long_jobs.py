@@ -137,7 +137,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     pairs only where the peer's fastest launch differs from ftc's own. Pure."""
     ppn = default_ppn(1)
     most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
-    peer_batch = ("--batch-size", str(RECIPES["seed"]["batch_size"] * most // ppn))  # the peer: the seed recipe's batch a rank
+    peer_rows = RECIPES["seed"]["batch_size"] * most // ppn  # the peer trains the seed recipe's batch a rank
+    at_peer_batch, peer_batch = f"{AT_PEER_BATCH}{peer_rows}", ("--batch-size", str(peer_rows))
 
     def named(kind: str, program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
               extra: tuple[str, ...] = (), from_home: bool = False) -> LongJobLaunch:
@@ -160,9 +161,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     if most != ppn:
         every += [named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
                   named("eager-at-peer-launch", "ftc", most, False, True),
-                  named("compiled-at-peer-batch", "ftc", ppn, True, True, f"{AT_PEER_BATCH}{peer_batch[1]}",
-                        default_shapes + peer_batch),
-                  named("eager-at-peer-batch", "ftc", ppn, False, True, f"{AT_PEER_BATCH}{peer_batch[1]}", peer_batch)]
+                  named("compiled-at-peer-batch", "ftc", ppn, True, True, at_peer_batch, default_shapes + peer_batch),
+                  named("eager-at-peer-batch", "ftc", ppn, False, True, at_peer_batch, peer_batch)]
     return [launch for launch in every if launch.kind in kinds]
 
 
