@@ -45,8 +45,6 @@ from .common import (
 NAME = "long-jobs"
 HELP = ("a long job's rate on node shapes, ftc compiled and not against the peer's fastest launch and its compile; "
         "the compile's start cost cold, from home, with other shapes and the peer's")
-# Ranks per node a launch may have, where each rank keeps at least 2 cores.
-RANKS_PER_NODE = (1, 2, 4)
 # Passes in every run: the first carries what a job pays once (kernel set-up, a compile);
 # the second is the rate a long job (QQP's thousands of steps) trains at from then on.
 LONG_JOB_PASSES = 2
@@ -68,11 +66,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def checked(args: argparse.Namespace) -> None:
     args.shapes = node_shape_list(args.shapes, len(physical_cores()))
     args.launches = tuple(name_list(tuple(LAUNCH_KINDS), "launch", "all")("launches", args.launches))
-    for nodes, cores in args.shapes:
-        if not long_job_launches(nodes, cores, args.launches):
-            raise UsageError(f"--launches={','.join(args.launches)}: none runs on {nodes}x{cores}, where only one rank "
-                             "a node fits (ranks per node divide its cores, each rank keeping 2 or more); allowed: "
-                             "a shape with 4 or more cores a node, or other launches")
     check_workload(args)
 
 
@@ -130,13 +123,13 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     picks) compiled with its default shapes; the same on a fresh node that holds only the kernels that
     run brought home (a new cluster's first job); the peer compiled with static shapes at one rank per
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
-    the peer's fastest launch (the most ranks per node, unpinned on one node: measured so on node shapes,
-    docs/probes/node_shapes.json); ftc uncompiled; ftc compiled and uncompiled at the peer's fastest
-    launch; and ftc's default launch compiled and uncompiled at that launch's global batch (its ranks'
-    rows a step together, as a user sets it with BATCH_SIZE): rates compared at one global batch. Both
-    pairs only where the peer's fastest launch differs from ftc's own. Pure."""
+    the peer's fastest launch (a rank a core, unpinned on one node: faster than 4 ranks of 4 cores,
+    docs/probes/ranks_per_core.json, which beat 1 and 2, docs/probes/node_shapes.json); ftc uncompiled;
+    ftc compiled and uncompiled at the peer's fastest launch; and ftc's default launch compiled and
+    uncompiled at that launch's global batch (its ranks' rows a step together, as a user sets it with
+    BATCH_SIZE): rates compared at one global batch. Pure."""
     ppn = default_ppn(1)
-    most = [p for p in RANKS_PER_NODE if cores % p == 0 and cores // p >= 2][-1]
+    most = cores  # a rank a core: every shape has 2 or more, so the peer's launch is never ftc's own
     peer_rows = RECIPES["seed"]["batch_size"] * most // ppn  # the peer trains the seed recipe's batch a rank
     at_peer_batch, peer_batch = f"{AT_PEER_BATCH}{peer_rows}", ("--batch-size", str(peer_rows))
 
@@ -156,13 +149,12 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
              named("from-home", "ftc", ppn, True, True, extra=default_shapes, from_home=True),
              named("peer-compiled", "peer", 1, True, True, "static", ("--static-shapes",)),
              named("other-shapes", "ftc", ppn, True, True, OTHER_SHAPES, ("--shapes", OTHER_SHAPES)),
-             named("peer-fastest", "peer", most, False, nodes > 1 or most == 1),
-             named("eager", "ftc", ppn, False, True)]
-    if most != ppn:
-        every += [named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
-                  named("eager-at-peer-launch", "ftc", most, False, True),
-                  named("compiled-at-peer-batch", "ftc", ppn, True, True, at_peer_batch, default_shapes + peer_batch),
-                  named("eager-at-peer-batch", "ftc", ppn, False, True, at_peer_batch, peer_batch)]
+             named("peer-fastest", "peer", most, False, nodes > 1),
+             named("eager", "ftc", ppn, False, True),
+             named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
+             named("eager-at-peer-launch", "ftc", most, False, True),
+             named("compiled-at-peer-batch", "ftc", ppn, True, True, at_peer_batch, default_shapes + peer_batch),
+             named("eager-at-peer-batch", "ftc", ppn, False, True, at_peer_batch, peer_batch)]
     return [launch for launch in every if launch.kind in kinds]
 
 
