@@ -201,14 +201,15 @@ BUDGET = number(0, 1e6)  # dollars
 
 def compile_figures(path: str):
     """What compiling does to a long job, from a bench.json's long jobs (`ftc bench long-jobs`): ftc's
-    compiled rate over its eager one at the same launch, and the cold compile's start cost; None where
-    the bench has no such pair (the plan then offers no compile)."""
+    default launch compiled over the same launch eager, and the cold compile's start cost; None where
+    the bench has no such pair (the plan then offers no compile). ftc's fastest launch may be another
+    (more ranks a node, eager), which a job takes only when asked (--ppn)."""
     from provision.estimate import Compile
     try:
         shape = json.loads(Path(path).read_text())["long_jobs"]["shapes"][0]
-        launches = shape["launches"]
-        compiled = launches[shape["ftc_launch"]]
-        eager = launches[shape["ftc_launch"].split(" compiled")[0]]
+        launches, default = shape["launches"], shape["compile"]["ftc_launch"]
+        compiled = launches[default]
+        eager = launches[default.removesuffix(" compiled")]
         return Compile(round(compiled["later_rows_per_s"] / eager["later_rows_per_s"], 3),
                        float(compiled["start_cost_s"]["cold"]))
     except (OSError, ValueError, KeyError, IndexError, TypeError):

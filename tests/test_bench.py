@@ -314,6 +314,12 @@ def test_ftc_at_the_peers_global_batch_is_rated_beside_never_as_ftcs_best_and_th
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"long_jobs": {"shapes": [entry]}}))
     assert compile_figures(str(bench)) == Compile(1.25, 100.0)  # compiled over eager, both at 32 rows a step
+    # ftc at the peer's launch (a rank a core) the fastest, eager or compiled: the plan keeps ftc's default launch
+    for fastest in ("ftc 1x16x1", "ftc 1x16x1 compiled"):
+        entry = long_job_entry(1, 16, runs + [long_run(fastest, 1, "cold", 300.4, 0.4)])
+        assert entry["ftc_launch"] == fastest and entry["compile"]["ftc_launch"] == "ftc 1x1x16 compiled"
+        bench.write_text(json.dumps({"long_jobs": {"shapes": [entry]}}))
+        assert compile_figures(str(bench)) == Compile(1.25, 100.0), fastest
 
 
 def test_a_long_jobs_entry_sets_ftcs_cold_start_beside_its_start_from_home_its_other_shapes_and_the_peers():
@@ -338,13 +344,15 @@ def test_a_long_jobs_entry_sets_ftcs_cold_start_beside_its_start_from_home_its_o
 def test_long_jobs_runs_of_another_call_land_in_one_report_only_for_the_same_setting():
     from runner.bench.long_jobs import long_jobs_section, same_setting
     setting = {"cpu": "cpu A", "model": "distilbert-6-layers-random", "rows_per_pass": 100, "passes": 2,
-               "allocator": "glibc"}
+               "allocator": "glibc", "peer_fastest_launch": "a rank a core"}
     first = long_jobs_section(setting, [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0),
                                         long_run("peer 1x4x4 unpinned", 1, "none", 2.0, 1.0)], ["call 1"])
     assert same_setting(first, setting) is first and same_setting(None, setting) is None
     for key, other in (("cpu", "cpu B"), ("model", "distilbert-2-layers-random"), ("rows_per_pass", 128),
                        ("allocator", "tcmalloc")):
         assert same_setting(first, {**setting, key: other}) is None, key
+    # a section of before the peer's launch rule was named (its peer ran 4 x 4) stays apart
+    assert same_setting({k: v for k, v in first.items() if k != "peer_fastest_launch"}, setting) is None
     both = long_jobs_section(setting, first["runs"] + [long_run("ftc 1x1x16", 2, "none", 2.0, 0.5)], ["call 1", "call 2"])
     assert both["shapes"][0]["launches"]["ftc 1x1x16"]["runs"] == [100.0, 200.0] and both["commands"] == ["call 1", "call 2"]
 

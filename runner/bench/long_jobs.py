@@ -112,6 +112,9 @@ LAUNCH_KINDS = {
     "compiled-at-peer-batch": "ftc's default launch compiled, each step the rows the peer's fastest launch trains",
     "eager-at-peer-batch": "the same uncompiled",
 }
+# The peer's fastest launch on a node: measured on one 16-core node (eager, unpinned) against 4 ranks of 4
+# cores, which had beaten 1 and 2; on several nodes, pinned, it is the same rule unmeasured.
+PEER_FASTEST = "a rank a core"
 # How a launch at the peer's global batch names its rows a rank in its label.
 AT_PEER_BATCH = "batch "
 # The shapes a compiled ftc launch runs with that `--shapes auto` does not pick.
@@ -123,13 +126,13 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     picks) compiled with its default shapes; the same on a fresh node that holds only the kernels that
     run brought home (a new cluster's first job); the peer compiled with static shapes at one rank per
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
-    the peer's fastest launch (a rank a core, unpinned on one node: faster than 4 ranks of 4 cores,
+    the peer's fastest launch (PEER_FASTEST, unpinned on one node: faster than 4 ranks of 4 cores on 16,
     docs/probes/ranks_per_core.json, which beat 1 and 2, docs/probes/node_shapes.json); ftc uncompiled;
     ftc compiled and uncompiled at the peer's fastest launch; and ftc's default launch compiled and
     uncompiled at that launch's global batch (its ranks' rows a step together, as a user sets it with
     BATCH_SIZE): rates compared at one global batch. Pure."""
     ppn = default_ppn(1)
-    most = cores  # a rank a core: every shape has 2 or more, so the peer's launch is never ftc's own
+    most = cores  # PEER_FASTEST; every shape has 2 cores or more a node, so it is never ftc's own launch
     peer_rows = RECIPES["seed"]["batch_size"] * most // ppn  # the peer trains the seed recipe's batch a rank
     at_peer_batch, peer_batch = f"{AT_PEER_BATCH}{peer_rows}", ("--batch-size", str(peer_rows))
 
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["FTC_NODE_DIR"] = str(out / "node")
     os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # torch may have set it in this process: ranks would inherit it
     setting = {"cpu": node_facts.cpu_info()[0], "model": bench.model.name, "rows_per_pass": bench.rows,
-               "passes": LONG_JOB_PASSES, "allocator": bench.allocator or "glibc"}
+               "passes": LONG_JOB_PASSES, "allocator": bench.allocator or "glibc", "peer_fastest_launch": PEER_FASTEST}
     previous = same_setting(read_section(out, "long_jobs"), setting)
     earlier = previous["runs"] if previous else []
     commands = (previous["commands"] if previous else []) + [args.command_line]
@@ -314,19 +317,19 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
             "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
             "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
-            "jobs": jobs, "compile": compile_starts(launches),
+            "jobs": jobs, "compile": compile_starts(launches, long_job_launches(nodes, cores, ("compiled",))[0].label),
             "at_peer_batch": {label: round(launches[label]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3)
                               for label in at_peer_batch},
             "launches": launches, "failed": failed}
 
 
-def compile_starts(launches: dict) -> dict:
-    """What a compile costs ftc and the peer at the start, cold, side by side: ftc's default shapes against
-    its other ones (OTHER_SHAPES) and against the peer's static ones, and a new cluster's first job that
-    starts from the kernels an earlier one brought home, as a share of the cold start. Pure."""
+def compile_starts(launches: dict, default: str) -> dict:
+    """What a compile costs ftc and the peer at the start, cold, side by side: ftc's `default` launch
+    compiled with its default shapes against its other ones (OTHER_SHAPES) and against the peer's static
+    ones, and a new cluster's first job that starts from the kernels an earlier one brought home, as a
+    share of the cold start. Pure."""
     def cold(label: str) -> float | None:
         return launches.get(label, {}).get("start_cost_s", {}).get("cold")
-    default = next((label for label in launches if label.startswith("ftc ") and label.endswith(" compiled")), "")
     figures = {"ftc_launch": default, "ftc_shapes": AUTO_SHAPES, "ftc_cold_start_s": cold(default)}
     home = launches.get(f"{default}, kernels from home", {}).get("start_cost_s", {}).get("warm from home")
     other, peer = f"{default} {OTHER_SHAPES}", next((label for label in launches if label.endswith(" compiled static")), "")
