@@ -133,18 +133,19 @@ class Node:
         self.proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private", "bash", "-c", BOOT],  # noqa: S603, S607
                                      env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        self.disk = file_identity(self.dir / "disk")  # its /home: with the namespace, what names its processes
         try:
             self.namespace = self._wait_for_namespace()
             check_own_sshd(self.address, 22, self.dir / "ssh_host_ed25519_key.pub")
             self.imds = self._serve_imds()
         except (OSError, RuntimeError, paramiko.SSHException):
-            stop_namespace(getattr(self, "namespace", ""))
+            stop_namespace(getattr(self, "namespace", ""), self.disk)
             self.proc.kill()
             self.proc.wait(5)
             raise
         REGISTRY.mkdir(exist_ok=True)
-        (REGISTRY / self.id).write_text(json.dumps({"owner": OWNER, "namespace": self.namespace, "dir": str(self.dir),
-                                                    "address": self.address}))
+        (REGISTRY / self.id).write_text(json.dumps({"owner": OWNER, "namespace": self.namespace, "disk": self.disk,
+                                                    "dir": str(self.dir), "address": self.address}))
 
 
     def _prepare(self, public_key: str, user_data: str) -> None:
@@ -221,12 +222,12 @@ class Node:
 
     def pids(self) -> list[int]:
         """Every process in the node's namespace: sshd, the sessions, whatever they started."""
-        return namespace_pids(self.namespace)
+        return namespace_pids(self.namespace, self.disk)
 
     def stop(self) -> None:
         self.imds.shutdown()
         self.imds.server_close()
-        stop_namespace(self.namespace)
+        stop_namespace(self.namespace, self.disk)
         self.proc.wait(5)
         shutil.rmtree(self.dir, ignore_errors=True)
         (REGISTRY / self.id).unlink(missing_ok=True)
@@ -247,30 +248,39 @@ def check_own_sshd(address: str, port: int, host_key_pub: Path) -> None:
                            "sshd is reached there")
 
 
-def namespace_pids(namespace: str) -> list[int]:
-    """Every process in that mount namespace: a node's sshd, its sessions, whatever they started."""
+def file_identity(path: Path) -> str:
+    """device:inode of a file, as the process that sees it at `path` finds it."""
+    found = os.stat(path)
+    return f"{found.st_dev}:{found.st_ino}"
+
+
+def namespace_pids(namespace: str, disk: str) -> list[int]:
+    """Every process of a node: a node's sshd, its sessions, whatever they started. Each is in the node's
+    mount namespace and sees the node's disk (`disk`, its file identity) as /home. The namespace's number
+    alone is not enough: once a namespace's last process is gone, the kernel hands its number to the next
+    namespace made (another node's, a Slurm node's), so a node whose processes all ended would name those."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "ns" / "mnt") == namespace:
+                if os.readlink(entry / "ns" / "mnt") == namespace and file_identity(entry / "root" / "home") == disk:
                     found.append(int(entry.name))
             except OSError:
                 continue
     return found
 
 
-def stop_namespace(namespace: str) -> None:
+def stop_namespace(namespace: str, disk: str) -> None:
     if not namespace:
         return
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        for pid in namespace_pids(namespace):
+        for pid in namespace_pids(namespace, disk):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while namespace_pids(namespace) and time.monotonic() < deadline:
+        while namespace_pids(namespace, disk) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -297,7 +307,7 @@ def stop_left_nodes() -> None:
         pid, _, started = node["owner"].partition(":")
         if process_start(int(pid)) == started:
             continue  # its emulator still runs, and will stop it
-        stop_namespace(node["namespace"])
+        stop_namespace(node["namespace"], node.get("disk", ""))  # a record without its disk names no process
         shutil.rmtree(node["dir"], ignore_errors=True)
         record.unlink(missing_ok=True)
         print(f"{record.name}: stopped, at {node['address']} (left by an emulator that is gone, pid {pid})", flush=True)

@@ -2,6 +2,7 @@
 and SIGTERM, a new emulator stops those a killed one left, and a node serves only if the sshd
 reached at its address is its own."""
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, ftc, sshd_pids
-from helpers import start_emulator
+from helpers import start_emulator, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the EC2 emulator's nodes need root (namespaces, port 22)")]
@@ -59,6 +60,30 @@ def test_new_emulator_stops_the_nodes_a_killed_one_left(ftc_home, tmp_path):
     finally:
         successor.terminate()
         successor.communicate(timeout=60)
+
+
+def test_a_left_record_whose_namespace_number_now_names_another_programs_stops_nothing_there(tmp_path, monkeypatch):
+    """The kernel hands a namespace's number to the next namespace made once the last process of the first is
+    gone, so a record left by a killed emulator may name another program's (a Slurm node's): its
+    processes do not see that node's disk as /home, and live on."""
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
+    try:
+        mine = os.readlink("/proc/self/ns/mnt")
+        wait_for(lambda: os.readlink(f"/proc/{other.pid}/ns/mnt") != mine, "unshare's namespace of its own")
+        namespace = os.readlink(f"/proc/{other.pid}/ns/mnt")
+        gone = tmp_path / "gone"
+        (gone / "disk").mkdir(parents=True)
+        registry = tmp_path / "registry"
+        registry.mkdir()
+        for instance, disk in (("i-0left", ec2_emulator.file_identity(gone / "disk")), ("i-0older", None)):
+            record = {"owner": "999999999:1", "namespace": namespace, "dir": str(gone), "address": "127.0.1.250"}
+            (registry / instance).write_text(json.dumps({**record, **({"disk": disk} if disk else {})}))
+        monkeypatch.setattr(ec2_emulator, "REGISTRY", registry)
+        ec2_emulator.stop_left_nodes()
+        assert other.poll() is None and list(registry.iterdir()) == []
+    finally:
+        other.kill()
+        other.wait(10)
 
 
 def test_a_node_whose_address_answers_with_another_sshd_is_refused(ftc_home, tmp_path):

@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,14 +194,38 @@ def test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_an
     assert processes_under(slurm.root) == []
 
 
-def until_line(proc: subprocess.Popen, wanted: str) -> list[str]:
-    """Read ftc's stderr until a line holds `wanted` (the pending allocation is held there by its partition)."""
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if wanted in line:
-            return lines
-    raise AssertionError(f"ftc ended without {wanted!r}: {''.join(lines)}")
+def until_line(proc: subprocess.Popen, wanted: str, hang_s: float = 300) -> list[str]:
+    """Read ftc's stderr until a line holds `wanted` (the pending allocation is held there by its partition).
+    A reader thread does the reading, so an ftc that neither says it nor ends fails the test after `hang_s`
+    (a hang, not a race: the line comes within seconds) instead of holding the suite."""
+    lines, done = [], threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if wanted in line:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(hang_s):
+        proc.kill()
+        raise AssertionError(f"ftc neither said {wanted!r} nor ended in {hang_s:.0f} s: {''.join(lines)}")
+    if not any(wanted in line for line in lines):
+        raise AssertionError(f"ftc ended without {wanted!r}: {''.join(lines)}")
+    return lines
+
+
+def rest_of(proc: subprocess.Popen, hang_s: float = 300) -> str:
+    """The rest of ftc's stderr, once it ends (within seconds; after `hang_s` it is a hang, and fails)."""
+    rest = []
+    reader = threading.Thread(target=lambda: rest.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    reader.join(hang_s)
+    if reader.is_alive():
+        proc.kill()
+        raise AssertionError(f"ftc did not end within {hang_s:.0f} s")
+    return rest[0]
 
 
 @pytest.mark.slow
@@ -214,7 +239,7 @@ def test_ctrl_c_while_the_allocation_waits_shows_slurms_reason_then_cancels_it(s
         assert any("queued Slurm allocation" in line for line in seen), seen
         assert [line.split()[1:] for line in queue(slurm)] == [["ftc-wait", "PENDING"]]
         proc.send_signal(signal.SIGINT)
-        rest = proc.stderr.read()
+        rest = rest_of(proc)
         assert proc.wait(120) == 130, rest
     finally:
         if proc.poll() is None:
@@ -411,7 +436,7 @@ def test_an_allocation_held_while_it_waits_is_cancelled_naming_slurms_reason(slu
         until_line(proc, "PENDING (PartitionDown)")
         job_id = queue(slurm)[0].split()[0]
         subprocess.run(["scontrol", "uhold", job_id], check=True, env={**os.environ, **slurm.env()})
-        rest = proc.stderr.read()
+        rest = rest_of(proc)
         assert proc.wait(120) == 1, rest
     finally:
         if proc.poll() is None:

@@ -10,7 +10,7 @@ A variant is a VARIANTS name (ftc: ranks, flags, environment), optionally `@PREL
 tcmalloc, jemalloc, Intel OpenMP from .carry/libs; `glibc`, `g2`, `g3` preload nothing and only make a
 run's name unique), or `peerNxC[suffix]`: the peer (Hugging Face Trainer under torchrun) unpinned at N
 ranks. Compiled variants of one name share a kernel cache: the first compiles cold, later ones warm."""
-import argparse, json, os, sys, time
+import argparse, json, os, time
 from dataclasses import replace
 from pathlib import Path
 from runner.bench.common import Bench, started

@@ -132,8 +132,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     uncompiled at that launch's global batch (its ranks' rows a step together, as a user sets it with
     BATCH_SIZE): rates compared at one global batch. Pure."""
     ppn = default_ppn(1)
-    most = cores  # PEER_FASTEST; every shape has 2 cores or more a node, so it is never ftc's own launch
-    peer_rows = RECIPES["seed"]["batch_size"] * most // ppn  # the peer trains the seed recipe's batch a rank
+    peer_ppn = cores  # PEER_FASTEST; every shape has 2 cores or more a node, so it is never ftc's own launch
+    peer_rows = RECIPES["seed"]["batch_size"] * peer_ppn // ppn  # the peer trains the seed recipe's batch a rank
     at_peer_batch, peer_batch = f"{AT_PEER_BATCH}{peer_rows}", ("--batch-size", str(peer_rows))
 
     def named(kind: str, program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
@@ -152,10 +152,10 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
              named("from-home", "ftc", ppn, True, True, extra=default_shapes, from_home=True),
              named("peer-compiled", "peer", 1, True, True, "static", ("--static-shapes",)),
              named("other-shapes", "ftc", ppn, True, True, OTHER_SHAPES, ("--shapes", OTHER_SHAPES)),
-             named("peer-fastest", "peer", most, False, nodes > 1),
+             named("peer-fastest", "peer", peer_ppn, False, nodes > 1),
              named("eager", "ftc", ppn, False, True),
-             named("compiled-at-peer-launch", "ftc", most, True, True, extra=default_shapes),
-             named("eager-at-peer-launch", "ftc", most, False, True),
+             named("compiled-at-peer-launch", "ftc", peer_ppn, True, True, extra=default_shapes),
+             named("eager-at-peer-launch", "ftc", peer_ppn, False, True),
              named("compiled-at-peer-batch", "ftc", ppn, True, True, at_peer_batch, default_shapes + peer_batch),
              named("eager-at-peer-batch", "ftc", ppn, False, True, at_peer_batch, peer_batch)]
     return [launch for launch in every if launch.kind in kinds]
