@@ -57,6 +57,28 @@ def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
     return facts
 
 
+def read_until(proc: subprocess.Popen, stream, until, what: str, hang_s: float = 300) -> list[str]:
+    """The lines `stream` (proc's stdout or stderr) gives, up to the first for which until(line) holds. A thread
+    reads them: a process that neither gives that line nor ends within `hang_s` is a hang (the line comes within
+    seconds), killed and failed, instead of holding the suite; one that ends without it fails, its lines shown."""
+    lines, done = [], threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+            if until(line):
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(hang_s):
+        proc.kill()
+        raise AssertionError(f"no {what} within {hang_s:.0f} s:\n{''.join(lines)[-3000:]}")
+    if not lines or not until(lines[-1]):
+        raise AssertionError(f"it ended without {what}:\n{''.join(lines)[-3000:]}")
+    return lines
+
+
 def following(proc: subprocess.Popen) -> None:
     """Proof that `ftc finetune` (proc) is in its follow loop, where Ctrl-C detaches and a destroyed
     cluster is told: it has printed a line of the job's output (its stdout holds only those)."""
@@ -252,9 +274,6 @@ def start_emulator(disks: Path, **env: str) -> tuple[subprocess.Popen, str, list
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "ec2_emulator.py"), "0"],
                             env={**os.environ, **env, "FTC_EMULATOR_DIR": str(disks)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    before = []
-    for line in proc.stdout:
-        if line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="):
-            return proc, line.split("AWS_ENDPOINT_URL=")[1].split()[0], before
-        before.append(line)
-    raise AssertionError("the emulator ended before it was ready:\n" + "".join(before))
+    lines = read_until(proc, proc.stdout, lambda line: line.startswith("EC2 emulator ready: AWS_ENDPOINT_URL="),
+                       "the emulator's ready line")
+    return proc, lines[-1].split("AWS_ENDPOINT_URL=")[1].split()[0], lines[:-1]

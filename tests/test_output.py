@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import following, held_job
+from helpers import following, held_job, read_until
 
 from runner.node.protocol import line_mark
 from runner.report import first_bad_rank, for_terminal, progress, tracebacks
@@ -155,8 +155,7 @@ def test_ctrl_c_during_a_one_shot_run_says_what_it_tore_down(ftc_home, minilm, g
     run = subprocess.Popen([*FTC, "run", "--name", "stop", "--nodes", "1", "--task", "mrpc", "--model", minilm,
                             "--data-dir", str(glue_dir), "--epochs", "10"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while " step " not in (line := run.stdout.readline()):
-        assert line, run.communicate()
+    read_until(run, run.stdout, lambda line: " step " in line, "a step's line")
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err[-2000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import assert_refused, held_job, make, only_line, wait_for
+from helpers import assert_refused, held_job, make, only_line, read_until, wait_for
 
 from provision.errors import FtcError, UsageError
 from provision.providers.slurm import (
@@ -194,26 +194,9 @@ def test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_an
     assert processes_under(slurm.root) == []
 
 
-def until_line(proc: subprocess.Popen, wanted: str, hang_s: float = 300) -> list[str]:
-    """Read ftc's stderr until a line holds `wanted` (the pending allocation is held there by its partition).
-    A reader thread does the reading, so an ftc that neither says it nor ends fails the test after `hang_s`
-    (a hang, not a race: the line comes within seconds) instead of holding the suite."""
-    lines, done = [], threading.Event()
-
-    def read() -> None:
-        for line in proc.stderr:
-            lines.append(line)
-            if wanted in line:
-                break
-        done.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not done.wait(hang_s):
-        proc.kill()
-        raise AssertionError(f"ftc neither said {wanted!r} nor ended in {hang_s:.0f} s: {''.join(lines)}")
-    if not any(wanted in line for line in lines):
-        raise AssertionError(f"ftc ended without {wanted!r}: {''.join(lines)}")
-    return lines
+def until_line(proc: subprocess.Popen, wanted: str) -> list[str]:
+    """ftc's stderr up to a line that holds `wanted` (the pending allocation is held there by its partition)."""
+    return read_until(proc, proc.stderr, lambda line: wanted in line, repr(wanted))
 
 
 def rest_of(proc: subprocess.Popen, hang_s: float = 300) -> str:
