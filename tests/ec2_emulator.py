@@ -254,6 +254,14 @@ def file_identity(path: Path) -> str:
     return f"{found.st_dev}:{found.st_ino}"
 
 
+def _identity_if_there(path: Path) -> str:
+    """file_identity, or '' where nothing is at `path` (then no process is taken for the node's)."""
+    try:
+        return file_identity(path)
+    except OSError:
+        return ""
+
+
 def namespace_pids(namespace: str, disk: str) -> list[int]:
     """Every process of a node: a node's sshd, its sessions, whatever they started. Each is in the node's
     mount namespace and sees the node's disk (`disk`, its file identity) as /home. The namespace's number
@@ -307,7 +315,9 @@ def stop_left_nodes() -> None:
         pid, _, started = node["owner"].partition(":")
         if process_start(int(pid)) == started:
             continue  # its emulator still runs, and will stop it
-        stop_namespace(node["namespace"], node.get("disk", ""))  # a record without its disk names no process
+        # a record written before records held the disk's identity: the disk's own, if it is still there
+        disk = node.get("disk") or _identity_if_there(Path(node["dir"]) / "disk")
+        stop_namespace(node["namespace"], disk)
         shutil.rmtree(node["dir"], ignore_errors=True)
         record.unlink(missing_ok=True)
         print(f"{record.name}: stopped, at {node['address']} (left by an emulator that is gone, pid {pid})", flush=True)

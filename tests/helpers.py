@@ -5,6 +5,7 @@ real ssh between nodes, a real mpirun, the files the runner reads), two real glo
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -60,23 +61,42 @@ def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
 def read_until(proc: subprocess.Popen, stream, until, what: str, hang_s: float = 300) -> list[str]:
     """The lines `stream` (proc's stdout or stderr) gives, up to the first for which until(line) holds. A thread
     reads them: a process that neither gives that line nor ends within `hang_s` is a hang (the line comes within
-    seconds), killed and failed, instead of holding the suite; one that ends without it fails, its lines shown."""
-    lines, done = [], threading.Event()
+    seconds), stopped (stop_hung) and failed, instead of holding the suite; one that ends without it fails, with
+    all it said."""
+    lines, failed, done = [], [], threading.Event()
 
     def read() -> None:
-        for line in stream:
-            lines.append(line)
-            if until(line):
-                break
-        done.set()
+        try:
+            for line in stream:
+                lines.append(line)
+                if until(line):
+                    break
+        except Exception as exc:  # noqa: BLE001 - told to the test, not lost in the thread
+            failed.append(exc)
+        finally:
+            done.set()
 
     threading.Thread(target=read, daemon=True).start()
     if not done.wait(hang_s):
-        proc.kill()
+        stop_hung(proc)
         raise AssertionError(f"no {what} within {hang_s:.0f} s:\n{''.join(lines)[-3000:]}")
+    if failed:
+        raise AssertionError(f"reading up to {what} failed: {failed[0]!r}\n{''.join(lines)[-3000:]}")
     if not lines or not until(lines[-1]):
-        raise AssertionError(f"it ended without {what}:\n{''.join(lines)[-3000:]}")
+        rest = proc.communicate(timeout=60)
+        raise AssertionError(f"it ended without {what}:\n{''.join(lines)[-3000:]}\n{rest}")
     return lines
+
+
+def stop_hung(proc: subprocess.Popen) -> None:
+    """A hung `ftc` stopped as a user would: Ctrl-C first, so that it rolls back what it started (a queued
+    allocation, a local node), then SIGKILL if it does not end within a minute."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def following(proc: subprocess.Popen) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FTC, ftc
-from helpers import assert_refused, held_job, make, only_line, read_until, wait_for
+from helpers import assert_refused, held_job, make, only_line, read_until, stop_hung, wait_for
 
 from provision.errors import FtcError, UsageError
 from provision.providers.slurm import (
@@ -200,14 +200,16 @@ def until_line(proc: subprocess.Popen, wanted: str) -> list[str]:
 
 
 def rest_of(proc: subprocess.Popen, hang_s: float = 300) -> str:
-    """The rest of ftc's stderr, once it ends (within seconds; after `hang_s` it is a hang, and fails)."""
+    """The rest of ftc's stderr, to its end (within seconds; a stderr still open after `hang_s` is a hang, and fails)."""
     rest = []
     reader = threading.Thread(target=lambda: rest.append(proc.stderr.read()), daemon=True)
     reader.start()
     reader.join(hang_s)
     if reader.is_alive():
-        proc.kill()
-        raise AssertionError(f"ftc did not end within {hang_s:.0f} s")
+        stop_hung(proc)
+        raise AssertionError(f"ftc's stderr was still open {hang_s:.0f} s on")
+    if not rest:
+        raise AssertionError("reading ftc's stderr failed (the reader's error is above)")
     return rest[0]
 
 
