@@ -11,7 +11,7 @@ from conftest import ftc
 from helpers import one_error
 
 from runner.bench import end_to_end
-from runner.bench.end_to_end import PHASES, Job, finetune_command, peer_command, phase_split, report, table
+from runner.bench.end_to_end import PHASES, Job, finetune_command, peer_command, peer_ranks, phase_split, report, table
 
 # What a 2-node run of 64 rows and 1 epoch wrote (results.json's fields the split reads; run.json's
 # started_at), with the command's own start and end around it.
@@ -68,6 +68,12 @@ def test_the_peer_runs_by_hand_on_the_same_cores_with_ftcs_ranks_threads_and_job
     assert ftc_side[ftc_side.index("--lr") + 1] == "0.0001"
 
 
+def test_the_peer_runs_a_rank_a_core_at_its_fastest_launch_and_ftcs_ranks_at_ftcs():
+    assert peer_ranks("fastest", 16, world_size=1, threads=16) == (16, 1)  # ftc's one rank of 16 cores: 16 of 1
+    assert peer_ranks("ftc", 16, world_size=1, threads=16) == (1, 16)
+    assert peer_ranks("fastest", 2, world_size=2, threads=1) == peer_ranks("ftc", 2, world_size=2, threads=1) == (2, 1)
+
+
 def test_all_rows_is_no_row_limit_on_either_side():
     every = replace(JOB, rows=0)
     assert "--max-train-samples" not in finetune_command(every, "/w/results")
@@ -103,6 +109,7 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
     ("--nodes", "999", "--nodes='999' is out of range; allowed: 1.."),
     ("--lr", "fast", "--lr='fast' is not a number"),
     ("--repeats", "0", "--repeats='0' is out of range; allowed: 1..20"),
+    ("--peer-launch", "best", "--peer-launch='best' is not a launch of the peer; allowed: fastest, ftc"),
 ])
 def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, tmp_path, flag, value, message):
     out = tmp_path / "out"
@@ -115,8 +122,9 @@ def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, 
 @pytest.mark.slow
 def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(ftc_home, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = ftc("bench", "end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--out", str(out), "--work", str(work),
-               timeout=1200)
+    # one node of both cores: ftc's one rank of 2 threads, the peer at its fastest launch, 2 ranks of 1
+    proc = ftc("bench", "end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--nodes", "1", "--out", str(out),
+               "--work", str(work), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / end_to_end.RESULT_NAME).read_text())
     for key in ("ftc_wall_s", "peer_wall_s", "speedup", "phases", "machine", "command", "date", "ftc_accuracy",
@@ -126,9 +134,11 @@ def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(
     # each figure is rounded to the millisecond: the sum may pass the wall time by their rounding only
     assert sum(r["phases"].values()) <= r["ftc_wall_s"] + 0.01
     assert r["speedup"] == round(r["peer_wall_s"] / r["ftc_wall_s"], 3)
-    assert r["epochs"] == 1 and r["job"]["rows"] == 64 and r["job"]["world_size"] == 2
+    assert r["epochs"] == 1 and r["job"]["rows"] == 64
+    assert (r["job"]["world_size"], r["job"]["threads_per_rank"]) == (1, 2)
+    assert (r["peer_launch"], r["peer_world_size"]) == ("a rank a core", 2)
     assert 0 <= r["ftc_accuracy"] <= 1 and 0 <= r["peer_accuracy"] <= 1
-    # both ran the same job: the peer's results say so
+    # both ran the same rows, epochs, batch a rank and lr, the peer at its own launch: its results say so
     peer = json.loads((work / "peer" / "results.json").read_text())
     assert (peer["world_size"], peer["epochs"], peer["batch_size_per_rank"], peer["lr"], peer["train_samples"]) == \
         (2, 1, 32, r["job"]["lr"], 64)

@@ -15,8 +15,10 @@ wrote its results), epoch_metrics' pass_seconds (training) and stage_seconds (to
 checkpoint, save_model, to_first_step: runner/node/train.py's `timed`).
 
 The peer: `taskset -c CORES python -m torch.distributed.run --standalone --nproc-per-node N -m
-runner.node.hf_trainer ... --eval` with OMP_NUM_THREADS as ftc's ranks had, N as ftc's ranks, the
-same rows, model, epochs, batch per rank and lr; it scores dev after training (ftc after every
+runner.node.hf_trainer ... --eval` at its fastest launch (`--peer-launch fastest`, the default: a
+rank a core, OMP_NUM_THREADS=1, as the long-jobs bench finds it fastest) or at ftc's (`ftc`: N and
+OMP_NUM_THREADS as ftc's ranks had); the same rows, model, epochs, batch per rank and lr, so at its
+fastest launch a global batch of 32 rows a core. It scores dev after training (ftc after every
 epoch) and saves no checkpoint (ftc one per epoch, and the model). Writes OUT/end_to_end.json after
 each round, so a run cut short keeps the rounds it finished.
 """
@@ -42,6 +44,7 @@ from ..node import facts as node_facts
 from ..node.protocol import RESULTS_FILE
 from ..runs import RECORD
 from .common import REPO, TAIL, pretrained_model, progress, run_logged
+from .long_jobs import PEER_FASTEST
 
 NAME = "end-to-end"
 HELP = "`ftc finetune` on local nodes from the command to results at home, split into its phases, against the peer"
@@ -52,6 +55,8 @@ CLUSTER = "e2e"
 DEFAULT_LR = 1e-4
 PHASES = ("startup", "tokenization", "training", "evaluation", "checkpoint", "fetch")
 RESULT_NAME = "end_to_end.json"
+# How the peer is launched: at its own fastest launch (PEER_FASTEST), or at ftc's job's ranks and threads
+PEER_LAUNCHES = {"fastest": PEER_FASTEST, "ftc": "ftc's ranks and threads"}
 
 
 @dataclass(frozen=True)
@@ -78,16 +83,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="GLUE directory holding mrpc/train.tsv (default: the offline copy)")
     p.add_argument("--model", default=None, help="model directory (default: the packaged MiniLM)")
     p.add_argument("--repeats", default="3", help="rounds of both, the order alternating (default 3)")
+    p.add_argument("--peer-launch", default="fastest",
+                   help=f"the peer at its fastest launch ({PEER_FASTEST}; the default) or at ftc's ranks and threads (ftc)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return measure(args.job, args.repeats, Path(args.out).resolve(), args.work, args.command_line)
+    return measure(args.job, args.repeats, Path(args.out).resolve(), args.work, args.command_line, args.peer_launch)
 
 
 def checked(args: argparse.Namespace) -> None:
     """Every input through the shared parsers, the job as `args.job`; a bad one is one line naming it
     (exit 2), nothing made."""
     args.repeats = whole(1, 20)("repeats", args.repeats)
+    if args.peer_launch not in PEER_LAUNCHES:
+        raise UsageError(f"{option('peer_launch')}={args.peer_launch!r} is not a launch of the peer; allowed: "
+                         f"{', '.join(PEER_LAUNCHES)}")
     writable_dir("out", args.out)
     if args.work:
         writable_dir("work", args.work)
@@ -126,6 +136,12 @@ def peer_command(job: Job, cores: list[int], ranks: int, threads: int, output_di
     return command, {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
 
 
+def peer_ranks(launch: str, cores: int, world_size: int, threads: int) -> tuple[int, int]:
+    """The peer's ranks and threads a rank on `cores` cores: a rank a core at its fastest launch, else ftc's job's
+    (`world_size` ranks of `threads`). Pure."""
+    return (cores, 1) if launch == "fastest" else (world_size, threads)
+
+
 def iso_seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
@@ -155,7 +171,8 @@ def phase_split(command_start: float, command_end: float, launched_at: float, re
             "unaccounted": round(wall - sum(phases.values()), 3)}
 
 
-def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command: str, date: str) -> dict:
+def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command: str, date: str,
+           peer_launch: str = "fastest") -> dict:
     """end_to_end.json: both sides' wall times over the rounds (medians, [min, max], every run), the
     ratio of the medians, and the split of ftc's median run; what ran. `ftcs` and `peers`: what
     time_ftc and time_peer measured, a round each. Pure."""
@@ -179,6 +196,7 @@ def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command:
             "phases": split["phases"], "startup_detail": split["startup_detail"], "unaccounted_s": split["unaccounted"],
             "ftc_accuracy": results.get("eval_accuracy"), "peer_accuracy": peer_results.get("eval_accuracy"),
             "ftc_f1": results.get("eval_f1"), "peer_f1": peer_results.get("eval_f1"),
+            "peer_launch": PEER_LAUNCHES[peer_launch], "peer_world_size": peer_results.get("world_size"),
             "peer_training_s": round(sum(e["pass_seconds"] for e in peer_results["epoch_metrics"]), 3),
             "cluster_up_s": round(ftc["cluster_up_s"], 3),
             # this machine's 1-minute load average before and after each side: others' work shares its cores
@@ -200,7 +218,7 @@ def table(r: dict) -> str:
 
 # ---- the measurement (processes) ---------------------------------------------------------------------
 
-def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -> int:
+def measure(job: Job, repeats: int, out: Path, work: str | None, command: str, peer_launch: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ftc-e2e-") as scratch:
         base = Path(work).resolve() if work else Path(scratch)
@@ -208,7 +226,7 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -
         cores = sorted(os.sched_getaffinity(0))
         machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
         progress(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
-                 f"{job.epochs} epochs, {job.nodes} local nodes")
+                 f"{job.epochs} epochs, {job.nodes} local nodes; the peer at {PEER_LAUNCHES[peer_launch]}")
         ftcs, peers = [], []
         for round_ in range(repeats):  # the order alternates, so neither side always runs on a machine the other warmed
             where = base / f"round-{round_ + 1}" if repeats > 1 else base
@@ -217,9 +235,10 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str) -
                 if side == "ftc":
                     ftcs.append(time_ftc(job, where))
                 else:
-                    first = ftcs[0]["results"]  # round 1 runs ftc first: the peer takes its ranks and threads
-                    peers.append(time_peer(job, cores, first["world_size"], first["threads_per_rank"], where))
-            r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+                    first = ftcs[0]["results"]  # round 1 runs ftc first: at ftc's launch the peer takes its ranks
+                    peers.append(time_peer(job, cores, *peer_ranks(peer_launch, len(cores), first["world_size"],
+                                                                   first["threads_per_rank"]), where))
+            r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"), peer_launch)
             (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
     print(table(r))
     print(f"ftc {r['ftc_wall_s']:.1f} s, peer {r['peer_wall_s']:.1f} s: {r['speedup']:.2f}x; dev accuracy ftc "
