@@ -83,7 +83,11 @@ def read_until(proc: subprocess.Popen, stream, until, what: str, hang_s: float =
     if failed:
         raise AssertionError(f"reading up to {what} failed: {failed[0]!r}\n{''.join(lines)[-3000:]}")
     if not lines or not until(lines[-1]):
-        rest = proc.communicate(timeout=60)
+        try:
+            rest = "".join(part or "" for part in proc.communicate(timeout=60))[-3000:]
+        except subprocess.TimeoutExpired:  # its stream ended, not the process (or what holds its other pipe)
+            stop_hung(proc)
+            rest = "(it ran on; stopped)"
         raise AssertionError(f"it ended without {what}:\n{''.join(lines)[-3000:]}\n{rest}")
     return lines
 

@@ -3,6 +3,7 @@ results.json as a real run wrote it), the peer launched as a user would by hand,
 one real run of both sides on a slice of MRPC."""
 
 import json
+import os
 from dataclasses import replace
 from datetime import datetime
 
@@ -12,6 +13,7 @@ from helpers import one_error
 
 from runner.bench import end_to_end
 from runner.bench.end_to_end import PHASES, Job, finetune_command, peer_command, peer_ranks, phase_split, report, table
+from runner.node.facts import cpu_topology
 
 # What a 2-node run of 64 rows and 1 epoch wrote (results.json's fields the split reads; run.json's
 # started_at), with the command's own start and end around it.
@@ -68,10 +70,14 @@ def test_the_peer_runs_by_hand_on_the_same_cores_with_ftcs_ranks_threads_and_job
     assert ftc_side[ftc_side.index("--lr") + 1] == "0.0001"
 
 
-def test_the_peer_runs_a_rank_a_core_at_its_fastest_launch_and_ftcs_ranks_at_ftcs():
-    assert peer_ranks("fastest", 16, world_size=1, threads=16) == (16, 1)  # ftc's one rank of 16 cores: 16 of 1
-    assert peer_ranks("ftc", 16, world_size=1, threads=16) == (1, 16)
-    assert peer_ranks("fastest", 2, world_size=2, threads=1) == peer_ranks("ftc", 2, world_size=2, threads=1) == (2, 1)
+def test_the_peer_runs_a_rank_a_physical_core_at_its_fastest_launch_and_ftcs_ranks_at_ftcs():
+    sixteen = list(range(16))
+    # ftc's one rank of 16 cores: the peer's 16 of 1, or ftc's own
+    assert peer_ranks("fastest", sixteen, sixteen, world_size=1, threads=16) == (sixteen, 16, 1)
+    assert peer_ranks("ftc", sixteen, sixteen, world_size=1, threads=16) == (sixteen, 1, 16)
+    # 4 hardware threads on 2 cores: a rank on the first thread of each core, as ftc counts cores
+    assert peer_ranks("fastest", [0, 1, 2, 3], [0, 2], world_size=1, threads=2) == ([0, 2], 2, 1)
+    assert peer_ranks("ftc", [0, 1, 2, 3], [0, 2], world_size=1, threads=2) == ([0, 1, 2, 3], 1, 2)
 
 
 def test_all_rows_is_no_row_limit_on_either_side():
@@ -85,20 +91,22 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
                 "command_end": COMMAND_END, "cluster_up_s": 4.8, "load": [0.5, 0.6], "results": RESULTS,
                 "run": {"started_at": LAUNCHED}}
     peer = {"command": ["torchrun"], "wall_s": 11.0, "load": [0.4, 0.5],
-            "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}]}}
+            "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}], "world_size": 4}}
     slower = {**ftc_side, "command_end": COMMAND_END + 5.0, "results": {**RESULTS, "eval_accuracy": 0.5}}
     r = report(JOB, [slower, ftc_side, slower], [peer, {**peer, "wall_s": 12.0}, {**peer, "wall_s": 10.0}],
-               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
+               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest")
     # medians over the rounds; the split and the accuracy from ftc's median run
     assert r["ftc_wall_s"] == round(COMMAND_END + 5.0 - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
     assert r["speedup"] == round(11.0 / (COMMAND_END + 5.0 - COMMAND_START), 3) and r["repeats"] == 3
     assert r["peer_wall_s_runs"] == [11.0, 12.0, 10.0] and len(r["ftc_wall_s_runs"]) == 3
-    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02")
+    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest")
     assert one["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and one["repeats"] == 1
     r = one
     assert (r["ftc_accuracy"], r["peer_accuracy"]) == (0.681373, 0.7) and r["epochs"] == 1
     assert r["phases"] == phase_split(COMMAND_START, COMMAND_END, LAUNCHED, RESULTS)["phases"]
     assert r["job"]["world_size"] == 2 and r["job"]["rows"] == 64 and r["cluster_up_s"] == 4.8
+    # the peer at a rank a core on 4 cores: 4 ranks of 32 rows a step against ftc's 2
+    assert (r["peer_launch"], r["peer_world_size"], r["global_batch"]) == ("a rank a core", 4, {"ftc": 64, "peer": 128})
     assert r["ftc_command"].startswith("ftc finetune --name e2e ")
     assert [line.split(" | ")[0] for line in table(r).splitlines()[2:8]] == [f"| {p}" for p in PHASES]
 
@@ -122,7 +130,8 @@ def test_end_to_end_refuses_a_bad_value_in_one_line_and_makes_nothing(ftc_home, 
 @pytest.mark.slow
 def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(ftc_home, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    # one node of both cores: ftc's one rank of 2 threads, the peer at its fastest launch, 2 ranks of 1
+    # one node of every core: ftc's one rank of them all, the peer at its fastest launch, a rank a core
+    cores = cpu_topology(sorted(os.sched_getaffinity(0)))["physical_cores"]
     proc = ftc("bench", "end-to-end", "--rows", "64", "--epochs", "1", "--repeats", "1", "--nodes", "1", "--out", str(out),
                "--work", str(work), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -135,13 +144,14 @@ def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(
     assert sum(r["phases"].values()) <= r["ftc_wall_s"] + 0.01
     assert r["speedup"] == round(r["peer_wall_s"] / r["ftc_wall_s"], 3)
     assert r["epochs"] == 1 and r["job"]["rows"] == 64
-    assert (r["job"]["world_size"], r["job"]["threads_per_rank"]) == (1, 2)
-    assert (r["peer_launch"], r["peer_world_size"]) == ("a rank a core", 2)
+    assert (r["job"]["world_size"], r["job"]["threads_per_rank"]) == (1, cores)
+    assert (r["peer_launch"], r["peer_world_size"]) == ("a rank a core", cores)
+    assert r["global_batch"] == {"ftc": 32, "peer": 32 * cores}
     assert 0 <= r["ftc_accuracy"] <= 1 and 0 <= r["peer_accuracy"] <= 1
     # both ran the same rows, epochs, batch a rank and lr, the peer at its own launch: its results say so
     peer = json.loads((work / "peer" / "results.json").read_text())
     assert (peer["world_size"], peer["epochs"], peer["batch_size_per_rank"], peer["lr"], peer["train_samples"]) == \
-        (2, 1, 32, r["job"]["lr"], 64)
+        (cores, 1, 32, r["job"]["lr"], 64)
     stages = json.loads((work / "ftc-results" / "results.json").read_text())["stage_seconds"]
     assert set(stages) == {"tokenize", "to_first_step", "evaluate", "checkpoint", "save_model"}
     assert "| startup |" in proc.stdout and "wrote" in proc.stdout

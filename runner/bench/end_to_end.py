@@ -1,7 +1,7 @@
 """`ftc bench end-to-end`: how long a user waits for a trained model, from `ftc finetune` to its
-results at home, split into where the time went; against the same job as the peer's script
-(runner/node/hf_trainer.py, Hugging Face Trainer) under a hand-written torchrun on the same cores,
-wall to wall.
+results at home, split into where the time went; against the same rows, epochs, batch a rank and lr
+in the peer's script (runner/node/hf_trainer.py, Hugging Face Trainer) under a hand-written torchrun
+on the same cores, wall to wall.
 
     ftc bench end-to-end --out docs                              # full MRPC, 3 epochs, 2 local nodes
     ftc bench end-to-end --out runs/e2e --rows 64 --epochs 1     # a tiny slice (tests)
@@ -16,9 +16,10 @@ checkpoint, save_model, to_first_step: runner/node/train.py's `timed`).
 
 The peer: `taskset -c CORES python -m torch.distributed.run --standalone --nproc-per-node N -m
 runner.node.hf_trainer ... --eval` at its fastest launch (`--peer-launch fastest`, the default: a
-rank a core, OMP_NUM_THREADS=1, as the long-jobs bench finds it fastest) or at ftc's (`ftc`: N and
-OMP_NUM_THREADS as ftc's ranks had); the same rows, model, epochs, batch per rank and lr, so at its
-fastest launch a global batch of 32 rows a core. It scores dev after training (ftc after every
+rank a physical core, CORES the first hardware thread of each, OMP_NUM_THREADS=1, as the long-jobs
+bench finds it fastest) or at ftc's (`ftc`: N and OMP_NUM_THREADS as ftc's ranks had, CORES all of
+them); the same rows, model, epochs, batch per rank and lr, so at its fastest launch a global batch
+of the batch a rank times the cores (the report gives both sides' global batches). It scores dev after training (ftc after every
 epoch) and saves no checkpoint (ftc one per epoch, and the model). Writes OUT/end_to_end.json after
 each round, so a run cut short keeps the rounds it finished.
 """
@@ -51,7 +52,7 @@ HELP = "`ftc finetune` on local nodes from the command to results at home, split
 FTC = [sys.executable, "-m", "runner.cli"]
 CLUSTER = "e2e"
 # The demo probe's (docs/probes/demo_settings.txt) 3-epoch setting that reached 0.80 dev accuracy with
-# the model's own dropout, at the same global batch of 64: a trained model, not the majority class.
+# the model's own dropout, at a global batch of 64: a trained model, not the majority class.
 DEFAULT_LR = 1e-4
 PHASES = ("startup", "tokenization", "training", "evaluation", "checkpoint", "fetch")
 RESULT_NAME = "end_to_end.json"
@@ -66,7 +67,7 @@ class Job:
     data_dir: str  # a GLUE directory holding mrpc/
     rows: int
     epochs: int
-    nodes: int  # ftc's local nodes; the peer runs as many ranks as ftc's job had
+    nodes: int  # ftc's local nodes
     batch_size: int  # per rank
     lr: float
 
@@ -136,10 +137,14 @@ def peer_command(job: Job, cores: list[int], ranks: int, threads: int, output_di
     return command, {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
 
 
-def peer_ranks(launch: str, cores: int, world_size: int, threads: int) -> tuple[int, int]:
-    """The peer's ranks and threads a rank on `cores` cores: a rank a core at its fastest launch, else ftc's job's
-    (`world_size` ranks of `threads`). Pure."""
-    return (cores, 1) if launch == "fastest" else (world_size, threads)
+def peer_ranks(launch: str, allowed: list[int], core_cpus: list[int], world_size: int,
+               threads: int) -> tuple[list[int], int, int]:
+    """Where the peer runs (the CPUs its taskset names), its ranks and its threads a rank: at its fastest launch
+    a rank on each physical core (`core_cpus`, the first hardware thread of each), else ftc's job's `world_size`
+    ranks of `threads` on every `allowed` CPU. Pure."""
+    if launch == "fastest":
+        return core_cpus, len(core_cpus), 1
+    return allowed, world_size, threads
 
 
 def iso_seconds(stamp: str) -> float:
@@ -172,7 +177,7 @@ def phase_split(command_start: float, command_end: float, launched_at: float, re
 
 
 def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command: str, date: str,
-           peer_launch: str = "fastest") -> dict:
+           peer_launch: str) -> dict:
     """end_to_end.json: both sides' wall times over the rounds (medians, [min, max], every run), the
     ratio of the medians, and the split of ftc's median run; what ran. `ftcs` and `peers`: what
     time_ftc and time_peer measured, a round each. Pure."""
@@ -197,6 +202,9 @@ def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command:
             "ftc_accuracy": results.get("eval_accuracy"), "peer_accuracy": peer_results.get("eval_accuracy"),
             "ftc_f1": results.get("eval_f1"), "peer_f1": peer_results.get("eval_f1"),
             "peer_launch": PEER_LAUNCHES[peer_launch], "peer_world_size": peer_results.get("world_size"),
+            # rows a step: the batch a rank times the ranks (the peer at its fastest launch: one a core)
+            "global_batch": {"ftc": job.batch_size * results["world_size"],
+                             "peer": job.batch_size * (peer_results.get("world_size") or 0)},
             "peer_training_s": round(sum(e["pass_seconds"] for e in peer_results["epoch_metrics"]), 3),
             "cluster_up_s": round(ftc["cluster_up_s"], 3),
             # this machine's 1-minute load average before and after each side: others' work shares its cores
@@ -204,7 +212,8 @@ def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command:
             "ftc_command": "ftc " + " ".join(ftc["command"]), "peer_command": " ".join(peer["command"]),
             "not_timed": "the local cluster's up and bootstrap (cluster_up_s), before ftc's command",
             "differences": "ftc scores dev after every epoch and saves a checkpoint each epoch and the model; "
-                           "the peer scores dev once, after training, and saves neither"}
+                           "the peer scores dev once, after training, and saves neither; where their ranks differ, "
+                           "so do their rows a step (global_batch) and so their optimizer steps"}
 
 
 def table(r: dict) -> str:
@@ -224,6 +233,7 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str, p
         base = Path(work).resolve() if work else Path(scratch)
         base.mkdir(parents=True, exist_ok=True)
         cores = sorted(os.sched_getaffinity(0))
+        core_cpus = node_facts.cpu_topology(cores)["core_cpus"]
         machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
         progress(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
                  f"{job.epochs} epochs, {job.nodes} local nodes; the peer at {PEER_LAUNCHES[peer_launch]}")
@@ -236,8 +246,8 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str, p
                     ftcs.append(time_ftc(job, where))
                 else:
                     first = ftcs[0]["results"]  # round 1 runs ftc first: at ftc's launch the peer takes its ranks
-                    peers.append(time_peer(job, cores, *peer_ranks(peer_launch, len(cores), first["world_size"],
-                                                                   first["threads_per_rank"]), where))
+                    peers.append(time_peer(job, *peer_ranks(peer_launch, cores, core_cpus, first["world_size"],
+                                                            first["threads_per_rank"]), where))
             r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"), peer_launch)
             (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
     print(table(r))
