@@ -59,17 +59,17 @@ def assert_bootstrapped(home: Path, name: str, nodes: int) -> list[dict]:
 
 
 def read_until(proc: subprocess.Popen, stream, until, what: str, hang_s: float = 300) -> list[str]:
-    """The lines `stream` (proc's stdout or stderr) gives, up to the first for which until(line) holds. A thread
-    reads them: a process that neither gives that line nor ends within `hang_s` is a hang (the line comes within
-    seconds), stopped (stop_hung) and failed, instead of holding the suite; one that ends without it fails, with
-    all it said."""
+    """The lines `stream` (proc's stdout or stderr) gives, up to the first for which until(line) holds (until
+    None: to the stream's end). A thread reads them: a process that neither gives that line nor ends within
+    `hang_s` is a hang (the line comes within seconds), stopped (stop_hung) and failed, instead of holding the
+    suite; one that ends without it fails, with all it said."""
     lines, failed, done = [], [], threading.Event()
 
     def read() -> None:
         try:
             for line in stream:
                 lines.append(line)
-                if until(line):
+                if until is not None and until(line):
                     break
         except Exception as exc:  # noqa: BLE001 - told to the test, not lost in the thread
             failed.append(exc)
@@ -82,7 +82,7 @@ def read_until(proc: subprocess.Popen, stream, until, what: str, hang_s: float =
         raise AssertionError(f"no {what} within {hang_s:.0f} s:\n{''.join(lines)[-3000:]}")
     if failed:
         raise AssertionError(f"reading up to {what} failed: {failed[0]!r}\n{''.join(lines)[-3000:]}")
-    if not lines or not until(lines[-1]):
+    if until is not None and (not lines or not until(lines[-1])):
         try:
             rest = "".join(part or "" for part in proc.communicate(timeout=60))[-3000:]
         except subprocess.TimeoutExpired:  # its stream ended, not the process (or what holds its other pipe)
