@@ -15,7 +15,7 @@ from provision.spec import (
 from provision.values import boolean
 from runner import plan
 from runner.jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
-from runner.node.recipes import COMPILE_MIN_STEPS, GRAD_COMPRESS, POWERSGD_RANK
+from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, GRAD_COMPRESS, POWERSGD_RANK
 from runner.plan import SETUP_MINUTES
 
 DEFAULT_WORLD = default_world()  # where INSTANCE_TYPE and REGION default from (of the built-ins: AWS)
@@ -224,7 +224,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--ena-express", default=None, metavar="1|0",
                    help="each TCP flow at ENA Express's cap (default: on where the instance type has it, as ftc's clusters)")
     p.add_argument("--compile", default=None, metavar="auto|on|off",
-                   help=f"torch.compile on every node (default auto: from {COMPILE_MIN_STEPS} steps a job, as ftc's jobs)")
+                   help=f"torch.compile on every node (default auto: from {COMPILE_MIN_STEPS} steps a job on ranks of "
+                        f"{COMPILE_MIN_THREADS} threads or more, as ftc's jobs)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "recommendation": "..."} only')
 
 

@@ -4,7 +4,7 @@ builds the parser, so it would pay their import).
 """
 
 from .node import glue
-from .node.recipes import POWERSGD_RANK, RECIPES
+from .node.recipes import COMPILE_MIN_THREADS, POWERSGD_RANK, RECIPES
 
 JOB_FLAGS = {
     "task": "GLUE task: " + ", ".join(glue.TASKS) + "; or custom (your own --train-file and --validation-file)",
@@ -37,7 +37,8 @@ JOB_FLAGS = {
     "ppn": "ranks per node (default: one per socket, the fastest at the recipe's global batch; more ranks are "
            "faster only as each adds its batch to the global batch: docs/performance.md)",
     "compile": "torch.compile the training step on every node: auto (default: where the job's planned steps pay "
-               "the compile back; kernels an earlier cluster compiled count as warm), on or off",
+               f"the compile back and a rank has {COMPILE_MIN_THREADS} threads or more; kernels an earlier cluster "
+               "compiled count as warm), on or off",
     "seed": f"the random seed of the new head's weights, the data's order, dropout and PowerSGD (default "
             f"{RECIPES['ftc']['seed']}): "
             "a run with another seed measures the spread of a recipe's accuracy",

@@ -11,7 +11,7 @@ from rich.markup import escape
 from provision.errors import UsageError
 from provision.ui import answer
 from provision.values import boolean, label, number, one_of, whole
-from runner.node.recipes import COMPILE_MIN_STEPS, POWERSGD_RANK, wire_compress
+from runner.node.recipes import POWERSGD_RANK, compiles_unmeasured, wire_compress
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
@@ -46,9 +46,9 @@ def bench_figures(path: str) -> dict:
 def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int):
     """The levers `ftc plan` models on instance type `kind` of `world`: its flags where given, else what
     ftc's jobs do there (estimate.default_levers; compiled where the job plans COMPILE_MIN_STEPS steps or
-    more, as --compile auto decides without a measurement); `compress` is plan_compress's. The all-reduce
-    is after backward unless --allreduce names another: where it does not, the plan also weighs the
-    communication core, as the controller does (exchange_for)."""
+    more on a rank of the node's cores, as --compile auto decides without a measurement); `compress` is
+    plan_compress's. The all-reduce is after backward unless --allreduce names another: where it does not,
+    the plan also weighs the communication core, as the controller does (exchange_for)."""
     from provision.estimate import Levers, default_levers
     from runner.jobspec import PARSERS as JOB_PARSERS
     express = kind.ena_express if args.ena_express is None else boolean("ena_express", args.ena_express)
@@ -67,7 +67,7 @@ def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int
     compiled = one_of(("auto", "on", "off"))("compile", args.compile) if args.compile else "auto"
     return Levers(flows, mode in ("overlap", "comm-core"), accumulate, POWERSGD_RANK if compress == "powersgd" else 0,
                   comm_core=mode == "comm-core", express=express,
-                  compiled=compiled == "on" or (compiled == "auto" and steps >= COMPILE_MIN_STEPS))
+                  compiled=compiled == "on" or (compiled == "auto" and compiles_unmeasured(steps, kind.physical_cores)))
 
 
 def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, steps: int = 0) -> str:
@@ -91,7 +91,8 @@ def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, s
     cls = estimate.xeon_class(kind.native_bf16)
     rate, _ = plan_rate(None, bench, kind, cls, estimate.DISTILBERT_PARAMS)
     after = replace(estimate.default_levers(kind.network_gbps, express and kind.ena_express, own.flow_gbps,
-                                            own.express_flow_gbps), compiled=steps >= COMPILE_MIN_STEPS)
+                                            own.express_flow_gbps),
+                    compiled=compiles_unmeasured(steps, kind.physical_cores))
     compiled = compile_figures(str(DEFAULT_BENCH)) or estimate.NO_COMPILE
     rows = [estimate.plan([nodes], 1, 1, rate, 32, estimate.gradient_bytes(bf16=cls == "bf16"), kind.network_gbps,
                           bench["exposure"], bench["wait_share"], 0.0, 0.0, levers, own.hop_latency_s, own.flow_gbps,

@@ -34,7 +34,7 @@ from runner.node.compile_policy import (
     shipped_entries,
 )
 from runner.node.protocol import kernels_words
-from runner.node.recipes import COMPILE_MIN_STEPS
+from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, compiles_unmeasured
 from runner.node.stepstats import PHASES, StepStats
 
 CONFIG = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "id2label": {"0": "a", "1": "b"},
@@ -44,20 +44,36 @@ CONFIG = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "id2label": {"0
 # ---- whether a rank compiles ------------------------------------------------------------------------
 
 def test_compile_choice_auto_compiles_from_the_step_count_that_pays_back():
-    assert compile_choice("auto", COMPILE_MIN_STEPS) == (
+    assert compile_choice("auto", COMPILE_MIN_STEPS, 16) == (
         True, f"on (planned {COMPILE_MIN_STEPS} steps >= {COMPILE_MIN_STEPS} with a cold kernel cache: "
               "the compile pays back)")
-    assert compile_choice("auto", COMPILE_MIN_STEPS - 1) == (
+    assert compile_choice("auto", COMPILE_MIN_STEPS - 1, 16) == (
         False, f"off (planned {COMPILE_MIN_STEPS - 1} steps < {COMPILE_MIN_STEPS} with a cold kernel cache: "
                "the compile would not pay back)")
+
+
+def test_compile_choice_auto_leaves_ranks_of_few_threads_eager_unless_measured():
+    assert compile_choice("auto", 9 * COMPILE_MIN_STEPS, COMPILE_MIN_THREADS - 1) == (
+        False, f"off (a rank of {COMPILE_MIN_THREADS - 1} threads: compiled steps ran no faster than eager below "
+               f"{COMPILE_MIN_THREADS} threads a rank)")
+    assert compile_choice("auto", 9 * COMPILE_MIN_STEPS, 1, "warm")[1].startswith("off (a rank of 1 thread: ")
+    assert compile_choice("auto", COMPILE_MIN_STEPS, COMPILE_MIN_THREADS)[0]
+    assert compile_choice("on", 5, 1)[0]
+    # what the node measured at that launch decides, whatever the threads
+    one_thread = "16 ranks on 1 node(s), gradient bf16"
+    noted = {"cold_s": 90.0, "rates": {one_thread: {"eager_tokens_per_s": 500.0, "compiled_tokens_per_s": 900.0}}}
+    assert compile_choice("auto", 4000, 1, "cold", measured_figures(noted, "cold", one_thread, 1e6))[0]
+    assert compiles_unmeasured(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS)
+    assert not compiles_unmeasured(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS - 1)
+    assert not compiles_unmeasured(COMPILE_MIN_STEPS - 1, 64)
 
 
 def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
     warm_min = compile_min_steps("warm")
     assert warm_min == math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE) < COMPILE_MIN_STEPS
-    assert compile_choice("auto", warm_min, "warm")[0]
-    assert not compile_choice("auto", warm_min - 1, "warm")[0]
-    assert not compile_choice("auto", warm_min, "cold")[0]
+    assert compile_choice("auto", warm_min, 16, "warm")[0]
+    assert not compile_choice("auto", warm_min - 1, 16, "warm")[0]
+    assert not compile_choice("auto", warm_min, 16, "cold")[0]
 
 
 def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():
@@ -66,28 +82,28 @@ def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_i
              "rates": {two: {"eager_tokens_per_s": 4000.0, "compiled_tokens_per_s": 6400.0},
                        "1 ranks on 1 node(s), gradient bf16": {"eager_tokens_per_s": 9000.0}}}
     # a rank's steps save 1/4000 - 1/6400 s a token: 50 s over 533,334 tokens, 170 s over 1,813,334
-    assert compile_choice("auto", 400, "warm", measured_figures(noted, "warm", two, 600_000.0)) == (
+    assert compile_choice("auto", 400, 16, "warm", measured_figures(noted, "warm", two, 600_000.0)) == (
         True, "on (measured on this node: a warm compile 50 s; a rank's steps 4000 real tokens/s eager, 6400 "
               "compiled: the 400 planned steps save 56 s)")
-    assert not compile_choice("auto", 400, "warm", measured_figures(noted, "warm", two, 500_000.0))[0]
+    assert not compile_choice("auto", 400, 16, "warm", measured_figures(noted, "warm", two, 500_000.0))[0]
     # planned steps alone would say on
-    assert not compile_choice("auto", 3000, "cold", measured_figures(noted, "cold", two, 1_800_000.0))[0]
-    assert compile_choice("auto", 3000, "cold", measured_figures(noted, "cold", two, 1_900_000.0))[0]
+    assert not compile_choice("auto", 3000, 16, "cold", measured_figures(noted, "cold", two, 1_800_000.0))[0]
+    assert compile_choice("auto", 3000, 16, "cold", measured_figures(noted, "cold", two, 1_900_000.0))[0]
     # a figure this node has not measured, for these kernels or this layout: by planned steps
     assert measured_figures({**noted, "cold_s": None}, "cold", two, 9e9) is None
     assert measured_figures(noted, "warm", "1 ranks on 1 node(s), gradient bf16", 9e9) is None  # no compiled rate at 1 rank
     assert measured_figures(noted, "warm", "4 ranks on 2 node(s), gradient bf16", 9e9) is None
-    assert compile_choice("auto", 400, "cold", None) == compile_choice("auto", 400, "cold")
+    assert compile_choice("auto", 400, 16, "cold", None) == compile_choice("auto", 400, 16, "cold")
     # kernels shipped from the cluster that compiled them cold: their warm compile is its share of the cold one
     shipped = {k: v for k, v in noted.items() if k != "warm_s"}
     from_cold = measured_figures(shipped, "warm", two, 600_000.0, "an earlier cluster")
     assert from_cold.compile_s == 170.0 * WARM_COMPILE_SHARE and from_cold.from_cold
-    assert compile_choice("auto", 400, "warm", from_cold)[1].startswith(
+    assert compile_choice("auto", 400, 16, "warm", from_cold)[1].startswith(
         f"off (measured on an earlier cluster: a warm compile {170.0 * WARM_COMPILE_SHARE:.0f} s, "
         f"{WARM_COMPILE_SHARE:.1%} of the cold one; ")
-    assert compile_choice("auto", 400, "warm", measured_figures(shipped, "warm", two, 2_000_000.0))[0]
+    assert compile_choice("auto", 400, 16, "warm", measured_figures(shipped, "warm", two, 2_000_000.0))[0]
     assert measured_figures(shipped, "cold", two, 9e9).compile_s == 170.0  # a cold compile is never estimated
-    assert not compile_choice("off", 9000, "warm", measured_figures(noted, "warm", two, 9e9))[0]
+    assert not compile_choice("off", 9000, 16, "warm", measured_figures(noted, "warm", two, 9e9))[0]
     # a note's figures that are not numbers (a note is a file from elsewhere) count as not measured
     for bad in ("90", None, True, [1], float("nan"), -1.0):
         assert measured_figures({**noted, "cold_s": bad, "warm_s": bad}, "warm", two, 9e9) is None
@@ -112,8 +128,8 @@ def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
 
 
 def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():
-    assert compile_choice("on", 5) == (True, "on (--compile on, planned 5 steps)")
-    assert compile_choice("off", 5000) == (False, "off (--compile off, planned 5000 steps)")
+    assert compile_choice("on", 5, 16) == (True, "on (--compile on, planned 5 steps)")
+    assert compile_choice("off", 5000, 16) == (False, "off (--compile off, planned 5000 steps)")
 
 
 # ---- what makes kept kernels valid ------------------------------------------------------------------

@@ -35,7 +35,7 @@ from .protocol import (  # noqa: E402
     merged_note,
     write_whole,
 )
-from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS  # noqa: E402
+from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, compiles_unmeasured  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
@@ -149,10 +149,12 @@ def seconds_or_rate(figure) -> float | None:
     return float(figure)
 
 
-def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: Measured | None = None) -> tuple[bool, str]:
+def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold",
+                   measured: Measured | None = None) -> tuple[bool, str]:
     """Whether to torch.compile, and why, in words for the log and results.json. Where this node, or an
     earlier cluster whose note came with the kernels, has measured it (`measured`), the compile runs when
-    the time it saves over this rank's planned tokens exceeds its measured cost. Else by planned steps: with the kernel cache warm
+    the time it saves over this rank's planned tokens exceeds its measured cost. Else never for a rank of
+    fewer than COMPILE_MIN_THREADS `threads`, and otherwise by planned steps: with the kernel cache warm
     (an earlier job compiled the same model and shapes, here or on an earlier cluster), the compile
     costs WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
     if mode != "auto":
@@ -166,7 +168,10 @@ def compile_choice(mode: str, total_steps: int, cache: str = "cold", measured: M
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
     min_steps = compile_min_steps(cache)
-    if total_steps >= min_steps:
+    if threads < COMPILE_MIN_THREADS:
+        return False, (f"off (a rank of {threads} thread{'s' if threads > 1 else ''}: compiled steps ran no faster "
+                       f"than eager below {COMPILE_MIN_THREADS} threads a rank)")
+    if compiles_unmeasured(total_steps, threads, min_steps):
         return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
     return False, (f"off (planned {total_steps} steps < {min_steps} with a {cache} kernel cache: "
                    "the compile would not pay back)")
@@ -360,7 +365,7 @@ def maybe_compile(training) -> Compiled:
     cache, source = cache_state(own, shipped, env) if args.compile != "off" else ("cold", "")
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
-    compiled, note = compile_choice(args.compile, steps_left, cache,
+    compiled, note = compile_choice(args.compile, steps_left, threads, cache,
                                     measured_figures(merged_note(shipped_note, noted), cache, layout,
                                                      planned_rank_tokens, measured_where(noted, shipped_note)))
     # every rank takes part in every_node (a collective), whatever it decided itself

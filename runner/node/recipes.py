@@ -17,6 +17,16 @@ RECIPES = {
 # pays back after ~800 steps of ~0.9 s; twice that leaves a clear gain (MRPC's 3 epochs at
 # 1 rank: 345 steps, no; QQP: thousands, yes).
 COMPILE_MIN_STEPS = 1600
+# ... and only ranks of this many threads or more: compiled steps ran no faster than eager at 1 and 2 threads
+# a rank (0.96x-1.01x on 2 cores; 0.91x at 16 ranks x 1 thread on 16 AMX cores), faster at 4 (1.06x-1.21x)
+# and 16 (1.7x-1.8x). A node that measured both rates for a job's launch decides by them instead.
+COMPILE_MIN_THREADS = 4
+
+
+def compiles_unmeasured(steps: int, threads: int, min_steps: int = COMPILE_MIN_STEPS) -> bool:
+    """--compile auto where nothing was measured: a job of `min_steps` planned steps or more whose ranks
+    have COMPILE_MIN_THREADS threads or more. Pure."""
+    return steps >= min_steps and threads >= COMPILE_MIN_THREADS
 # What a compiled step's shapes may be (--shapes).
 SHAPES = ("auto", "dynamic", "buckets")
 # --shapes auto: what a compiled step runs with. Side by side (docs/performance.md: Length buckets), the
