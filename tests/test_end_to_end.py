@@ -94,15 +94,20 @@ def test_report_gives_the_ratio_of_wall_times_the_split_and_both_accuracies():
             "results": {"eval_accuracy": 0.7, "eval_f1": 0.8, "epoch_metrics": [{"pass_seconds": 1.3}], "world_size": 4}}
     slower = {**ftc_side, "command_end": COMMAND_END + 5.0, "results": {**RESULTS, "eval_accuracy": 0.5}}
     r = report(JOB, [slower, ftc_side, slower], [peer, {**peer, "wall_s": 12.0}, {**peer, "wall_s": 10.0}],
-               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest")
+               "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest", 0.684)
     # medians over the rounds; the split and the accuracy from ftc's median run
     assert r["ftc_wall_s"] == round(COMMAND_END + 5.0 - COMMAND_START, 3) and r["peer_wall_s"] == 11.0
     assert r["speedup"] == round(11.0 / (COMMAND_END + 5.0 - COMMAND_START), 3) and r["repeats"] == 3
     assert r["peer_wall_s_runs"] == [11.0, 12.0, 10.0] and len(r["ftc_wall_s_runs"]) == 3
-    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest")
+    one = report(JOB, [ftc_side], [peer], "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest", 0.684)
     assert one["ftc_wall_s"] == round(COMMAND_END - COMMAND_START, 3) and one["repeats"] == 1
     r = one
     assert (r["ftc_accuracy"], r["peer_accuracy"]) == (0.681373, 0.7) and r["epochs"] == 1
+    # ftc's 0.681 is below answering dev's commonest label every time: not a trained model; the peer's 0.7 is
+    assert r["majority_class_accuracy"] == 0.684 and r["trained"] == {"ftc": False, "peer": True}
+    unscored = report(JOB, [ftc_side], [{**peer, "results": {**peer["results"], "eval_accuracy": None}}],
+                      "AMD EPYC, 2 cores", "ftc bench end-to-end", "2026-12-02", "fastest", 0.5)
+    assert unscored["trained"] == {"ftc": True, "peer": False}
     assert r["phases"] == phase_split(COMMAND_START, COMMAND_END, LAUNCHED, RESULTS)["phases"]
     assert r["job"]["world_size"] == 2 and r["job"]["rows"] == 64 and r["cluster_up_s"] == 4.8
     # the peer at a rank a core on 4 cores: 4 ranks of 32 rows a step against ftc's 2
@@ -137,7 +142,7 @@ def test_end_to_end_times_ftc_and_the_peer_on_a_slice_and_splits_ftcs_wall_time(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads((out / end_to_end.RESULT_NAME).read_text())
     for key in ("ftc_wall_s", "peer_wall_s", "speedup", "phases", "machine", "command", "date", "ftc_accuracy",
-                "peer_accuracy", "epochs", "startup_detail", "cluster_up_s"):
+                "peer_accuracy", "epochs", "startup_detail", "cluster_up_s", "majority_class_accuracy", "trained"):
         assert key in r, key
     assert list(r["phases"]) == list(PHASES) and all(v >= 0 for v in r["phases"].values()), r["phases"]
     # each figure is rounded to the millisecond: the sum may pass the wall time by their rounding only

@@ -13,6 +13,13 @@ def test_accuracy_and_f1_by_hand():
     assert glue.f1(pred, gold) == pytest.approx(6 / 8)
 
 
+def test_majority_share_is_what_answering_the_commonest_label_scores(glue_dir):
+    assert glue.majority_share([1.0, 0.0, 1.0, 1.0]) == 0.75 == glue.accuracy([1.0] * 4, [1.0, 0.0, 1.0, 1.0])
+    assert glue.majority_share([2.0, 0.0, 1.0]) == pytest.approx(1 / 3)
+    dev = [label for *_, label in glue.load_split("mrpc", "dev", str(glue_dir))]
+    assert round(glue.majority_share(dev), 3) == 0.684  # 279 paraphrases of 408 pairs
+
+
 def test_matthews_by_hand():
     pred = [1, 1, 0, 0, 1, 0, 1, 0]
     gold = [1, 0, 0, 0, 1, 1, 1, 0]

@@ -42,6 +42,7 @@ from provision.values import number, whole, writable_dir
 
 from ..jobspec import glue_dir
 from ..node import facts as node_facts
+from ..node import glue
 from ..node.protocol import RESULTS_FILE
 from ..runs import RECORD
 from .common import REPO, TAIL, pretrained_model, progress, run_logged
@@ -177,10 +178,12 @@ def phase_split(command_start: float, command_end: float, launched_at: float, re
 
 
 def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command: str, date: str,
-           peer_launch: str) -> dict:
+           peer_launch: str, majority: float) -> dict:
     """end_to_end.json: both sides' wall times over the rounds (medians, [min, max], every run), the
-    ratio of the medians, and the split of ftc's median run; what ran. `ftcs` and `peers`: what
-    time_ftc and time_peer measured, a round each. Pure."""
+    ratio of the medians, and the split of ftc's median run; what ran; whether each side's model
+    scores above `majority` (dev's commonest label's share): a model that does not is not trained, and
+    its time is not a time to a trained model. `ftcs` and `peers`: what time_ftc and time_peer
+    measured, a round each. Pure."""
     walls = [f["command_end"] - f["command_start"] for f in ftcs]
     ftc, peer = ftcs[walls.index(median_low(walls))], peers[[p["wall_s"] for p in peers].index(
         median_low([p["wall_s"] for p in peers]))]
@@ -201,6 +204,9 @@ def report(job: Job, ftcs: list[dict], peers: list[dict], machine: str, command:
             "phases": split["phases"], "startup_detail": split["startup_detail"], "unaccounted_s": split["unaccounted"],
             "ftc_accuracy": results.get("eval_accuracy"), "peer_accuracy": peer_results.get("eval_accuracy"),
             "ftc_f1": results.get("eval_f1"), "peer_f1": peer_results.get("eval_f1"),
+            "majority_class_accuracy": round(majority, 6),
+            "trained": {side: accuracy is not None and accuracy > majority for side, accuracy in
+                        (("ftc", results.get("eval_accuracy")), ("peer", peer_results.get("eval_accuracy")))},
             "peer_launch": PEER_LAUNCHES[peer_launch], "peer_world_size": peer_results.get("world_size"),
             # rows a step: the batch a rank times the ranks (the peer at its fastest launch: one a core)
             "global_batch": {"ftc": job.batch_size * results["world_size"],
@@ -235,6 +241,7 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str, p
         cores = sorted(os.sched_getaffinity(0))
         core_cpus = node_facts.cpu_topology(cores)["core_cpus"]
         machine = f"{node_facts.cpu_info()[0]}, {len(cores)} cores"
+        majority = glue.majority_share([label for *_, label in glue.load_split("mrpc", "dev", job.data_dir)])
         progress(f"end to end on {node_facts.cpu_info()[0]}, cores {cores}: MRPC {job.rows or 'all'} rows, "
                  f"{job.epochs} epochs, {job.nodes} local nodes; the peer at {PEER_LAUNCHES[peer_launch]}")
         ftcs, peers = [], []
@@ -248,11 +255,16 @@ def measure(job: Job, repeats: int, out: Path, work: str | None, command: str, p
                     first = ftcs[0]["results"]  # round 1 runs ftc first: at ftc's launch the peer takes its ranks
                     peers.append(time_peer(job, *peer_ranks(peer_launch, cores, core_cpus, first["world_size"],
                                                             first["threads_per_rank"]), where))
-            r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"), peer_launch)
+            r = report(job, ftcs, peers, machine, command, datetime.now(timezone.utc).strftime("%Y-%m-%d"), peer_launch,
+                       majority)
             (out / RESULT_NAME).write_text(json.dumps(r, indent=2, allow_nan=False) + "\n")
     print(table(r))
     print(f"ftc {r['ftc_wall_s']:.1f} s, peer {r['peer_wall_s']:.1f} s: {r['speedup']:.2f}x; dev accuracy ftc "
           f"{r['ftc_accuracy']}, peer {r['peer_accuracy']}; wrote {out / RESULT_NAME}")
+    for side in (side for side, trained in r["trained"].items() if not trained):
+        progress(f"{side}'s model scores no better than answering dev's commonest label to every pair "
+                 f"({r['majority_class_accuracy']:.3f}): it is not trained, so its time is not a time to a trained "
+                 "model; more epochs, a larger --lr or fewer rows a step train it")
     return 0
 
 
