@@ -247,11 +247,13 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
     assert {AUTO_SHAPES, OTHER_SHAPES} == {"dynamic", "buckets"}
     assert [launch.label for launch in long_job_launches(1, 16)] == [
         "ftc 1x1x16 compiled", "ftc 1x1x16 compiled, kernels from home", "peer 1x1x16 pinned compiled static",
-        f"ftc 1x1x16 compiled {OTHER_SHAPES}", "peer 1x16x1 unpinned", "ftc 1x1x16", "ftc 1x16x1 compiled", "ftc 1x16x1",
+        f"ftc 1x1x16 compiled {OTHER_SHAPES}", "peer 1x16x1 unpinned", "ftc 1x1x16", "peer 1x1x16 pinned",
+        "ftc 1x16x1 compiled", "ftc 1x16x1",
         "ftc 1x1x16 compiled batch 512", "ftc 1x1x16 batch 512"]
     assert [launch.label for launch in long_job_launches(2, 8)] == [  # ranks of two nodes never share cores
         "ftc 2x1x8 compiled", "ftc 2x1x8 compiled, kernels from home", "peer 2x1x8 pinned compiled static",
-        f"ftc 2x1x8 compiled {OTHER_SHAPES}", "peer 2x8x1 pinned", "ftc 2x1x8", "ftc 2x8x1 compiled", "ftc 2x8x1",
+        f"ftc 2x1x8 compiled {OTHER_SHAPES}", "peer 2x8x1 pinned", "ftc 2x1x8", "peer 2x1x8 pinned",
+        "ftc 2x8x1 compiled", "ftc 2x8x1",
         "ftc 2x1x8 compiled batch 256", "ftc 2x1x8 batch 256"]
     # at the peer's global batch: its rank a core at the seed recipe's 32 rows each, in ftc's one rank a node
     at_peer_batch = {launch.label: launch.args for launch in long_job_launches(1, 16)}
@@ -259,7 +261,8 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
     assert at_peer_batch["ftc 1x1x16 batch 512"] == ("--compile", "off", "--batch-size", "512")
     assert [launch.label for launch in long_job_launches(1, 2)] == [  # the smallest node: still two ranks of one core
         "ftc 1x1x2 compiled", "ftc 1x1x2 compiled, kernels from home", "peer 1x1x2 pinned compiled static",
-        f"ftc 1x1x2 compiled {OTHER_SHAPES}", "peer 1x2x1 unpinned", "ftc 1x1x2", "ftc 1x2x1 compiled", "ftc 1x2x1",
+        f"ftc 1x1x2 compiled {OTHER_SHAPES}", "peer 1x2x1 unpinned", "ftc 1x1x2", "peer 1x1x2 pinned",
+        "ftc 1x2x1 compiled", "ftc 1x2x1",
         "ftc 1x1x2 compiled batch 64", "ftc 1x1x2 batch 64"]
     own = {launch.label: (launch.args, launch.from_home) for launch in long_job_launches(1, 2)}
     assert own["ftc 1x1x2 compiled"] == (("--compile", "on", "--shapes", AUTO_SHAPES), False)
@@ -267,6 +270,7 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
     assert own[f"ftc 1x1x2 compiled {OTHER_SHAPES}"] == (("--compile", "on", "--shapes", OTHER_SHAPES), False)
     assert own["peer 1x1x2 pinned compiled static"] == (("--torch-compile", "--static-shapes"), False)
     assert own["ftc 1x1x2"] == (("--compile", "off"), False) and own["peer 1x2x1 unpinned"] == ((), False)
+    assert own["peer 1x1x2 pinned"] == ((), False)  # the peer eager at ftc's launch: the recipe's rows a step
     # --launches picks some, in the bench's own order
     assert [launch.label for launch in long_job_launches(1, 16, ("peer-fastest", "compiled"))] == [
         "ftc 1x1x16 compiled", "peer 1x16x1 unpinned"]
@@ -296,6 +300,27 @@ def test_a_long_jobs_entry_rates_the_later_pass_and_adds_the_warm_start_cost_for
     assert qqp["ftc_launch"] == "ftc 1x1x16 compiled" and qqp["ftc_s"] == round(40 + JOB_ROWS["qqp, 3 epochs"] / 125, 1)
     assert qqp["peer_s"] == round(0.25 + JOB_ROWS["qqp, 3 epochs"] / 80, 1)
     assert qqp["speedup"] == round(qqp["peer_s"] / qqp["ftc_s"], 3) and 1.5 < qqp["speedup"] < 1.6
+
+
+def test_jobs_at_the_recipes_rows_a_step_compare_the_launches_of_ftcs_ranks_a_node_and_from_home_beside():
+    from runner.bench.long_jobs import JOB_ROWS, long_job_entry
+    runs = [long_run("ftc 1x1x16", 1, "none", 2.0, 1.0), long_run("ftc 1x1x16 compiled", 1, "cold", 100.8, 0.8),
+            long_run("ftc 1x1x16 compiled, kernels from home", 1, "warm from home", 20.5, 0.5),
+            long_run("peer 1x16x1 unpinned", 1, "none", 1.5, 0.5), long_run("peer 1x1x16 pinned", 1, "none", 1.5, 1.25),
+            long_run("ftc 1x16x1", 1, "none", 0.4, 0.4)]
+    entry = long_job_entry(1, 16, runs)
+    # the fastest launches of either side are a rank a core, 16 x 32 rows a step
+    assert entry["jobs"]["mrpc, 3 epochs"]["peer_launch"] == "peer 1x16x1 unpinned"
+    assert entry["jobs"]["mrpc, 3 epochs"]["ftc_launch"] == "ftc 1x16x1"
+    mrpc = entry["jobs_at_recipe_batch"]["mrpc, 3 epochs"]
+    rows = JOB_ROWS["mrpc, 3 epochs"]
+    assert (mrpc["ftc_launch"], mrpc["peer_launch"]) == ("ftc 1x1x16", "peer 1x1x16 pinned")
+    assert (mrpc["ftc_s"], mrpc["peer_s"]) == (round(1.0 + rows / 100, 1), round(0.25 + rows / 80, 1))
+    # a new cluster's first job from kernels an earlier one compiled: its start from home and its rate
+    assert mrpc["ftc_from_home_s"] == round(20.0 + rows / 200, 1)
+    assert mrpc["speedup_from_home"] == round(mrpc["peer_s"] / mrpc["ftc_from_home_s"], 3)
+    # without a peer at ftc's launch there is nothing at the recipe's rows a step to compare
+    assert long_job_entry(1, 16, [run for run in runs if run["launch"] != "peer 1x1x16 pinned"])["jobs_at_recipe_batch"] == {}
 
 
 def test_ftc_at_the_peers_global_batch_is_rated_beside_never_as_ftcs_best_and_the_plan_keeps_its_own_batch(tmp_path):
@@ -380,6 +405,10 @@ def test_long_jobs_bench_compiles_cold_and_from_home_beside_the_peer_compiled_wi
         "warm", "an earlier cluster", AUTO_SHAPES)
     assert entry["compile"]["from_home_share"] > 0 and entry["compile"]["start_vs_peer_compiled"] > 0
     assert set(entry["jobs"]) == {"mrpc, 3 epochs", "qqp, 3 epochs"} and entry["long_job_speedup_vs_peer"] > 0
+    # the peer compiled runs ftc's one rank a node: both at the recipe's rows a step, ftc also from home
+    at_recipe = entry["jobs_at_recipe_batch"]["mrpc, 3 epochs"]
+    assert (at_recipe["ftc_launch"], at_recipe["peer_launch"]) == ("ftc 1x1x2 compiled", "peer 1x1x2 pinned compiled static")
+    assert at_recipe["ftc_from_home_s"] > 0 and at_recipe["speedup_from_home"] > 0
     # the bench's node noted its cold compile, the fresh node its warm one (and no rate: 3 steady steps a
     # run are too few)
     (note_file,) = (out / "node").glob("cache/inductor-*/ftc-compiled.json")

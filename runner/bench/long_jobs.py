@@ -107,6 +107,7 @@ LAUNCH_KINDS = {
     "other-shapes": "ftc compiled with the shapes it does not pick by default",
     "peer-fastest": "the peer's fastest launch, eager",
     "eager": "ftc's default launch uncompiled",
+    "peer-at-ftc-launch": "the peer eager at ftc's default launch and its rows a step, the recipe's",
     "compiled-at-peer-launch": "ftc compiled at the peer's fastest launch",
     "eager-at-peer-launch": "ftc uncompiled at the peer's fastest launch",
     "compiled-at-peer-batch": "ftc's default launch compiled, each step the rows the peer's fastest launch trains",
@@ -128,6 +129,7 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     node, where a compile gains most (a rank's threads are the most); ftc compiled with its other shapes;
     the peer's fastest launch (PEER_FASTEST, unpinned on one node: faster than 4 ranks of 4 cores on 16,
     docs/probes/ranks_per_core.json, which beat 1 and 2, docs/probes/node_shapes.json); ftc uncompiled;
+    the peer uncompiled at ftc's launch, pinned, so at the recipe's rows a step;
     ftc compiled and uncompiled at the peer's fastest launch; and ftc's default launch compiled and
     uncompiled at that launch's global batch (its ranks' rows a step together, as a user sets it with
     BATCH_SIZE): rates compared at one global batch. Pure."""
@@ -154,6 +156,7 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
              named("other-shapes", "ftc", ppn, True, True, OTHER_SHAPES, ("--shapes", OTHER_SHAPES)),
              named("peer-fastest", "peer", peer_ppn, False, nodes > 1),
              named("eager", "ftc", ppn, False, True),
+             named("peer-at-ftc-launch", "peer", ppn, False, True),
              named("compiled-at-peer-launch", "ftc", peer_ppn, True, True, extra=default_shapes),
              named("eager-at-peer-launch", "ftc", peer_ppn, False, True),
              named("compiled-at-peer-batch", "ftc", ppn, True, True, at_peer_batch, default_shapes + peer_batch),
@@ -193,7 +196,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{e['nodes']} x {e['cores_per_node']} cores, a long job's rate: {e['ftc_launch']} "  # labels name their program
               f"{e['ftc_later_rows_per_s']:.1f} rows/s, {e['peer_launch']} {e['peer_later_rows_per_s']:.1f}: "
               f"{e['long_job_speedup_vs_peer']:.2f}x; "
-              + "; ".join(f"{job}: {j['speedup']:.2f}x" for job, j in e["jobs"].items()))
+              + "; ".join(f"{job}: {j['speedup']:.2f}x" for job, j in e["jobs"].items())
+              + "".join(f"; at the recipe's rows a step, {job}: {j['speedup']:.2f}x"
+                        + (f" ({j['speedup_from_home']:.2f}x from home)" if "speedup_from_home" in j else "")
+                        for job, j in e.get("jobs_at_recipe_batch", {}).items()))
     print(f"wrote {out / REPORT} (long_jobs)")
     return 0
 
@@ -307,20 +313,43 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     if not (sides["ftc"] and sides["peer"]):
         return {"nodes": nodes, "cores_per_node": cores, "launches": launches, "failed": failed}  # a side not run yet
     ftc, peer = (max(sides[program], key=lambda label: launches[label]["later_rows_per_s"]) for program in ("ftc", "peer"))
-    jobs = {}
-    for job, rows in JOB_ROWS.items():
-        mine, theirs = (min(sides[program], key=lambda label: job_seconds(label, rows)) for program in ("ftc", "peer"))
-        ftc_s, peer_s = round(job_seconds(mine, rows), 1), round(job_seconds(theirs, rows), 1)  # the ratio of what it shows
-        jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": ftc_s, "peer_launch": theirs, "peer_s": peer_s,
-                     "speedup": round(peer_s / ftc_s, 3)}
+    def jobs_of(candidates: dict[str, list[str]]) -> dict:
+        """Each of JOB_ROWS' training time at each side's fastest launch for it of `candidates`."""
+        jobs = {}
+        for job, rows in JOB_ROWS.items():
+            mine, theirs = (min(candidates[program], key=lambda label: job_seconds(label, rows))
+                            for program in ("ftc", "peer"))
+            ftc_s, peer_s = round(job_seconds(mine, rows), 1), round(job_seconds(theirs, rows), 1)  # the ratio shown
+            jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": ftc_s, "peer_launch": theirs, "peer_s": peer_s,
+                         "speedup": round(peer_s / ftc_s, 3)}
+        return jobs
+
+    jobs = jobs_of(sides)
+    # At the recipe's rows a step (ftc's default ranks a node, 32 rows each): a larger global batch can leave a
+    # short job untrained (docs/probes/peer_accuracy_by_global_batch.json), so its time is not a time to a model.
+    # A new cluster's job may start from kernels an earlier one brought home: its start and rate beside.
+    at_recipe = {program: [label for label in labels if ranks_per_node(label) == default_ppn(1)]
+                 for program, labels in sides.items()}
+    recipe_jobs = jobs_of(at_recipe) if at_recipe["ftc"] and at_recipe["peer"] else {}
+    home = next((label for label in launches if "warm from home" in launches[label]["start_cost_s"]), None)
+    for job in recipe_jobs.values() if home else ():
+        job["ftc_from_home_s"] = round(launches[home]["start_cost_s"]["warm from home"]
+                                       + job["rows"] / launches[home]["later_rows_per_s"], 1)
+        job["speedup_from_home"] = round(job["peer_s"] / job["ftc_from_home_s"], 3)
     return {"nodes": nodes, "cores_per_node": cores, "ftc_launch": ftc,
             "ftc_later_rows_per_s": launches[ftc]["later_rows_per_s"], "peer_launch": peer,
             "peer_later_rows_per_s": launches[peer]["later_rows_per_s"],
             "long_job_speedup_vs_peer": round(launches[ftc]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3),
-            "jobs": jobs, "compile": compile_starts(launches, long_job_launches(nodes, cores, ("compiled",))[0].label),
+            "jobs": jobs, "jobs_at_recipe_batch": recipe_jobs,
+            "compile": compile_starts(launches, long_job_launches(nodes, cores, ("compiled",))[0].label),
             "at_peer_batch": {label: round(launches[label]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3)
                               for label in at_peer_batch},
             "launches": launches, "failed": failed}
+
+
+def ranks_per_node(label: str) -> int:
+    """A launch's ranks a node, from its label (`ftc 1x4x4 compiled`: 4). Pure."""
+    return int(label.split()[1].split("x")[1])
 
 
 def compile_starts(launches: dict, default: str) -> dict:
