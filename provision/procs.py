@@ -112,6 +112,26 @@ def carrying(entries: set[bytes]) -> list[int]:
     return found
 
 
+def working_in(directories: list[Path]) -> list[int]:
+    """Every process of this machine whose working directory is one of `directories` or below it, this
+    one and its ancestors left out (a shell that ran this command from there is the user's, not a node's)."""
+    under = [os.fsencode(directory) for directory in directories]
+    mine, pid = set(), os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        fields = _stat(pid)
+        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    found = []
+    for pid in pids():
+        try:
+            cwd = os.fsencode(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if pid not in mine and any(cwd == d or cwd.startswith(d + b"/") for d in under):
+            found.append(pid)
+    return found
+
+
 def stop_carrying_command(entries: list[str]) -> str:
     """Shell, run on a node: SIGKILL every process whose environment holds one of these exact
     `NAME=value` entries (the shell running it left out); always succeeds."""

@@ -125,3 +125,21 @@ def test_reattaching_to_a_node_whose_sshd_is_frozen_gives_up_within_the_silence_
     finally:
         os.kill(state.head.pid, signal.SIGCONT)
         ftc("down", "--name", "frozen", check=True)
+
+
+def test_a_sweep_of_a_nodes_directory_finds_what_works_there_and_never_this_command_or_its_shell(tmp_path, monkeypatch):
+    from provision import procs
+    node, elsewhere = tmp_path / "node", tmp_path / "elsewhere"
+    (node / "home").mkdir(parents=True)
+    elsewhere.mkdir()
+    inside = subprocess.Popen(["sleep", "600"], cwd=node / "home")
+    outside = subprocess.Popen(["sleep", "600"], cwd=elsewhere)
+    try:
+        monkeypatch.chdir(node)  # this process works there too, as a shell that ran `ftc down` from there would
+        found = procs.working_in([node])
+        assert inside.pid in found and outside.pid not in found and os.getpid() not in found
+        assert os.getppid() not in found
+    finally:
+        for proc in (inside, outside):
+            proc.kill()
+            proc.wait()

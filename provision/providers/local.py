@@ -207,6 +207,10 @@ def terminate(state: st.ClusterState, record: Record) -> None:
     roots += procs.carrying({b"FTC_NODE_DIR=" + os.fsencode(node.workdir) for node in state.nodes})
     pids = roots + [child for root in roots for child in procs.descendants(root)]
     procs.stop(sorted(set(pids)))
+    # A process that started while those were listed (an sshd session that was starting a job's proxy) is
+    # in none of them; with every sshd gone nothing new starts, so one more sweep of the nodes' own
+    # directories, where every session works, is the last
+    procs.stop(procs.working_in([Path(node.workdir) for node in state.nodes]))
     for node in state.nodes:
         shutil.rmtree(node.workdir, ignore_errors=True)
     shutil.rmtree(st.cluster_dir(state.name) / "nodes", ignore_errors=True)
