@@ -70,6 +70,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def ancestors(pid: int) -> list[int]:
+    """pid's parent, its parent, and so on up to (not including) init, from /proc."""
+    found: list[int] = []
+    while True:
+        fields = _stat(pid)
+        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+        if pid <= 1 or pid in found:
+            return found
+        found.append(pid)
+
+
 def _signal(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:
@@ -116,11 +127,7 @@ def working_in(directories: list[Path]) -> list[int]:
     """Every process of this machine whose working directory is one of `directories` or below it, this
     one and its ancestors left out (a shell that ran this command from there is the user's, not a node's)."""
     under = [os.fsencode(directory) for directory in directories]
-    mine, pid = set(), os.getpid()
-    while pid > 1 and pid not in mine:
-        mine.add(pid)
-        fields = _stat(pid)
-        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    mine = {os.getpid(), *ancestors(os.getpid())}
     found = []
     for pid in pids():
         try:

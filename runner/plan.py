@@ -11,7 +11,7 @@ from rich.markup import escape
 from provision.errors import UsageError
 from provision.ui import answer
 from provision.values import boolean, label, number, one_of, whole
-from runner.node.recipes import POWERSGD_RANK, compiles_unmeasured, wire_compress
+from runner.node.recipes import POWERSGD_RANK, unmeasured_compile, wire_compress
 from runner.node.units import duration
 
 DEFAULT_BENCH = Path(__file__).resolve().parent.parent / "docs" / "bench.json"
@@ -67,7 +67,7 @@ def plan_levers(args: argparse.Namespace, kind, world, compress: str, steps: int
     compiled = one_of(("auto", "on", "off"))("compile", args.compile) if args.compile else "auto"
     return Levers(flows, mode in ("overlap", "comm-core"), accumulate, POWERSGD_RANK if compress == "powersgd" else 0,
                   comm_core=mode == "comm-core", express=express,
-                  compiled=compiled == "on" or (compiled == "auto" and compiles_unmeasured(steps, kind.physical_cores)))
+                  compiled=compiled == "on" or (compiled == "auto" and unmeasured_compile(steps, kind.physical_cores)[0]))
 
 
 def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, steps: int = 0) -> str:
@@ -92,7 +92,7 @@ def exchange_for(provider: str, instance_type: str, nodes: int, express: bool, s
     rate, _ = plan_rate(None, bench, kind, cls, estimate.DISTILBERT_PARAMS)
     after = replace(estimate.default_levers(kind.network_gbps, express and kind.ena_express, own.flow_gbps,
                                             own.express_flow_gbps),
-                    compiled=compiles_unmeasured(steps, kind.physical_cores))
+                    compiled=unmeasured_compile(steps, kind.physical_cores)[0])
     compiled = compile_figures(str(DEFAULT_BENCH)) or estimate.NO_COMPILE
     rows = [estimate.plan([nodes], 1, 1, rate, 32, estimate.gradient_bytes(bf16=cls == "bf16"), kind.network_gbps,
                           bench["exposure"], bench["wait_share"], 0.0, 0.0, levers, own.hop_latency_s, own.flow_gbps,

@@ -34,7 +34,7 @@ from runner.node.compile_policy import (
     shipped_entries,
 )
 from runner.node.protocol import kernels_words
-from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, compiles_unmeasured
+from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
 from runner.node.stepstats import PHASES, StepStats
 
 CONFIG = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "id2label": {"0": "a", "1": "b"},
@@ -63,9 +63,9 @@ def test_compile_choice_auto_leaves_ranks_of_few_threads_eager_unless_measured()
     one_thread = "16 ranks on 1 node(s), gradient bf16"
     noted = {"cold_s": 90.0, "rates": {one_thread: {"eager_tokens_per_s": 500.0, "compiled_tokens_per_s": 900.0}}}
     assert compile_choice("auto", 4000, 1, "cold", measured_figures(noted, "cold", one_thread, 1e6))[0]
-    assert compiles_unmeasured(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS)
-    assert not compiles_unmeasured(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS - 1)
-    assert not compiles_unmeasured(COMPILE_MIN_STEPS - 1, 64)
+    assert unmeasured_compile(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS)[0]
+    assert not unmeasured_compile(COMPILE_MIN_STEPS, COMPILE_MIN_THREADS - 1)[0]
+    assert not unmeasured_compile(COMPILE_MIN_STEPS - 1, 64)[0]
 
 
 def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():

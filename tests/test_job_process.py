@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,18 +128,22 @@ def test_reattaching_to_a_node_whose_sshd_is_frozen_gives_up_within_the_silence_
         ftc("down", "--name", "frozen", check=True)
 
 
-def test_a_sweep_of_a_nodes_directory_finds_what_works_there_and_never_this_command_or_its_shell(tmp_path, monkeypatch):
-    from provision import procs
+def test_a_sweep_of_a_nodes_directory_finds_what_works_there_and_never_this_command_or_its_shell(tmp_path):
     node, elsewhere = tmp_path / "node", tmp_path / "elsewhere"
     (node / "home").mkdir(parents=True)
     elsewhere.mkdir()
     inside = subprocess.Popen(["sleep", "600"], cwd=node / "home")
     outside = subprocess.Popen(["sleep", "600"], cwd=elsewhere)
+    # a shell working in the node's directory runs the sweep, as a user's shell that ran `ftc down` there
+    sweep = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r}); from provision import procs; "
+             f"print(os.getppid(), os.getpid(), *procs.working_in([{str(node)!r}]))")
     try:
-        monkeypatch.chdir(node)  # this process works there too, as a shell that ran `ftc down` from there would
-        found = procs.working_in([node])
-        assert inside.pid in found and outside.pid not in found and os.getpid() not in found
-        assert os.getppid() not in found
+        shell = subprocess.run(["sh", "-c", '"$0" -c "$1"; true', sys.executable, sweep], cwd=node,
+                               capture_output=True, text=True, check=True, timeout=60)
+        shell_pid, sweeper, *found = (int(pid) for pid in shell.stdout.split())
+        assert inside.pid in found and outside.pid not in found
+        assert shell_pid not in found and sweeper not in found
+        assert procs.ancestors(os.getpid())[0] == os.getppid() and 1 not in procs.ancestors(os.getpid())
     finally:
         for proc in (inside, outside):
             proc.kill()

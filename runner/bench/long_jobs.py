@@ -328,8 +328,8 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     # At the recipe's rows a step (ftc's default ranks a node, 32 rows each): a larger global batch can leave a
     # short job untrained (docs/probes/peer_accuracy_by_global_batch.json), so its time is not a time to a model.
     # A new cluster's job may start from kernels an earlier one brought home: its start and rate beside.
-    at_recipe = {program: [label for label in labels if ranks_per_node(label) == default_ppn(1)]
-                 for program, labels in sides.items()}
+    at_ppn = {launch.label for launch in long_job_launches(nodes, cores) if launch.ranks_per_node == default_ppn(1)}
+    at_recipe = {program: [label for label in labels if label in at_ppn] for program, labels in sides.items()}
     recipe_jobs = jobs_of(at_recipe) if at_recipe["ftc"] and at_recipe["peer"] else {}
     home = next((label for label in launches if "warm from home" in launches[label]["start_cost_s"]), None)
     for job in recipe_jobs.values() if home else ():
@@ -345,11 +345,6 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
             "at_peer_batch": {label: round(launches[label]["later_rows_per_s"] / launches[peer]["later_rows_per_s"], 3)
                               for label in at_peer_batch},
             "launches": launches, "failed": failed}
-
-
-def ranks_per_node(label: str) -> int:
-    """A launch's ranks a node, from its label (`ftc 1x4x4 compiled`: 4). Pure."""
-    return int(label.split()[1].split("x")[1])
 
 
 def compile_starts(launches: dict, default: str) -> dict:

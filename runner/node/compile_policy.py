@@ -35,7 +35,7 @@ from .protocol import (  # noqa: E402
     merged_note,
     write_whole,
 )
-from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, compiles_unmeasured  # noqa: E402
+from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, unmeasured_compile  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
@@ -167,14 +167,7 @@ def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
-    min_steps = compile_min_steps(cache)
-    if threads < COMPILE_MIN_THREADS:
-        return False, (f"off (a rank of {threads} thread{'s' if threads > 1 else ''}: compiled steps ran no faster "
-                       f"than eager below {COMPILE_MIN_THREADS} threads a rank)")
-    if compiles_unmeasured(total_steps, threads, min_steps):
-        return True, f"on (planned {total_steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
-    return False, (f"off (planned {total_steps} steps < {min_steps} with a {cache} kernel cache: "
-                   "the compile would not pay back)")
+    return unmeasured_compile(total_steps, threads, compile_min_steps(cache), cache)
 
 
 def compile_min_steps(cache: str) -> int:

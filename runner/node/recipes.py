@@ -23,16 +23,25 @@ COMPILE_MIN_STEPS = 1600
 COMPILE_MIN_THREADS = 4
 
 
-def compiles_unmeasured(steps: int, threads: int, min_steps: int = COMPILE_MIN_STEPS) -> bool:
-    """--compile auto where nothing was measured: a job of `min_steps` planned steps or more whose ranks
-    have COMPILE_MIN_THREADS threads or more. Pure."""
-    return steps >= min_steps and threads >= COMPILE_MIN_THREADS
 # What a compiled step's shapes may be (--shapes).
 SHAPES = ("auto", "dynamic", "buckets")
 # --shapes auto: what a compiled step runs with. Side by side (docs/performance.md: Length buckets), the
 # one dynamic graph compiled in 0.72x the buckets' time and its steps ran 1.30x as fast: every bucket is
 # a whole compile of its own, and padding to a multiple of 32 computes more than padding to 8.
 AUTO_SHAPES = "dynamic"
+
+
+def unmeasured_compile(steps: int, threads: int, min_steps: int = COMPILE_MIN_STEPS,
+                       cache: str = "cold") -> tuple[bool, str]:
+    """--compile auto where nothing was measured, and why in words: a job of `min_steps` planned steps or
+    more (with a `cache` kernel cache) whose ranks have COMPILE_MIN_THREADS threads or more. Pure."""
+    if threads < COMPILE_MIN_THREADS:
+        return False, (f"off (a rank of {threads} thread{'s' if threads > 1 else ''}: compiled steps ran no faster "
+                       f"than eager below {COMPILE_MIN_THREADS} threads a rank)")
+    if steps >= min_steps:
+        return True, f"on (planned {steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
+    return False, f"off (planned {steps} steps < {min_steps} with a {cache} kernel cache: the compile would not pay back)"
+
 
 # When and where a job's gradient is averaged (ALLREDUCE): after backward in ftc's buckets, the cores idle
 # (after-backward); during backward in DDP's buckets, gloo's threads on the compute cores (overlap); or during
