@@ -16,7 +16,7 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
         ftc_home, tmp_path, tiny_bert):
     job = ["--train-file", str(toy_csv(tmp_path / "train.csv", 48)),
            "--validation-file", str(toy_csv(tmp_path / "dev.csv", 16, offset=1)), "--model", tiny_bert,
-           "--text-columns", "review", "--label-column", "stars", "--epochs", "1", "--compile", "on"]
+           "--text-columns", "review", "--label-column", "stars", "--epochs", "1", "--batch-size", "1", "--compile", "on"]
 
     def one_cluster_one_job(name: str) -> str:
         assert ftc("up", "--name", name, "--nodes", "1").returncode == 0
@@ -35,7 +35,12 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     key = json.loads(kept.read_text())["key"]
     assert key["threads"] == results_of_run(ftc_home, "k1")["threads_per_rank"] and key["shapes"] == "dynamic"
     assert kept.with_suffix(".tgz").stat().st_size > 0
-    assert "cold_s" in json.loads(kept.read_text())["note"] and "warm_s" not in json.loads(kept.read_text())["note"]
+    first_note = json.loads(kept.read_text())["note"]
+    assert "cold_s" in first_note and "warm_s" not in first_note
+    # no note held a rank's eager rate: the job's first steps ran eager, and both rates came home
+    assert "compile: the first 23 steps run eager, to note a rank's eager rate beside the compiled one" in first
+    ((layout, rates),) = first_note["rates"].items()
+    assert layout == "1 ranks on 1 node(s), gradient none" and rates.keys() == {"eager_tokens_per_s", "compiled_tokens_per_s"}
     assert not list((ftc_home / "runs" / "k1").glob("*/kernels"))  # moved home, not kept twice
 
     # beside them at home: kernels of another torch, and a cache whose key file is not JSON
@@ -45,7 +50,7 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
         shutil.copy(kept.with_suffix(".tgz"), ftc_home / "kernels" / f"{name}.tgz")
 
     second = one_cluster_one_job("k2")
-    assert "kernels: warm (from an earlier cluster)" in second
+    assert "kernels: warm (from an earlier cluster)" in second and "steps run eager" not in second
     assert ("kernels: the shipped cache foreign was compiled for another setting (torch '0.0.1' here "
             f"{key['torch']!r}); ignored, compiling without it") in second
     assert "kernels: the shipped cache broken cannot be read; ignored, compiling without it" in second

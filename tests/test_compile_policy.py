@@ -12,6 +12,7 @@ import pytest
 from runner.node.compile_policy import (
     BUCKET_STEP,
     COMPILED_FILE,
+    RATE_MIN_STEPS,
     WARM_COMPILE_SHARE,
     architecture,
     bucket_width,
@@ -23,6 +24,7 @@ from runner.node.compile_policy import (
     compile_seconds,
     compiled_before,
     compiled_here,
+    eager_probe_steps,
     kernel_cache,
     key_difference,
     key_digest,
@@ -125,6 +127,39 @@ def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
     for seconds in (40.0, 5.0, 2.0, 1.0, 1.0, 1.0):
         stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 1, 1, 0.5)
     assert compile_seconds(stats) == 47.0 - 3 * 1.0
+
+
+def test_a_compiled_jobs_first_steps_run_eager_only_where_no_note_holds_the_eager_rate():
+    two = "2 ranks on 2 node(s), gradient bf16"
+    probe = 3 + RATE_MIN_STEPS
+    assert eager_probe_steps({}, two, 2 * probe, 3, ddp=False) == probe
+    assert eager_probe_steps({"cold_s": 9.0, "rates": {two: {"compiled_tokens_per_s": 9.0}}}, two, 900, 3, False) == probe
+    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": 9.0}}}, two, 900, 3, False) == 0  # noted
+    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": "x"}}}, two, 900, 3, False) == probe  # not a figure
+    assert eager_probe_steps({"rates": {"1 ranks on 1 node(s), gradient none": {"eager_tokens_per_s": 9.0}}},
+                             two, 900, 3, False) == probe  # another layout's rate is not this one's
+    assert eager_probe_steps({}, two, 2 * probe - 1, 3, False) == 0  # too few steps left to measure both
+    assert eager_probe_steps({}, two, 900, 3, ddp=True) == 0
+
+
+def test_a_probed_jobs_eager_and_compiled_steps_are_measured_apart_and_both_rates_noted(tmp_path):
+    from types import SimpleNamespace
+
+    from runner.node.compile_policy import Compiled
+    stats = StepStats(warmup_steps=1, eager_steps=1 + RATE_MIN_STEPS)
+    assert stats.probing
+    step_seconds = [9.0] + [2.0] * RATE_MIN_STEPS + [30.0] + [1.0] * RATE_MIN_STEPS  # eager, then compiled
+    for seconds in step_seconds:
+        stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 1, 100, 0.5)
+    assert not stats.probing
+    assert (stats.eager_seconds, stats.eager_steady_seconds, stats.eager_steady_tokens) == (
+        9.0 + 2.0 * RATE_MIN_STEPS, 2.0 * RATE_MIN_STEPS, 100 * RATE_MIN_STEPS)
+    assert (stats.steady_steps, stats.steady_seconds, stats.untimed_steps) == (RATE_MIN_STEPS, 1.0 * RATE_MIN_STEPS, 1)
+    assert compile_seconds(stats) == 30.0 - 1.0
+    layout = "1 ranks on 1 node(s), gradient none"
+    compiled = Compiled("on", "cold", "", "dynamic", tmp_path, "d1", {}, layout)
+    note = remember_compile(compiled, stats, SimpleNamespace(local_rank=0, world_size=1))
+    assert note == {"cold_s": 29.0, "rates": {layout: {"eager_tokens_per_s": 50.0, "compiled_tokens_per_s": 100.0}}}
 
 
 def test_compile_choice_on_or_off_is_obeyed_whatever_the_steps():
@@ -288,7 +323,10 @@ def test_a_jobs_figures_join_the_nodes_note_whatever_the_note_held_before(tmp_pa
     from runner.node.compile_policy import Compiled
     layout = "2 ranks on 2 node(s), gradient bf16"
     compiled = Compiled("on", "warm", "this node", "dynamic", tmp_path, "d1", {}, layout)
-    stats = SimpleNamespace(steps_run=40, warmup_steps=3, steady_seconds=10.0, steady_tokens=20_000.0, seconds=30.0)
+    stats = StepStats(warmup_steps=3)
+    for seconds in [6.0, 4.0, 10.0] + [10.0 / 37] * 37:
+        stats.record({key: 0.0 for key in PHASES} | {"step_s": seconds}, 2, 20_000 // 37, 0.5)
+    stats.steady_tokens = 20_000
     note_file, measured = tmp_path / COMPILED_FILE, {"compiled_tokens_per_s": 1000.0}  # 20,000 tokens, 2 ranks, 10 s
     kept = {"d1": {"cold_s": 90.0, "rates": {layout: {"eager_tokens_per_s": 500.0}}}, "d2": {"cold_s": 7.0}}
     for earlier in (None, "not a note", [1], {"d1": "x"}, {"d1": {"rates": []}}, kept):

@@ -36,6 +36,7 @@ from .protocol import (  # noqa: E402
     write_whole,
 )
 from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, unmeasured_compile  # noqa: E402
+from .stepstats import StepStats  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
 # the first's time (docs/compile_cache.json): 0.375 on 4 AMX cores under torch 2.11, where compiled
@@ -168,6 +169,19 @@ def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
     return unmeasured_compile(total_steps, threads, compile_min_steps(cache), cache)
+
+
+def eager_probe_steps(noted: dict, layout: str, steps_left: int, warmup: int, ddp: bool) -> int:
+    """How many of a compiled job's first steps run eager, measuring a rank's eager rate for the note
+    beside the compiled one: where no note holds it for this `layout`, so that --compile auto can weigh
+    both where the kernels go next (a short job on a new cluster, its kernels from home). None under
+    DDP (its compiled module is the only way in), and none where the steps left would not measure the
+    compiled rate after them too. Pure."""
+    probe = warmup + RATE_MIN_STEPS
+    rates = noted.get("rates", {}).get(layout, {})
+    if ddp or steps_left < 2 * probe or seconds_or_rate(rates.get("eager_tokens_per_s")):
+        return 0
+    return probe
 
 
 def compile_min_steps(cache: str) -> int:
@@ -358,9 +372,10 @@ def maybe_compile(training) -> Compiled:
     cache, source = cache_state(own, shipped, env) if args.compile != "off" else ("cold", "")
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
+    known = merged_note(shipped_note, noted)
     compiled, note = compile_choice(args.compile, steps_left, threads, cache,
-                                    measured_figures(merged_note(shipped_note, noted), cache, layout,
-                                                     planned_rank_tokens, measured_where(noted, shipped_note)))
+                                    measured_figures(known, cache, layout, planned_rank_tokens,
+                                                     measured_where(noted, shipped_note)))
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
@@ -370,6 +385,11 @@ def maybe_compile(training) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
+    ddp = env.world_size > 1 and training.setup.allreduce != "after-backward"
+    training.stats.eager_steps = eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp)
+    if training.stats.eager_steps:
+        training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
+                          "eager rate beside the compiled one")
     if shapes == "buckets":
         # one static graph per width: no automatic switch to a dynamic graph at the second width
         torch._dynamo.config.automatic_dynamic_shapes = False
@@ -386,18 +406,17 @@ def maybe_compile(training) -> Compiled:
 
 # ---- after the job: what it measured, and its kernels for home ------------------------------------
 
-def compile_seconds(stats) -> float:
-    """The compile's cost, measured: what the first (untimed) steps took beyond steady steps.
-    `stats`: train.StepStats."""
-    steady = stats.steady_seconds / max(1, stats.steps_run - stats.warmup_steps)
-    return max(0.0, stats.seconds - stats.steady_seconds - min(stats.warmup_steps, stats.steps_run) * steady)
+def compile_seconds(stats: StepStats) -> float:
+    """The compile's cost, measured: what the untimed compiled steps took beyond steady steps."""
+    steady = stats.steady_seconds / max(1, stats.steady_steps)
+    return max(0.0, stats.seconds - stats.eager_seconds - stats.steady_seconds - stats.untimed_steps * steady)
 
 
 def remember_compile(compiled: Compiled, stats, env) -> dict:
     """Each node's first rank notes in its cache, for these kernels, what this job measured: the
-    compile's seconds (cold or warm) and a rank's steady real tokens per second, compiled or eager,
-    for `--compile auto` to weigh the next job by (written whole, then renamed: a reader never sees
-    half a note). Returns the note for these kernels."""
+    compile's seconds (cold or warm) and a rank's steady real tokens per second, compiled or eager
+    (both where its first steps ran eager: eager_probe_steps), for `--compile auto` to weigh the next job
+    by (written whole, then renamed: a reader never sees half a note). Returns the note for these kernels."""
     # A run by hand keeps its kernels in its own folder, no node's: an eager one has nothing to note there.
     kept_by_node = INDUCTOR_CACHE_GIVEN or bool(os.environ.get("FTC_NODE_DIR"))
     if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
@@ -405,10 +424,15 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     measured: dict = {}
     if compiled.cache != "none":
         measured[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
-    if stats.steps_run - stats.warmup_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
-        rate = stats.steady_tokens / env.world_size / stats.steady_seconds
+    rates = {}
+    if stats.steady_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
         which = "eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"
-        measured["rates"] = {compiled.layout: {which: round(rate, 1)}}
+        rates[which] = round(stats.steady_tokens / env.world_size / stats.steady_seconds, 1)
+    probed = min(stats.eager_steps, stats.steps_run) - stats.warmup_steps  # its steady eager steps
+    if probed >= RATE_MIN_STEPS and stats.eager_steady_seconds > 0:
+        rates["eager_tokens_per_s"] = round(stats.eager_steady_tokens / env.world_size / stats.eager_steady_seconds, 1)
+    if rates:
+        measured["rates"] = {compiled.layout: rates}
     notes = compiled_before(compiled.cache_dir)
     mine = notes[compiled.digest] = merged_note(notes.get(compiled.digest), measured)
     if not mine:

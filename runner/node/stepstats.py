@@ -14,6 +14,12 @@ PHASES = ("compute_s", "wait_s", "comm_s", "optimizer_s", "step_s")
 class StepStats:
     """The steps this process ran: what the log and results.json report of speed and loss."""
     warmup_steps: int  # the first steps of this process (kernel setup, compile), left out of the steady rate
+    # A compiled job's first steps run eager where no note holds a rank's eager rate (compile_policy's
+    # eager_probe_steps): measured apart, their own warm-up first; the compiled steps' warm-up follows them.
+    eager_steps: int = 0
+    eager_seconds: float = 0.0
+    eager_steady_tokens: int = 0
+    eager_steady_seconds: float = 0.0
     steps_run: int = 0
     samples: int = 0  # all ranks together
     tokens: int = 0  # real (unpadded) tokens, all ranks together
@@ -32,8 +38,22 @@ class StepStats:
 
     def timeline(self) -> dict[str, float]:
         """This rank's mean seconds per steady step in each phase."""
-        steady = max(1, self.steps_run - self.warmup_steps)
+        steady = max(1, self.steady_steps)
         return {key: round(value / steady, 4) for key, value in self.phases.items()}
+
+    @property
+    def probing(self) -> bool:
+        """Whether the next step is one of the eager ones."""
+        return self.steps_run < self.eager_steps
+
+    @property
+    def steady_steps(self) -> int:
+        return max(0, self.steps_run - self.eager_steps - self.warmup_steps)
+
+    @property
+    def untimed_steps(self) -> int:
+        """The steps run after the eager ones and before the steady ones: the compile's, for one."""
+        return min(self.warmup_steps, max(0, self.steps_run - self.eager_steps))
 
     def record(self, phases: dict[str, float], samples: int, tokens: int, loss: float) -> None:
         seconds = phases["step_s"]
@@ -43,7 +63,12 @@ class StepStats:
         self.samples += samples
         self.tokens += tokens
         self.seconds += seconds
-        if self.steps_run > self.warmup_steps:
+        if self.steps_run <= self.eager_steps:
+            self.eager_seconds += seconds
+            if self.steps_run > self.warmup_steps:
+                self.eager_steady_tokens += tokens
+                self.eager_steady_seconds += seconds
+        elif self.steps_run > self.eager_steps + self.warmup_steps:
             self.steady_samples += samples
             self.steady_tokens += tokens
             self.steady_seconds += seconds

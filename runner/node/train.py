@@ -441,8 +441,8 @@ def rank_batch(training: Training, global_batch: list[int]) -> RankRows:
     labels = torch.tensor([train["labels"][j] for j in indices],
                           dtype=torch.float32 if training.data.task.labels is None else torch.long)
     # an epoch's last, partial batch in its own shape would be compiled for that one step: eager instead
-    # (under DDP the compiled module is the only way in, and compiles it)
-    eager = bucketed and len(indices) != args.batch_size and not training.sync.overlapped
+    # (under DDP the compiled module is the only way in, and compiles it); so are a compiled job's probe steps
+    eager = training.stats.probing or (bucketed and len(indices) != args.batch_size and not training.sync.overlapped)
     return RankRows(batch, labels, len(indices) * env.world_size / len(global_batch), time.perf_counter() - t0, eager)
 
 
