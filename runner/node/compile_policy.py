@@ -386,7 +386,10 @@ def maybe_compile(training) -> Compiled:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
     ddp = env.world_size > 1 and training.setup.allreduce != "after-backward"
-    training.stats.eager_steps = eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp)
+    probe = eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp)
+    # every rank probes where one does (its node's note lacks the rate): a rank that did not would wait at each
+    # step on the eager ones, and at its steady ones on their compile, and note a compiled rate far too low
+    training.stats.eager_steps = 0 if every_node(probe == 0, env) else args.warmup_steps_untimed + RATE_MIN_STEPS
     if training.stats.eager_steps:
         training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
                           "eager rate beside the compiled one")

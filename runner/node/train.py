@@ -208,8 +208,8 @@ def main(argv=None) -> int:
     with timed(stage_seconds, "tokenize"):
         data = load_data(args, env)
     train = data.train
-    total_steps = args.max_steps or args.epochs * len(global_batches(
-        len(train["labels"]), train["lengths"], args.batch_size, env.world_size, args.group_by_length, args.seed))
+    total_steps = min(args.max_steps or sys.maxsize, args.epochs * len(global_batches(  # --max-steps caps, never adds
+        len(train["labels"]), train["lengths"], args.batch_size, env.world_size, args.group_by_length, args.seed)))
 
     # ---- model and optimizer --------------------------------------------------------------------
     model, optimizer, scheduler = build_model(args, data.task, setup.precision, total_steps)
@@ -434,7 +434,7 @@ def rank_batch(training: Training, global_batch: list[int]) -> RankRows:
     t0, env, train, balance, args = time.perf_counter(), training.env, training.data.train, training.sync.balance, training.args
     counts = balance.counts(len(global_batch)) if balance else even_counts(len(global_batch), env.world_size)
     indices = deal(global_batch, counts)[env.rank]
-    bucketed = training.compiled.shapes == "buckets"
+    bucketed = training.compiled.shapes == "buckets" and not training.stats.probing  # probe steps pad as eager jobs do
     width = (args.max_length if args.pad_to == "max_length" else
              bucket_width(max(train["lengths"][i] for i in indices), args.max_length) if bucketed else 0)
     batch = collate(train, indices, training.data.pad_id, width)
