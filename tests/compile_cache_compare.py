@@ -26,25 +26,37 @@ from runner.node.facts import cpu_info  # noqa: E402
 PHASES = ("bytecode_tracing", "aot_trace_joint_graph", "GraphLowering.codegen", "compile_file",
           "AOTAutogradCache.inductor_load", "PyCodeCache.load_by_key_path")
 # The training program, which at its end leaves the seconds of each of dynamo's timers in OUT/phases.json.
+# With COMPARE_PROFILE=PATH it runs under cProfile and writes the 40 functions of most cumulative time
+# there: what a warm start spends outside dynamo's timers.
 TIMED_TRAIN = """
-import atexit, json, sys
+import atexit, cProfile, io, json, os, pstats, sys
+profile = cProfile.Profile() if os.environ.get("COMPARE_PROFILE") else None
 def leave_phases():
     from torch._dynamo.utils import compile_times, counters
     names, seconds = compile_times(repr="csv", aggregate=True)
     with open(sys.argv[sys.argv.index("--output-dir") + 1] + "/phases.json", "w") as f:
         json.dump({"seconds": dict(zip(names, map(float, seconds))), "aot_autograd": dict(counters["aot_autograd"])}, f)
+    if profile:
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+        open(os.environ["COMPARE_PROFILE"], "w").write(text.getvalue())
 atexit.register(leave_phases)
 from runner.node.train import main
+if profile:
+    profile.enable()
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def one_job(work: Path, node_dir: Path, name: str, args, compile_mode: str = "on") -> dict:
-    """One job of `args.steps` steps, compiled or not; its results.json, with `phases`: PHASES' seconds
-    and AOT autograd's cache counters."""
+def one_job(work: Path, node_dir: Path, name: str, args, compile_mode: str = "on", profile: Path | None = None) -> dict:
+    """One job of `args.steps` steps, compiled or not; its results.json, with `phases`: PHASES' seconds,
+    every other timer of a second or more (`other`), and AOT autograd's cache counters."""
     out = work / name
     env = {**os.environ, "FTC_NODE_DIR": str(node_dir), "OMP_NUM_THREADS": str(len(args.cpus))}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if profile:
+        env["COMPARE_PROFILE"] = str(profile)
     subprocess.run(["taskset", "-c", args.cores, sys.executable, "-c", TIMED_TRAIN, "--task", "mrpc",
                     "--data-dir", args.data_dir, "--model", str(args.model), "--random-init", "--compile", compile_mode,
                     "--max-steps", str(args.steps), "--no-eval", "--no-save", "--output-dir", str(out)],
@@ -52,6 +64,8 @@ def one_job(work: Path, node_dir: Path, name: str, args, compile_mode: str = "on
     phases = json.loads((out / "phases.json").read_text())
     return {**json.loads((out / "results.json").read_text()),
             "phases": {"seconds": {name: round(phases["seconds"].get(name, 0.0), 1) for name in PHASES},
+                       "other": {name: round(s, 1) for name, s in phases["seconds"].items()
+                                 if name not in PHASES and s >= 1.0},
                        "aot_autograd": phases["aot_autograd"]}}
 
 
@@ -63,6 +77,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="docs/compile_cache.json")
+    p.add_argument("--profile-warm", type=Path, help="also run the warm job again under cProfile; its top functions go here")
     args = p.parse_args()
     first, _, last = args.cores.partition("-")
     args.cpus = list(range(int(first), int(last or first) + 1))
@@ -72,6 +87,8 @@ def main() -> int:
         cold = one_job(work, work / "node", "cold", args)
         warm = one_job(work, work / "node", "warm", args)
         eager = one_job(work, work / "node", "eager", args, "off")
+        if args.profile_warm:
+            one_job(work, work / "node", "warm-profiled", args, profile=args.profile_warm.resolve())
     assert (cold["compile_cache"], warm["compile_cache"]) == ("cold", "warm"), (cold["compile_cache"], warm["compile_cache"])
     compiled_rate = (cold["steady_samples_per_second"] + warm["steady_samples_per_second"]) / 2
     report = {"date": date.today().isoformat(), "cpu": cpu_info()[0], "cores": len(args.cpus),
