@@ -18,7 +18,7 @@ from pathlib import Path
 
 from provision.estimate import GLUE_TRAIN_SIZES
 from runner.bench.common import Bench, started
-from runner.bench.long_jobs import fresh_node_from_home, long_job_launches
+from runner.bench.long_jobs import fresh_node_from_home, job_seconds, long_job_launches
 from runner.node.facts import cpu_info
 
 p = argparse.ArgumentParser()
@@ -57,7 +57,7 @@ shape = next(iter(parts.get("shapes", [])), {})
 for side, label in (("peer", peer), ("ftc_eager", eager)):  # from the long-jobs run's parts, where it ran them
     if label in shape.get("launches", {}):
         launch = shape["launches"][label]
-        job_s = round(next(iter(launch["start_cost_s"].values())) + epochs * rows / launch["later_rows_per_s"], 1)
+        job_s = round(job_seconds(launch, epochs * rows), 1)
         report[side] = {"launch": label, "job_s": job_s}
         report[f"speedup_vs_{side}"] = round(job_s / training_s, 3)
 (out / "auto_from_home.json").write_text(json.dumps(report, indent=1) + "\n")

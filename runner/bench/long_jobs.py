@@ -280,6 +280,14 @@ def start_cost(run: dict) -> float:
     return max(0.0, seconds - rows / later_rate(run))
 
 
+def job_seconds(launch: dict, rows: float) -> float:
+    """`rows` trained by a launch of long_job_entry's: its start cost (warm where measured so) and the rows at
+    its later rate. Pure."""
+    costs = launch["start_cost_s"]
+    start = next(costs[cache] for cache in ("warm", "warm from home", "none", "cold") if cache in costs)
+    return start + rows / launch["later_rows_per_s"]
+
+
 def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
     """One shape's row of bench.json's long_jobs, from its runs (every round, every call): each
     launch's later-pass rate (median, [min, max]) and start cost by kernel cache; each side's fastest
@@ -299,12 +307,6 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
         launches[label] = {"later_rows_per_s": rate, "later_rows_per_s_range": spread, "start_cost_s": costs,
                            "runs": [round(r, 3) for r in rates]}
 
-    def job_seconds(label: str, rows: float) -> float:
-        """`rows` trained by `label`: its start cost (warm where measured so) and the rows at its later rate."""
-        costs = launches[label]["start_cost_s"]
-        start = next(costs[cache] for cache in ("warm", "warm from home", "none", "cold") if cache in costs)
-        return start + rows / launches[label]["later_rows_per_s"]
-
     # a run from home measures a start: its kernels, and so its rate, are the run's that compiled them; one
     # at the peer's global batch changes the recipe's rows a rank (recipes.batch_line): beside, not a side's best
     at_peer_batch = [label for label in launches if AT_PEER_BATCH in label]
@@ -317,9 +319,9 @@ def long_job_entry(nodes: int, cores: int, runs: list[dict]) -> dict:
         """Each of JOB_ROWS' training time at each side's fastest launch for it of `candidates`."""
         jobs = {}
         for job, rows in JOB_ROWS.items():
-            mine, theirs = (min(candidates[program], key=lambda label: job_seconds(label, rows))
+            mine, theirs = (min(candidates[program], key=lambda label: job_seconds(launches[label], rows))
                             for program in ("ftc", "peer"))
-            ftc_s, peer_s = round(job_seconds(mine, rows), 1), round(job_seconds(theirs, rows), 1)  # the ratio shown
+            ftc_s, peer_s = (round(job_seconds(launches[label], rows), 1) for label in (mine, theirs))  # the ratio shown
             jobs[job] = {"rows": rows, "ftc_launch": mine, "ftc_s": ftc_s, "peer_launch": theirs, "peer_s": peer_s,
                          "speedup": round(peer_s / ftc_s, 3)}
         return jobs

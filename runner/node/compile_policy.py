@@ -177,11 +177,15 @@ def eager_probe_steps(noted: dict, layout: str, steps_left: int, warmup: int, dd
     both where the kernels go next (a short job on a new cluster, its kernels from home). None under
     DDP (its compiled module is the only way in), and none where the steps left would not measure the
     compiled rate after them too. Pure."""
-    probe = warmup + RATE_MIN_STEPS
     rates = noted.get("rates", {}).get(layout, {})
-    if ddp or steps_left < 2 * probe or seconds_or_rate(rates.get("eager_tokens_per_s")):
+    if ddp or steps_left < 2 * probe_length(warmup) or seconds_or_rate(rates.get("eager_tokens_per_s")):
         return 0
-    return probe
+    return probe_length(warmup)
+
+
+def probe_length(warmup: int) -> int:
+    """The eager steps that measure a rank's eager rate: their warm-up, then enough to time."""
+    return warmup + RATE_MIN_STEPS
 
 
 def compile_min_steps(cache: str) -> int:
@@ -389,7 +393,7 @@ def maybe_compile(training) -> Compiled:
     probe = eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp)
     # every rank probes where one does (its node's note lacks the rate): a rank that did not would wait at each
     # step on the eager ones, and at its steady ones on their compile, and note a compiled rate far too low
-    training.stats.eager_steps = 0 if every_node(probe == 0, env) else args.warmup_steps_untimed + RATE_MIN_STEPS
+    training.stats.eager_steps = 0 if every_node(probe == 0, env) else probe_length(args.warmup_steps_untimed)
     if training.stats.eager_steps:
         training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
                           "eager rate beside the compiled one")
@@ -431,8 +435,7 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     if stats.steady_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
         which = "eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"
         rates[which] = round(stats.steady_tokens / env.world_size / stats.steady_seconds, 1)
-    probed = min(stats.eager_steps, stats.steps_run) - stats.warmup_steps  # its steady eager steps
-    if probed >= RATE_MIN_STEPS and stats.eager_steady_seconds > 0:
+    if stats.eager_steady_steps >= RATE_MIN_STEPS and stats.eager_steady_seconds > 0:
         rates["eager_tokens_per_s"] = round(stats.eager_steady_tokens / env.world_size / stats.eager_steady_seconds, 1)
     if rates:
         measured["rates"] = {compiled.layout: rates}

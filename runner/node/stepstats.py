@@ -51,6 +51,11 @@ class StepStats:
         return max(0, self.steps_run - self.eager_steps - self.warmup_steps)
 
     @property
+    def eager_steady_steps(self) -> int:
+        """The eager steps run past their own warm-up: those eager_steady_seconds timed."""
+        return max(0, min(self.eager_steps, self.steps_run) - self.warmup_steps)
+
+    @property
     def untimed_steps(self) -> int:
         """The steps run after the eager ones and before the steady ones: the compile's, for one."""
         return min(self.warmup_steps, max(0, self.steps_run - self.eager_steps))
