@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import on_two_gloo_ranks
 
 from runner.node.compile_policy import (
     BUCKET_STEP,
     COMPILED_FILE,
     RATE_MIN_STEPS,
     WARM_COMPILE_SHARE,
+    agreed_probe_steps,
     architecture,
     bucket_width,
     bucket_widths,
@@ -140,6 +142,22 @@ def test_a_compiled_jobs_first_steps_run_eager_only_where_no_note_holds_the_eage
                              two, 900, 3, False) == probe  # another layout's rate is not this one's
     assert eager_probe_steps({}, two, 2 * probe - 1, 3, False) == 0  # too few steps left to measure both
     assert eager_probe_steps({}, two, 900, 3, ddp=True) == 0
+
+
+def _probe_agreement(rank: int, rendezvous: str, mine: list[int], out: dict) -> None:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    out[rank] = agreed_probe_steps(mine[rank], 3, SimpleNamespace(world_size=2))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mine, agreed", [([0, 3 + RATE_MIN_STEPS], 3 + RATE_MIN_STEPS), ([0, 0], 0)],
+                         ids=["one-node-lacks-the-rate", "every-node-has-it"])
+def test_every_rank_probes_where_any_nodes_note_lacks_the_eager_rate(mine, agreed, tmp_path):
+    assert on_two_gloo_ranks(_probe_agreement, tmp_path / "rendezvous", mine) == {0: agreed, 1: agreed}
 
 
 def test_a_probed_jobs_eager_and_compiled_steps_are_measured_apart_and_both_rates_noted(tmp_path):

@@ -188,6 +188,13 @@ def probe_length(warmup: int) -> int:
     return warmup + RATE_MIN_STEPS
 
 
+def agreed_probe_steps(mine: int, warmup: int, env) -> int:
+    """The eager steps every rank runs, where this rank would run `mine`: all probe where one does (its node's
+    note lacks the rate), since a rank that did not would wait at each step on the eager ones, and at its
+    steady ones on their compile, and note a compiled rate far too low. A collective, as every_node."""
+    return 0 if every_node(mine == 0, env) else probe_length(warmup)
+
+
 def compile_min_steps(cache: str) -> int:
     return COMPILE_MIN_STEPS if cache == "cold" else math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE)
 
@@ -390,10 +397,8 @@ def maybe_compile(training) -> Compiled:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
     ddp = env.world_size > 1 and training.setup.allreduce != "after-backward"
-    probe = eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp)
-    # every rank probes where one does (its node's note lacks the rate): a rank that did not would wait at each
-    # step on the eager ones, and at its steady ones on their compile, and note a compiled rate far too low
-    training.stats.eager_steps = 0 if every_node(probe == 0, env) else probe_length(args.warmup_steps_untimed)
+    training.stats.eager_steps = agreed_probe_steps(
+        eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:
         training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
                           "eager rate beside the compiled one")
