@@ -99,7 +99,8 @@ def main() -> int:
               "steady_samples_per_s": [cold["steady_samples_per_second"], warm["steady_samples_per_second"]],
               "eager_samples_per_s": eager["steady_samples_per_second"],
               "compiled_speedup": round(compiled_rate / eager["steady_samples_per_second"], 3),
-              "cold_phases": cold["phases"], "warm_phases": warm["phases"]}
+              "cold_phases": cold["phases"], "warm_phases": warm["phases"],
+              "step_timeline": {"compiled": warm["timeline"][0], "eager": eager["timeline"][0]}}
     out = Path(args.out)
     kept = json.loads(out.read_text()).get("runs", []) if out.exists() else []
     same = (report["cpu"], report["cores"], report["torch"])
