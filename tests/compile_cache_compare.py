@@ -27,7 +27,8 @@ PHASES = ("bytecode_tracing", "aot_trace_joint_graph", "GraphLowering.codegen", 
           "AOTAutogradCache.inductor_load", "PyCodeCache.load_by_key_path")
 # The training program, which at its end leaves the seconds of each of dynamo's timers in OUT/phases.json.
 # With COMPARE_PROFILE=PATH it runs under cProfile and writes the 40 functions of most cumulative time
-# there: what a warm start spends outside dynamo's timers.
+# there, by cumulative and by own time:
+# what a warm start spends outside dynamo's timers.
 TIMED_TRAIN = """
 import atexit, cProfile, io, json, os, pstats, sys
 profile = cProfile.Profile() if os.environ.get("COMPARE_PROFILE") else None
@@ -39,7 +40,8 @@ def leave_phases():
     if profile:
         profile.disable()
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(40)
         open(os.environ["COMPARE_PROFILE"], "w").write(text.getvalue())
 atexit.register(leave_phases)
 from runner.node.train import main
