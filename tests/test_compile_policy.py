@@ -3,6 +3,7 @@ valid, which shipped cache a job takes (and the one line for one it cannot), and
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from helpers import on_two_gloo_ranks
 from runner.node.compile_policy import (
     BUCKET_STEP,
     COMPILED_FILE,
+    ISA_CHECKS_FILE,
     RATE_MIN_STEPS,
     WARM_COMPILE_SHARE,
     agreed_probe_steps,
@@ -27,6 +29,7 @@ from runner.node.compile_policy import (
     compiled_before,
     compiled_here,
     eager_probe_steps,
+    isa_checks_kept_in,
     kernel_cache,
     key_difference,
     key_digest,
@@ -331,6 +334,54 @@ def test_the_isa_check_loads_inductors_kernel_without_torch_and_one_that_wants_m
                     "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"], check=True, timeout=300)
     assert check(tmp_path / "wants_more.so", "import sys\nassert 'torch' in sys.modules\n") == 0
     assert check(tmp_path / "no-such-kernel.so") != 0
+
+
+def test_an_isa_found_good_is_answered_from_the_kernel_cache_and_one_found_bad_is_asked_again(tmp_path):
+    asked = []
+
+    class FakeVecISA:  # inductor's VecISA: check_build builds a test kernel and loads it in a new Python
+        _arch_flags = "-mavx512f"
+
+        def check_build(self, code: str) -> bool:
+            asked.append(code)
+            return code == "good"
+
+    assert isa_checks_kept_in(tmp_path, FakeVecISA)
+    assert isa_checks_kept_in(tmp_path, FakeVecISA)  # once for this cache: the check is not wrapped twice
+    isa = FakeVecISA()
+    assert (isa.check_build("good"), isa.check_build("bad")) == (True, False)
+    assert (isa.check_build("good"), isa.check_build("bad")) == (True, False)
+    assert asked == ["good", "bad", "bad"]
+    FakeVecISA._arch_flags = "-mamx-tile"  # another ISA's flags: another check
+    assert isa.check_build("good") and asked[-1] == "good"
+    assert len(json.loads((tmp_path / ISA_CHECKS_FILE).read_text())) == 2
+    (tmp_path / ISA_CHECKS_FILE).write_text("{not json")  # unreadable: asked again, and kept again
+    assert isa.check_build("good") and len(asked) == 5 and (tmp_path / ISA_CHECKS_FILE).exists()
+
+
+ISA_PICK = """
+import json, sys
+from pathlib import Path
+from torch._inductor import cpu_vec_isa
+from runner.node.compile_policy import isa_checks_kept_in
+asked, check_build = [], cpu_vec_isa.VecISA.check_build
+cpu_vec_isa.VecISA.check_build = lambda isa, code: asked.append(str(isa)) or check_build(isa, code)
+assert isa_checks_kept_in(Path(sys.argv[1]))
+print(json.dumps({"picked": str(cpu_vec_isa.pick_vec_isa()), "asked": asked}))
+"""
+
+
+@pytest.mark.slow  # inductor compiles its test kernels with the C++ compiler and loads each in a new Python
+def test_a_second_process_picks_the_same_isa_without_inductors_checks(tmp_path):
+    def pick() -> dict:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-c", ISA_PICK, str(tmp_path)], capture_output=True, text=True,
+                              env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+    first, second = pick(), pick()
+    assert first["asked"] and first["picked"] not in ("", "None")
+    assert second["picked"] == first["picked"] and len(second["asked"]) < len(first["asked"]), (first, second)
 
 
 # ---- what a job leaves in its node's note -------------------------------------------------------------

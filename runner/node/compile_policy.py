@@ -226,11 +226,16 @@ def kernel_cache(out_dir: Path, stack: str, threads: int) -> Path:
 def compiled_before(cache_dir: Path) -> dict:
     """The cache's note (COMPILED_FILE), by key_digest: {} where there is none or it is not one, and only
     the entries that are notes."""
+    return {digest: note for digest, note in read_json(cache_dir / COMPILED_FILE).items() if isinstance(note, dict)}
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object written by write_whole; {} where there is none or it is not one."""
     try:
-        notes = json.loads((cache_dir / COMPILED_FILE).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return {}
-    return {digest: note for digest, note in notes.items() if isinstance(note, dict)} if isinstance(notes, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
 def shipped_kernels() -> Path | None:
@@ -354,6 +359,44 @@ def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
     return True
 
 
+# Inductor's answers to "do this vector ISA's kernels build and load here?", kept in the kernel cache. Torch
+# asks again in every process, building a test kernel and loading it in a new Python each time (on the 16-core
+# AMX host 14 of a warm start's 18 s: docs/performance.md); the answer depends only on what its key holds.
+ISA_CHECKS_FILE = "ftc-isa-checks.json"
+
+
+def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
+    """Inductor's ISA checks answered from `cache_dir` where an earlier process (on this node, or where these
+    kernels were compiled) found the ISA good, keyed by torch's own fingerprint of the check (the compiler's
+    version, the ISA's flags, torch's version), the test kernel and this CPU's vector ISA; a check that failed
+    is asked again. True where installed (before anything compiles: torch keeps each answer for the process)."""
+    try:
+        from torch._inductor import cpu_vec_isa
+        vec_isa_class = vec_isa_class or cpu_vec_isa.VecISA
+        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint
+    except (ImportError, AttributeError):  # a torch that checks otherwise: its own check stands
+        return False
+    asked = vec_isa_class.check_build
+    if getattr(asked, "kept_in", None) == cache_dir:
+        return True
+    asked = getattr(asked, "__wrapped__", asked)
+    path = cache_dir / ISA_CHECKS_FILE
+
+    def check_build(isa, code: str) -> bool:
+        flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else isa._arch_flags
+        key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_info()[1]]).encode()).hexdigest()[:20]
+        kept = read_json(path)
+        if kept.get(key) is True:
+            return True
+        good = asked(isa, code)
+        if good:
+            written_whole(path, read_json(path) | {key: True}, "an ISA check's answer was not kept")
+        return good
+    check_build.__wrapped__, check_build.kept_in = asked, cache_dir
+    vec_isa_class.check_build = check_build
+    return True
+
+
 def maybe_compile(training) -> Compiled:
     """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
     `training`: train.Training, after a resume (it weighs the steps left)."""
@@ -412,6 +455,7 @@ def maybe_compile(training) -> Compiled:
     # compile is about a quarter shorter and a warm one a quarter of what it was (docs/performance.md).
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
     check_isa_without_importing_torch()
+    isa_checks_kept_in(cache_dir)
     training.model.compile(dynamic=shapes == "dynamic")
     return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
