@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from runner.node.compile_policy import (
     remember_compile,
     shapes_of,
     shipped_entries,
+    unpack_shipped,
 )
 from runner.node.protocol import kernels_words
 from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
@@ -342,21 +344,40 @@ def test_an_isa_found_good_is_answered_from_the_kernel_cache_and_one_found_bad_i
     class FakeVecISA:  # inductor's VecISA: check_build builds a test kernel and loads it in a new Python
         _arch_flags = "-mavx512f"
 
+        def build_arch_flags(self) -> str:  # what the kernels are built with: the key's flags
+            return self._arch_flags + " -mfma"
+
         def check_build(self, code: str) -> bool:
             asked.append(code)
             return code == "good"
 
+    inductors = FakeVecISA.check_build
     assert isa_checks_kept_in(tmp_path, FakeVecISA)
-    assert isa_checks_kept_in(tmp_path, FakeVecISA)  # once for this cache: the check is not wrapped twice
+    assert isa_checks_kept_in(tmp_path, FakeVecISA) and FakeVecISA.check_build.__wrapped__ is inductors  # once
     isa = FakeVecISA()
     assert (isa.check_build("good"), isa.check_build("bad")) == (True, False)
     assert (isa.check_build("good"), isa.check_build("bad")) == (True, False)
     assert asked == ["good", "bad", "bad"]
     FakeVecISA._arch_flags = "-mamx-tile"  # another ISA's flags: another check
     assert isa.check_build("good") and asked[-1] == "good"
-    assert len(json.loads((tmp_path / ISA_CHECKS_FILE).read_text())) == 2
-    (tmp_path / ISA_CHECKS_FILE).write_text("{not json")  # unreadable: asked again, and kept again
-    assert isa.check_build("good") and len(asked) == 5 and (tmp_path / ISA_CHECKS_FILE).exists()
+    kept = tmp_path / ISA_CHECKS_FILE
+    assert list(json.loads(kept.read_text()).values()) == [True, True]
+    kept.write_text("{not json")  # unreadable: asked again, and kept again
+    assert isa.check_build("good") and len(asked) == 5 and list(json.loads(kept.read_text()).values()) == [True]
+
+
+def test_a_shipped_caches_isa_answers_join_the_nodes_own(tmp_path):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / ISA_CHECKS_FILE).write_text(json.dumps({"from-home": True}))
+    archive = tmp_path / "kernels.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(shipped / ISA_CHECKS_FILE, arcname=ISA_CHECKS_FILE)
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / ISA_CHECKS_FILE).write_text(json.dumps({"here": True}))
+    assert unpack_shipped(archive, node) == ""
+    assert json.loads((node / ISA_CHECKS_FILE).read_text()) == {"from-home": True, "here": True}
 
 
 ISA_PICK = """
@@ -367,7 +388,8 @@ from runner.node.compile_policy import isa_checks_kept_in
 asked, check_build = [], cpu_vec_isa.VecISA.check_build
 cpu_vec_isa.VecISA.check_build = lambda isa, code: asked.append(str(isa)) or check_build(isa, code)
 assert isa_checks_kept_in(Path(sys.argv[1]))
-print(json.dumps({"picked": str(cpu_vec_isa.pick_vec_isa()), "asked": asked}))
+picked = cpu_vec_isa.pick_vec_isa()
+print(json.dumps({"picked": [str(picked), picked.build_arch_flags()], "asked": asked}))
 """
 
 
@@ -380,7 +402,7 @@ def test_a_second_process_picks_the_same_isa_without_inductors_checks(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.splitlines()[-1])
     first, second = pick(), pick()
-    assert first["asked"] and first["picked"] not in ("", "None")
+    assert first["asked"] and first["picked"][0] not in ("", "None")
     assert second["picked"] == first["picked"] and len(second["asked"]) < len(first["asked"]), (first, second)
 
 

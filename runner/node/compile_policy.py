@@ -279,11 +279,15 @@ def pick_shipped(key: dict, entries: list[tuple[Path, dict | None]]) -> tuple[Pa
 
 
 def unpack_shipped(archive: Path, cache_dir: Path) -> str:
-    """A shipped node cache into this node's kernel cache; '' when unpacked, else why not."""
+    """A shipped node cache into this node's kernel cache; '' when unpacked, else why not. The ISA checks'
+    answers join those this node kept."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        kept_here = read_json(cache_dir / ISA_CHECKS_FILE)
         with tarfile.open(archive) as tar:
             tar.extractall(cache_dir, filter="data")  # names inside the cache only, no links out of it
+        if kept_here:
+            write_whole(cache_dir / ISA_CHECKS_FILE, read_json(cache_dir / ISA_CHECKS_FILE) | kept_here)
         return ""
     except (OSError, EOFError, tarfile.TarError) as exc:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -360,8 +364,9 @@ def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
 
 
 # Inductor's answers to "do this vector ISA's kernels build and load here?", kept in the kernel cache. Torch
-# asks again in every process, building a test kernel and loading it in a new Python each time (on the 16-core
-# AMX host 14 of a warm start's 18 s: docs/performance.md); the answer depends only on what its key holds.
+# asks again in every process, loading a test kernel in a new Python for each (on the 16-core AMX host 13.6 s
+# of a warm start's 17.7 s: docs/performance.md); the answer depends only on what its key holds. The training
+# process's checks are kept; a compile worker's own (cold compiles only) are torch's.
 ISA_CHECKS_FILE = "ftc-isa-checks.json"
 
 
@@ -380,17 +385,20 @@ def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
     if getattr(asked, "kept_in", None) == cache_dir:
         return True
     asked = getattr(asked, "__wrapped__", asked)
-    path = cache_dir / ISA_CHECKS_FILE
+    path, unwritable = cache_dir / ISA_CHECKS_FILE, []
 
     def check_build(isa, code: str) -> bool:
         flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else isa._arch_flags
         key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_info()[1]]).encode()).hexdigest()[:20]
-        kept = read_json(path)
-        if kept.get(key) is True:
+        if read_json(path).get(key) is True:
             return True
         good = asked(isa, code)
-        if good:
-            written_whole(path, read_json(path) | {key: True}, "an ISA check's answer was not kept")
+        if good and not unwritable:
+            try:
+                write_whole(path, read_json(path) | {key: True})
+            except OSError as exc:  # said once: the next process asks inductor again
+                unwritable.append(exc)
+                print(f"compile: inductor's ISA checks are not kept ({exc})", file=sys.stderr)
         return good
     check_build.__wrapped__, check_build.kept_in = asked, cache_dir
     vec_isa_class.check_build = check_build
@@ -524,7 +532,8 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             with tarfile.open(folder / f"{compiled.digest}{KERNELS_ARCHIVE}", "w:gz", compresslevel=1) as tar:
                 for entry in sorted(compiled.cache_dir.iterdir()):
-                    if entry.name != "locks" and not entry.name.startswith(COMPILED_FILE):  # the node's own
+                    # the node's own note, and any file half written (write_whole's, renamed when whole)
+                    if entry.name != "locks" and not entry.name.startswith((COMPILED_FILE, ISA_CHECKS_FILE + ".")):
                         tar.add(entry, arcname=entry.name)
         except OSError as exc:
             print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
