@@ -26,9 +26,8 @@ from runner.node.facts import cpu_info  # noqa: E402
 PHASES = ("bytecode_tracing", "aot_trace_joint_graph", "GraphLowering.codegen", "compile_file",
           "AOTAutogradCache.inductor_load", "PyCodeCache.load_by_key_path")
 # The training program, which at its end leaves the seconds of each of dynamo's timers in OUT/phases.json.
-# With COMPARE_PROFILE=PATH it runs under cProfile and writes the 40 functions of most time
-# there, by cumulative and by own time:
-# what a warm start spends outside dynamo's timers.
+# With COMPARE_PROFILE=PATH it runs under cProfile and writes there the 40 functions of most cumulative time,
+# then of most own time: what a warm start spends outside dynamo's timers.
 TIMED_TRAIN = """
 import atexit, cProfile, io, json, os, pstats, sys
 profile = cProfile.Profile() if os.environ.get("COMPARE_PROFILE") else None

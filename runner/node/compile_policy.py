@@ -381,15 +381,12 @@ def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
         fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint
     except (ImportError, AttributeError):  # a torch that checks otherwise: its own check stands
         return False
-    asked = vec_isa_class.check_build
-    if getattr(asked, "kept_in", None) == cache_dir:
-        return True
-    asked = getattr(asked, "__wrapped__", asked)
-    path, unwritable = cache_dir / ISA_CHECKS_FILE, []
+    asked = getattr(vec_isa_class.check_build, "__wrapped__", vec_isa_class.check_build)  # inductor's, never ours twice
+    path, unwritable, cpu_isa = cache_dir / ISA_CHECKS_FILE, [], cpu_info()[1]
 
     def check_build(isa, code: str) -> bool:
         flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else isa._arch_flags
-        key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_info()[1]]).encode()).hexdigest()[:20]
+        key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_isa]).encode()).hexdigest()[:20]
         if read_json(path).get(key) is True:
             return True
         good = asked(isa, code)
@@ -400,7 +397,7 @@ def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
                 unwritable.append(exc)
                 print(f"compile: inductor's ISA checks are not kept ({exc})", file=sys.stderr)
         return good
-    check_build.__wrapped__, check_build.kept_in = asked, cache_dir
+    check_build.__wrapped__ = asked
     vec_isa_class.check_build = check_build
     return True
 
