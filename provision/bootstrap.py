@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from runner.node.facts import NodeFacts, machine_cpu_seconds
 from runner.node.protocol import (
@@ -40,11 +41,23 @@ from .errors import FtcError, UsageError, command
 from .keys import keygen
 from .launch import cluster_launch, render_launch
 from .providers import relay, traits, world
-from .ssh import StepFailed, connect, connect_attempts, fetch_host_key, put_text, run, tar_bundle, write_controller_known_hosts
+from .ssh import (
+    NodeConnections,
+    StepFailed,
+    connect_attempts,
+    fetch_host_key,
+    put_text,
+    run,
+    tar_bundle,
+    write_controller_known_hosts,
+)
 from .stacks import INTEL_INDEX, STACKS, TORCH_CPU_INDEX, UV_VERSION, missing_from_this_python
 from .templates import render
 from .ui import NodeBoard, answer
 from .values import boolean, from_env, label
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 REPO = Path(__file__).resolve().parent.parent
 FILE_MODES = {"ssh_config": 0o600, "bin/ssh": 0o755}  # the rest of a node's files: 0644
@@ -176,9 +189,11 @@ def node_package(provider: str) -> dict[str, str]:
 
 # ---- the per-node steps ---------------------------------------------------------------------
 
-def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, timings: dict) -> NodeFacts:
-    """Connect, then one session that runs the node's steps (templates/bootstrap_node.sh.j2)
-    with the file bundle on its stdin; its STEP lines drive the board and the timings."""
+def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, timings: dict,
+                   connections: NodeConnections) -> NodeFacts:
+    """Connect (kept in `connections`, for the verification after), then one session that runs the
+    node's steps (templates/bootstrap_node.sh.j2) with the file bundle on its stdin; its STEP lines
+    drive the board and the timings."""
     clock = time.monotonic()
     step = "connect"
 
@@ -190,7 +205,7 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
         board.update(node.name, next_step, detail)
 
     board.update(node.name, "connect")
-    conn = connect(state, node)
+    conn = connections.to(state, node)
     reached("keys+files")
     internal_key = st.internal_key_path(state.name)
     public_key = internal_key.with_suffix(".pub").read_text().strip()
@@ -231,7 +246,6 @@ def bootstrap_node(state: st.ClusterState, node: st.NodeInfo, board: NodeBoard, 
             raise StepFailed(node.name, step, error.splitlines()[-1] if error else "failed")
     finally:
         channel.close()
-        conn.close()
     facts = NodeFacts.from_dict(json.loads(output))
     reached("ready", f"{facts.physical_cores} cores, {facts.mpi}, torch {facts.versions.get('torch', '-')}")
     return facts
@@ -269,40 +283,40 @@ def allreduce_result(output: str, nodes: int) -> AllreduceReport:
     return result
 
 
-def verify(state: st.ClusterState, facts: list[NodeFacts], progress=lambda step, detail="": None) -> dict:
-    """From node 0: mpirun runs hostname once per node; a gloo all_reduce across all nodes sums right.
-    `progress(step, detail)` hears each step (the board's verification row)."""
+def verify(state: st.ClusterState, facts: list[NodeFacts], conn: "Connection",
+           progress=lambda step, detail="": None) -> dict:
+    """From node 0, over `conn` (the head's): mpirun runs hostname once per node; a gloo all_reduce
+    across all nodes sums right. `progress(step, detail)` hears each step (the board's verification row)."""
     head, n = state.head, len(state.nodes)
-    with connect(state, head) as conn:
-        wd = head.workdir
-        checked_what = digest(json.dumps([f.to_dict() for f in facts], sort_keys=True), *node_files(state, head).values())
-        marker = f"{wd}/.ftc/done/verify-{checked_what}"
-        in_wd = f"cd {shlex.quote(wd)} && "
-        previous = run(conn, head, "verify", f"{in_wd}cat .ftc/done/verify-{checked_what} 2>/dev/null || true").strip()
-        if previous:
-            progress("ok", "already done")
-            return json.loads(previous)
-        progress("logins", f"cluster key to {n} node(s)")
-        check_logins(conn, state)
-        progress("mpirun", f"hostname on {n} node(s)")
-        put_text(conn, hostname_script(state, facts), f"{wd}/jobs/verify-hostname.sh", 0o755)
-        # a line that is no node's hostname (a banner a node's shell prints at each ssh hop) is not counted
-        known = {f.hostname for f in facts}
-        printed = hostname_lines(run(conn, head, "verify mpirun", f"{in_wd}bash jobs/verify-hostname.sh"))
-        hostnames = [line for line in printed if line in known]
-        if len(hostnames) != n:
-            raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)} "
-                             f"(of {len(printed)} printed)")
-        put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
-        progress("all_reduce", f"gloo over {n} rank(s)")
-        try:
-            result = allreduce_result(run(conn, head, "verify all_reduce", f"{in_wd}bash jobs/verify.sh"), n)
-        except ValueError as exc:
-            raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
-        checked = {"hostnames": hostnames, "allreduce": asdict(result)}
-        put_text(conn, json.dumps(checked, allow_nan=False), marker)
-        progress("ok", f"{n} hostname(s), all_reduce sums right")
-        return checked
+    wd = head.workdir
+    checked_what = digest(json.dumps([f.to_dict() for f in facts], sort_keys=True), *node_files(state, head).values())
+    marker = f"{wd}/.ftc/done/verify-{checked_what}"
+    in_wd = f"cd {shlex.quote(wd)} && "
+    previous = run(conn, head, "verify", f"{in_wd}cat .ftc/done/verify-{checked_what} 2>/dev/null || true").strip()
+    if previous:
+        progress("ok", "already done")
+        return json.loads(previous)
+    progress("logins", f"cluster key to {n} node(s)")
+    check_logins(conn, state)
+    progress("mpirun", f"hostname on {n} node(s)")
+    put_text(conn, hostname_script(state, facts), f"{wd}/jobs/verify-hostname.sh", 0o755)
+    # a line that is no node's hostname (a banner a node's shell prints at each ssh hop) is not counted
+    known = {f.hostname for f in facts}
+    printed = hostname_lines(run(conn, head, "verify mpirun", f"{in_wd}bash jobs/verify-hostname.sh"))
+    hostnames = [line for line in printed if line in known]
+    if len(hostnames) != n:
+        raise StepFailed(head.name, "verify mpirun", f"expected {n} hostname lines, got {len(hostnames)} "
+                         f"(of {len(printed)} printed)")
+    put_text(conn, verification_script(state, facts), f"{wd}/jobs/verify.sh", 0o755)
+    progress("all_reduce", f"gloo over {n} rank(s)")
+    try:
+        result = allreduce_result(run(conn, head, "verify all_reduce", f"{in_wd}bash jobs/verify.sh"), n)
+    except ValueError as exc:
+        raise StepFailed(head.name, "verify all_reduce", str(exc)) from None
+    checked = {"hostnames": hostnames, "allreduce": asdict(result)}
+    put_text(conn, json.dumps(checked, allow_nan=False), marker)
+    progress("ok", f"{n} hostname(s), all_reduce sums right")
+    return checked
 
 
 def check_logins(conn, state: st.ClusterState) -> None:
@@ -417,9 +431,11 @@ def bootstrap(name: str) -> dict:
         hold_for_tests()
         started, busy = time.monotonic(), machine_cpu_seconds()
         timings: dict[str, dict[str, float]] = {}
-        with NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes] + ["verification"]) as board:
+        with (NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes] + ["verification"]) as board,
+              NodeConnections() as connections):
             with ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
-                futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings) for node in state.nodes}
+                futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings, connections)
+                           for node in state.nodes}
                 results, failures = {}, []
                 for node_name, future in futures.items():
                     try:
@@ -438,7 +454,8 @@ def bootstrap(name: str) -> dict:
             waited, busy = time.monotonic() - started, machine_cpu_seconds() - busy
             verify_started = time.monotonic()
             try:
-                checked = verify(state, facts, lambda step, detail="": board.update("verification", step, detail))
+                checked = verify(state, facts, connections.to(state, state.head),
+                                 lambda step, detail="": board.update("verification", step, detail))
             except StepFailed as exc:
                 board.update("verification", f"FAILED: {exc.step}", str(exc).split(": ", 2)[-1][:120])
                 raise FtcError(f"{exc}; see the node with `ftc ssh --name {name}`, "

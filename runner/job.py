@@ -5,8 +5,8 @@ first, what run.json records of it and how its end is told; `finetune` and `laun
 
 The job runs detached on the head node (setsid + nohup), so it outlives the controller: the command
 that started it follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
-reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results. A
-command logs in to each node once and hands that connection from phase to phase (NodeConnections).
+reattaches (Ctrl-C there only detaches), `ftc cancel` stops it, `ftc fetch` copies the results. Each
+of these commands logs in to each node once and hands that connection from phase to phase (NodeConnections).
 """
 
 import shlex

@@ -1,5 +1,5 @@
-"""An attached job holds one connection to each node for its whole life, handed from phase to phase:
-on N nodes the controller logs in at most N+2 times, as the nodes' own sshd count its logins."""
+"""A bootstrap and an attached job each hold one connection to each node for their whole life, handed
+from phase to phase: on N nodes the controller logs in N times, as the nodes' own sshd count its logins."""
 
 import os
 import signal
@@ -45,19 +45,25 @@ def controller_logins(home: Path, name: str) -> int:
                for node in state_of(home, name)["nodes"])
 
 
-def test_an_attached_finetune_and_launch_log_in_to_each_node_once(ftc_home, tiny_bert, glue_dir, tmp_path):
+def test_a_bootstrap_and_an_attached_finetune_and_launch_log_in_to_each_node_once(ftc_home, tiny_bert, glue_dir,
+                                                                                  tmp_path):
     assert ftc("up", "--name", "cn", "--nodes", str(NODES)).returncode == 0
     try:
         log_every_login(ftc_home, "cn")
         before = controller_logins(ftc_home, "cn")
+        # its steps are done, so it checks each node's markers and the verification's (the head's), then ends
+        bootstrap = ftc("bootstrap", "--name", "cn")
+        assert bootstrap.returncode == 0, bootstrap.stderr[-3000:]
+        after_bootstrap = controller_logins(ftc_home, "cn")
         finetune = ftc("finetune", "--name", "cn", *tiny_job(tiny_bert, glue_dir))
         assert finetune.returncode == 0, finetune.stderr[-3000:]
         after_finetune = controller_logins(ftc_home, "cn")
         launch = ftc("launch", "--name", "cn", "--", str(gloo_script(tmp_path / "work")), "hello")
         assert launch.returncode == 0, launch.stderr[-3000:]
         after_launch = controller_logins(ftc_home, "cn")
-        logins = {"finetune": after_finetune - before, "launch": after_launch - after_finetune}
-        # every node is checked for life before a job starts: at least one login each
-        assert all(NODES <= count <= NODES + 2 for count in logins.values()), logins
+        logins = {"bootstrap": after_bootstrap - before, "finetune": after_finetune - after_bootstrap,
+                  "launch": after_launch - after_finetune}
+        # every node is checked for life before a job starts, and reached no more than that once
+        assert logins == dict.fromkeys(logins, NODES), logins
     finally:
         ftc("down", "--name", "cn")

@@ -352,7 +352,6 @@ def plot(r: dict, path: Path) -> None:
     left.set_xticks(ranks)
     left.legend()
     right.plot(ranks, [row["efficiency"] or 0 for row in r["scaling"]], "o-", label="ftc defaults")
-    right.axhline(0.85, color="green", linestyle=":", label="target 0.85")
     right.axhline(0.75, color="red", linestyle=":", label="2021 recipe at 4 nodes (0.75)")
     right.set_ylim(0, 1.05)
     right.set_xticks(ranks)
