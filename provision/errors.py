@@ -12,6 +12,9 @@ import shlex
 import sys
 from typing import Mapping
 
+# A command stopped by Ctrl-C (or SIGTERM) exits with this code, as a shell's child does on SIGINT.
+EXIT_INTERRUPTED = 130
+
 
 class FtcError(Exception):
     """Something went wrong while doing the work (exit code 1)."""

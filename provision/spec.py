@@ -58,9 +58,9 @@ class ClusterSpec:
 
     @property
     def express(self) -> bool:
-        """Whether the nodes' faster per-flow transport is on (World.express_flow_gbps): AWS's ENA_EXPRESS,
-        off where the spec's provider has no such setting."""
-        return bool(self.settings.get("ena_express"))
+        """Whether the nodes' faster per-flow transport is on (World.express_flow_gbps): the setting its
+        worlds name for it (AWS's ENA_EXPRESS), off where they name none."""
+        return any(self.settings.get(w.express_setting) for w in spec_worlds(self.provider) if w.express_setting)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,7 +1,8 @@
 """`ftc`: the one command. The Makefile's targets are thin wrappers over its subcommands.
 
 Exit codes: 0 ok, 1 the work failed, 2 bad input (nothing created or changed),
-3 the cluster is busy with another ftc command, 130 interrupted.
+3 the cluster is busy with another ftc command, 75 a job stopped for a spot interruption after a
+checkpoint (resumable), 130 interrupted.
 """
 
 import argparse
@@ -17,7 +18,7 @@ from typing import Mapping
 from rich.markup import escape
 
 from provision import state as st
-from provision.errors import FtcError, UsageError, command
+from provision.errors import EXIT_INTERRUPTED, FtcError, UsageError, command
 from provision.spec import (
     MAX_NODES,
     PARSERS,
@@ -63,10 +64,10 @@ def _spec_from(args: argparse.Namespace) -> ClusterSpec:
 
 
 def unwatched_spot(spec: ClusterSpec, env: Mapping[str, str]) -> str:
-    """The note for SPOT=1 on a provider whose World has no spot-notice reader (and no
-    FTC_IMDS_ENDPOINT names a simulated one): its jobs watch no notices; '' otherwise. Pure, given `env`."""
-    from provision.providers import world
-    if not spec.spot or env.get("FTC_IMDS_ENDPOINT") or world(spec.provider).spot_reader:
+    """The note for SPOT=1 where its jobs would watch no notice (jobspec.spot_watch: the provider's World
+    has no spot-notice reader); '' otherwise. Pure, given `env`."""
+    from runner.jobspec import spot_watch
+    if not spec.spot or spot_watch(spec.provider, True, env):
         return ""
     return (f"note: {label('spot')}=1 on {label('provider')}={spec.provider}: no spot notices are watched there "
             "(its provider has no spot-notice reader); jobs run as on any other node")
@@ -158,10 +159,8 @@ def _print_status(state: st.ClusterState, nodes) -> None:
         billing = [live for live in nodes if live.state in ("running", "unknown")]  # unknown: it may run
         cost = f", {len(billing)} billed, about ${hours * len(billing) * price:.2f} so far" if price is not None else \
             f", cost unknown ({spec.instance_type!r} is not in ftc's catalog)"
-    elif traits(state.provider).scheduler:
-        cost = ", a Slurm allocation"
-    elif traits(state.provider).own_hosts:
-        cost = ", your servers: no cost"
+    elif world(state.provider).cost_note:
+        cost = f", {world(state.provider).cost_note}"
     table = Table(title=escape(f"{state.name}: {state.provider}, {state.phase}, up {hours * 60:.0f} min{cost}"),
                   title_justify="left")
     for column in ("node", "id", "address", "ssh", "state", "detail"):
@@ -403,13 +402,13 @@ def main(argv: list[str] | None = None) -> int:
             return bench.main(argv[1:])
         except KeyboardInterrupt:
             print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
     try:
         args = build_parser().parse_args(argv)  # its help lists the registry: a bad FTC_PROVIDERS is refused here
         refuse_undecodable_home()
         st.refuse_home_in_node_root()
         if args.command in WRITE_FTC_HOME:
-                writable_dir("FTC_HOME", str(st.ftc_home()))
+            writable_dir("FTC_HOME", str(st.ftc_home()))
         code = COMMANDS[args.command](args)
     except FtcError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -419,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted after {time.monotonic() - started:.0f}s", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise

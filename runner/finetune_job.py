@@ -22,7 +22,7 @@ from . import kernels, runs
 from .jobspec import JobSpec, refuse_unreachable_inputs, train_args
 from .node import glue
 from .node.facts import NodeFacts
-from .node.protocol import CHECKPOINT_FILE, EXIT_PREEMPTED, LOG_MARK_ENV, line_mark
+from .node.protocol import CHECKPOINT_FILE, CHECKPOINTS_DIR, DATA_DIR, EXIT_PREEMPTED, LOG_MARK_ENV, line_mark
 from .plan import exchange_for, planned_steps
 from .report import print_results, show_failure
 from .transfer import (
@@ -178,9 +178,23 @@ class FinetuneJob:
         """Nothing: the trainer's processes all belong to the launch's process group, which the stop ends."""
 
     @staticmethod
+    def head_file_home(job: st.JobInfo, relative: str) -> str | None:
+        """Where a file of the job's directory on the head lands under its results directory: where it
+        is, but for the data files sent to the nodes (you have them) and checkpoints older than the
+        last (None: they stay). Pure."""
+        if relative.startswith(f"{DATA_DIR}/"):
+            return None
+        return None if relative.startswith(f"{CHECKPOINTS_DIR}/") and relative != CHECKPOINT_FILE else relative
+
+    @staticmethod
+    def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
+        """Every folder of the job's directory may hold a file that comes home. Pure."""
+        return True
+
+    @staticmethod
     def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
         """The job's files, and its compiled kernels moved on into FTC_HOME for the next cluster."""
-        results = fetch(state, job, connections)
+        results = fetch(state, job, connections, FinetuneJob)
         kernels.bring_home(results)
         return results
 

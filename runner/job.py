@@ -21,7 +21,7 @@ from rich.markup import escape
 from provision import procs
 from provision import state as st
 from provision.bootstrap import load_facts
-from provision.errors import ClusterBusy, FtcError, UsageError
+from provision.errors import EXIT_INTERRUPTED, ClusterBusy, FtcError, UsageError
 from provision.launch import RankLaunch, cluster_launch, render_launch
 from provision.ssh import NodeConnections, NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
 from provision.ui import answer, console
@@ -89,7 +89,8 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
              resume_from: Path | None = None, one_shot: bool = False) -> int:
     """`resume`: continue the cluster's last job in place. `resume_from`: a checkpoint kept on the
     controller (a cluster that is gone): a new job on this cluster starts from it. `one_shot`: the
-    caller tears the cluster down afterwards, so Ctrl-C stops rather than detaches."""
+    caller tears the cluster down at once on Ctrl-C (`ftc run`), so Ctrl-C is raised to it rather than
+    stopping the job here first."""
     return run_job(name, FinetuneJob(job, resume, resume_from), render_only, detach, one_shot)
 
 
@@ -251,7 +252,7 @@ def stop_on_interrupt(state: st.ClusterState, job: st.JobInfo, connections: Node
     console.print(f"\ninterrupted: stopping job {job.id} (Ctrl-C stops a job started in the foreground, as under "
                   "torchrun; `--detach` starts one that runs on)", markup=False, soft_wrap=True)
     stop(state.name, connections)
-    return 130
+    return EXIT_INTERRUPTED
 
 
 def cancelled(name: str, job_id: str) -> bool:

@@ -7,6 +7,7 @@ import functools
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -399,14 +400,14 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
     return args
 
 
-def spot_watch(provider: str, spot: bool) -> str:
+def spot_watch(provider: str, spot: bool, env: Mapping[str, str] = os.environ) -> str:
     """What a node's notice watcher is given (SpotReader.watch): on a spot cluster, or where the provider's
     notices come without spot (Slurm's), the provider's reader (aws: IMDSv2 at EC2's metadata service), or
     IMDSv2 at FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one: that is how the tests
-    reclaim a node); '' where there is none: nothing to watch."""
+    reclaim a node); '' where there is none: nothing to watch. Pure, given `env`."""
     provider_world = world(provider)
     if not (spot or provider_world.notice_without_spot):
         return ""
-    simulated = os.environ.get("FTC_IMDS_ENDPOINT")
+    simulated = env.get("FTC_IMDS_ENDPOINT")
     reader = SpotReader(IMDS_V2, simulated) if simulated else provider_world.spot_reader
     return reader.watch if reader else ""

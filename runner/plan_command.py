@@ -36,8 +36,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _plan_search(args, job, given)
     kind_name, world = _planned_instance_type(args.instance_type)
     kind = world.instance_types[kind_name]
-    from provision.providers import traits
-    price, priced = plan.node_hour_price(args.node_hour_price, traits(_planned_provider()).scheduler, kind.usd_per_hour)
+    from provision.providers import names, traits
+    price, priced = plan.node_hour_price(args.node_hour_price, _planned_provider(), kind.usd_per_hour,
+                                         [name for name in names() if traits(name).scheduler])
     cls = estimate.xeon_class(kind.native_bf16)
     steps = job.epochs * job.train_samples // (max(given["nodes"]) * job.batch_per_node)
     levers = plan.plan_levers(args, kind, world, given["compress"], steps)

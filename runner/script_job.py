@@ -51,7 +51,7 @@ from .node.protocol import (
 )
 from .node.script_rank import STOP_GRACE_S
 from .report import for_terminal
-from .transfer import fetch, send_tree
+from .transfer import fetch, nodes_with_own_files, send_tree
 
 ALWAYS_LEFT_OUT = (".git", ".venv", "__pycache__")  # never copied, .gitignore or not
 MAX_WORKDIR_MB = 200  # the default limit on what is copied to every node
@@ -158,10 +158,26 @@ class ScriptJob:
         stop_run_processes(state, job.tag, connections)
 
     @staticmethod
+    def head_file_home(job: st.JobInfo, relative: str) -> str | None:
+        """Where a file of the job's directory on the head lands under its results directory: rank 0's
+        output folder as output/, the files beside the workdir's copy (output.log) where they are; the
+        rest of the copy stays (None). Pure."""
+        output = f"{SCRIPT_WORKDIR}/{job.output}/"
+        if relative.startswith(output):
+            return f"{SCRIPT_OUTPUT_HOME}/{relative[len(output):]}"
+        return relative if "/" not in relative else None
+
+    @staticmethod
+    def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
+        """The workdir's copy is walked only down to its output folder. Pure."""
+        output = f"{SCRIPT_WORKDIR}/{job.output}"
+        return output.startswith(relative_dir + "/") or (relative_dir + "/").startswith(output + "/")
+
+    @staticmethod
     def bring_home(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
         """Rank 0's output folder and every rank's log home; then the workdir's copies go."""
         stop_run_processes(state, job.tag, connections)
-        results = fetch(state, job, connections)
+        results = fetch(state, job, connections, ScriptJob)
         remove_on_nodes(state, f"{job.remote_dir}/{SCRIPT_WORKDIR}", connections)
         return results
 
@@ -378,8 +394,8 @@ def copy_of(job: ScriptJob) -> dict[str, Path]:
     return copy
 
 
-def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> int:
-    """The bytes to copy; over the limit, refused naming the largest entries of the copy."""
+def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> None:
+    """A copy over the limit, refused naming its largest entries."""
     sizes: dict[str, int] = {}
     for name, path in copy.items():
         top = name.split("/")[0] + ("/" if "/" in name else "")
@@ -391,7 +407,6 @@ def refuse_oversized(root: Path, copy: dict[str, Path], limit_mb: int) -> int:
         raise UsageError(f"{label('workdir')}={str(root)!r} holds {total / 2**20:.1f} MB to copy to every node, over "
                          f"the {limit_mb} MB limit (largest: {largest}); list what the nodes do not need in its "
                          f".gitignore, or raise {label('max_workdir_mb')}")
-    return total
 
 
 # ---- on the nodes --------------------------------------------------------------------------------------
@@ -400,8 +415,7 @@ def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str,
                  connections: NodeConnections) -> None:
     """The workdir's copy into <job>/workdir on every node, in its own job directory (local nodes share
     this machine: the head's copy serves them all), and the requirements file beside it."""
-    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
-    for node in nodes:
+    for node in nodes_with_own_files(state):
         job_dir = node_path(state, node, remote_dir)
         conn = connections.to(state, node)
         run(conn, node, "send workdir", f"mkdir -p {shlex.quote(job_dir)}/{LOGS_DIR}")
@@ -412,8 +426,7 @@ def send_workdir(state: st.ClusterState, copy: dict[str, Path], remote_dir: str,
 
 def remove_on_nodes(state: st.ClusterState, path: str, connections: NodeConnections) -> None:
     """Best effort: a folder of the job (the head's path) removed from every node that answers, each its own."""
-    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
-    for node in nodes:
+    for node in nodes_with_own_files(state):
         try:
             run(connections.to(state, node, attempts=1), node, "clean up", f"rm -rf {shlex.quote(node_path(state, node, path))}")
         except Exception:  # noqa: BLE001, S110 - a node that does not answer keeps it until `ftc down`
@@ -480,7 +493,7 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
     the node and the package, and where pip's whole output is."""
     digest = digest_of(requirements)
     pins = STACKS[state.cluster_spec.stack]
-    for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
+    for node in nodes_with_own_files(state):
         job_dir = node_path(state, node, record.remote_dir)
         clock = time.monotonic()
         console.print(f"requirements {requirements.name} ({digest}) on {node.name}: installing", markup=False)
@@ -502,8 +515,7 @@ def install_requirements(state: st.ClusterState, facts: list[NodeFacts], require
 def stop_run_processes(state: st.ClusterState, run_tag: str, connections: NodeConnections) -> None:
     """Best effort: whatever still runs of a job on its nodes (an install, a daemon its script left
     behind), found by the run's tag in its environment, stopped."""
-    nodes = [state.head] if traits(state.provider).shares_this_machine else state.nodes
-    for node in nodes:
+    for node in nodes_with_own_files(state):
         try:
             run(connections.to(state, node, attempts=1), node, "stop", procs.stop_carrying_command([f"{RUN_TAG}={run_tag}"]))
         except Exception:  # noqa: BLE001, S110 - a node that does not answer: `ftc down` finds them by directory
@@ -513,7 +525,7 @@ def stop_run_processes(state: st.ClusterState, run_tag: str, connections: NodeCo
 # ---- its end -------------------------------------------------------------------------------------------
 
 def output_bytes(results: Path) -> int:
-    folder = results / "output"
+    folder = results / SCRIPT_OUTPUT_HOME
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from provision import cluster
 from provision import state as st
+from provision.errors import EXIT_INTERRUPTED
 from provision.providers import default_world, traits
 from provision.ui import answer, console
 
@@ -39,8 +40,8 @@ def sweep(spec, job: JobSpec, node_counts: list[int], out: Path, keep: bool, yes
             results_dir = out / f"{nodes}-node"
             code = finetune(spec.name, replace(job, results=str(results_dir)))
             if code != 0:
-                console.print(f"[red]sweep: the job on {nodes} node(s) failed (exit {code}); "
-                              f"its logs: {escape(str(results_dir))}[/]")
+                how = "was stopped by Ctrl-C" if code == EXIT_INTERRUPTED else f"failed (exit {code})"
+                console.print(f"[red]sweep: the job on {nodes} node(s) {how}; its logs: {escape(str(results_dir))}[/]")
                 return code
             results = json.loads((results_dir / RESULTS_FILE).read_text())
             rows.append({"nodes": nodes, "train_seconds": results["train_seconds"],

@@ -14,6 +14,7 @@ import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from provision import providers
 from provision import state as st
@@ -25,7 +26,7 @@ from provision.ui import console
 
 from .jobspec import JobSpec
 from .node import glue
-from .node.protocol import CHECKPOINT_FILE, CHECKPOINTS_DIR, DATA_DIR, LOGS_DIR, SCRIPT_OUTPUT_HOME, SCRIPT_WORKDIR
+from .node.protocol import CHECKPOINT_FILE, DATA_DIR, LOGS_DIR
 
 # Room kept free beyond the results themselves: run.json's rewrite, the report and its plot.
 SPACE_MARGIN = 2**20
@@ -221,38 +222,39 @@ def _let_prefetch_end(before: set[threading.Thread]) -> None:
             thread.join(follow_silence_s())
 
 
-def home_path(job: st.JobInfo, relative: str, on_head: bool) -> str | None:
-    """Where a file of the job's directory lands under its results directory; None: it stays on the
-    node. Every node's rank logs come home. From the head node: a fine-tuning job's files, but no
-    checkpoint older than the last nor the data files sent to the nodes; a script's output.log and
-    rank 0's output folder (as output/), not the rest of the workdir's copy. Pure."""
+def nodes_with_own_files(state: st.ClusterState) -> list[st.NodeInfo]:
+    """The nodes whose job directories are their own: every node, or the head alone where the nodes
+    share this machine (its copy serves them all)."""
+    return [state.head] if traits(state.provider).shares_this_machine else state.nodes
+
+
+class WhatComesHome(Protocol):
+    """A kind of job's rule (its record's) for which of the head's files come home, and where."""
+
+    @staticmethod
+    def head_file_home(job: st.JobInfo, relative: str) -> str | None: ...
+
+    @staticmethod
+    def worth_walking(job: st.JobInfo, relative_dir: str) -> bool: ...
+
+
+def comes_home_as(kind: WhatComesHome, job: st.JobInfo, relative: str, on_head: bool) -> str | None:
+    """Where a file of the job's directory lands under its results directory (None: it stays on the
+    node): every node's rank logs, and the head's files by the kind's rule. Pure."""
     if relative.startswith(f"{LOGS_DIR}/"):
         return relative
-    if not on_head:
-        return None
-    if job.kind == "script":
-        output = f"{SCRIPT_WORKDIR}/{job.output}/"
-        if relative.startswith(output):
-            return f"{SCRIPT_OUTPUT_HOME}/{relative[len(output):]}"
-        return relative if "/" not in relative else None
-    if relative.startswith(f"{DATA_DIR}/"):  # your data files, copied out to the nodes: you have them
-        return None
-    return None if relative.startswith(f"{CHECKPOINTS_DIR}/") and relative != CHECKPOINT_FILE else relative
+    return kind.head_file_home(job, relative) if on_head else None
 
 
-def worth_walking(job: st.JobInfo, relative_dir: str) -> bool:
-    """Whether a folder of the job's directory may hold a file that comes home (a script's workdir copy
-    is walked only down to its output folder). Pure."""
-    if job.kind != "script" or relative_dir == LOGS_DIR:
-        return True
-    output = f"{SCRIPT_WORKDIR}/{job.output}"
-    return output.startswith(relative_dir + "/") or (relative_dir + "/").startswith(output + "/")
+def worth_walking(kind: WhatComesHome, job: st.JobInfo, relative_dir: str) -> bool:
+    """Whether a folder of the job's directory may hold a file that comes home (comes_home_as). Pure."""
+    return relative_dir == LOGS_DIR or kind.worth_walking(job, relative_dir)
 
 
-def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections) -> Path:
-    """Copy what comes home of the job (home_path) that is not home yet: for a fine-tuning job
-    results.json, the model, output.log, every node's rank logs and the last checkpoint (to
-    CHECKPOINT_URI's store too, when given); for a script, rank 0's output folder and the logs. All that is
+def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections, kind: WhatComesHome) -> Path:
+    """Copy what comes home of the job that is not home yet: every node's rank logs, and the head's
+    files by its kind's rule (`kind.head_file_home`; for a fine-tuning job results.json, the model,
+    output.log and the last checkpoint, to CHECKPOINT_URI's store too, when given). All that is
     missing is measured, by the sizes the nodes report, against the free space first: too little is
     refused before anything is copied. Each file arrives whole or not at all (_copy_whole), so a fetch
     cut short is finished by `ftc fetch`, which copies only what is missing."""
@@ -260,11 +262,11 @@ def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections)
     target.mkdir(parents=True, exist_ok=True)
     again = f"`ftc fetch --name {state.name}` copies what is missing"
     missing = []
-    for node in [state.head] if traits(state.provider).shares_this_machine else state.nodes:
+    for node in nodes_with_own_files(state):
         sftp = connections.to(state, node).sftp()
         job_dir = node_path(state, node, job.remote_dir)  # each node's own
-        for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(job, d[len(job_dir) + 1:])):
-            home = home_path(job, remote[len(job_dir) + 1:], node is state.head)
+        for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(kind, job, d[len(job_dir) + 1:])):
+            home = comes_home_as(kind, job, remote[len(job_dir) + 1:], node is state.head)
             if home and not _is_home(target / home, info):
                 missing.append((node, sftp, remote, target / home, info))
     short = _no_room(sum(info.st_size for *_, info in missing), target)

@@ -20,7 +20,9 @@ def _rank(rank: int, rendezvous: str, compress: bool, out: dict) -> None:
     dense = embedding.weight.grad.clone()
     dense = (dense.to(torch.bfloat16) if compress else dense).div_(2)
     dist.all_reduce(dense)
-    ddp.allreduce_used_rows(embedding.weight, ids, compress)
+    sync = ddp.UsedRowsSync(embedding.weight, compress)  # its two stages at once, after backward
+    sync.agree(ids)
+    sync.finish()
     out[rank] = (embedding.weight.grad.clone(), dense.to(torch.float32))
     dist.destroy_process_group()
 

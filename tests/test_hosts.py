@@ -305,6 +305,7 @@ def test_up_bootstrap_finetune_on_two_hosts_then_down_leaves_each_as_it_was(ftc_
     assert other.returncode == 2 and "ftc cluster 'own' is already there" in other.stderr.splitlines()[-1]
     status = ftc("status", "--name", "own")
     assert "yours: no cost" in status.stdout + status.stderr
+    assert "your servers: no cost" in status.stdout, status.stdout  # the title: the ssh provider World's note
 
     # Your own CSV: each node trains on its copy in the job's directory, not on the controller's file.
     train, dev = toy_csv(tmp_path / "mine.csv", 32), toy_csv(tmp_path / "mine-dev.csv", 12, offset=3)

@@ -1,4 +1,4 @@
-"""Issue 27.14: a user's text that looks like rich markup (`[exp1]`, `[bold]` in a path, a name, an
+"""A user's text that looks like rich markup (`[exp1]`, `[bold]` in a path, a name, an
 exception) is printed as it is, never taken for a style and dropped: through the real `ftc` with an
 FTC_HOME and a RESULTS directory that hold brackets, and through the two printers (the failure report,
 the bootstrap's node board) that need a job or a bootstrap to reach otherwise."""

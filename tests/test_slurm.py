@@ -98,8 +98,10 @@ def test_slurm_settings_are_checked_before_anything_is_asked(flags, named):
 
 
 def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home):
-    assert node_hour_price(None, True, 2.72) == (1.0, False) and node_hour_price("0.4", True, 2.72) == (0.4, True)
-    assert node_hour_price(None, False, 2.72) == (2.72, True)  # a catalog's instance type: its price
+    schedulers = ["slurm"]
+    assert node_hour_price(None, "slurm", 2.72, schedulers) == (1.0, False)
+    assert node_hour_price("0.4", "slurm", 2.72, schedulers) == (0.4, True)
+    assert node_hour_price(None, "aws", 2.72, schedulers) == (2.72, True)  # a catalog's instance type: its price
     time_only = ftc("plan", "--nodes", "1,2", env={"FTC_PROVIDER": "slurm"})
     assert time_only.returncode == 0, time_only.stderr
     table = time_only.stdout.split("per-node rate")[0]
@@ -107,7 +109,8 @@ def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home)
     assert "$" not in table, table
     priced = ftc("plan", "--nodes", "1,2", "--node-hour-price", "0.4", env={"FTC_PROVIDER": "slurm"})
     assert priced.returncode == 0 and "$0.4/h" in priced.stdout and "│ $0." in priced.stdout, priced.stdout
-    assert_refused(ftc("plan", "--node-hour-price", "1"), "--node-hour-price is for the nodes a Slurm site lends",
+    assert_refused(ftc("plan", "--node-hour-price", "1"), "--node-hour-price is for the nodes a scheduler lends, which no "
+                   "catalog prices; this plan's price is the catalog's; allowed: leave it out, or --provider=slurm",
                    ftc_home)
     assert_refused(ftc("plan", "--node-hour-price", "0", env={"FTC_PROVIDER": "slurm"}),
                    "--node-hour-price='0' is out of range", ftc_home)
@@ -169,6 +172,7 @@ def test_make_cluster_finetune_launch_destroy_on_slurm_leaves_the_queue_empty_an
     assert [line.split()[1:] for line in queue(slurm)] == [["ftc-sl", "RUNNING"]]
     status = ftc("status", "--name", "sl")
     assert status.returncode == 0 and status.stdout.count("│ Slurm allocation") == 2, status.stdout + status.stderr
+    assert ", a Slurm allocation" in status.stdout, status.stdout  # the title: the Slurm World's note
 
     job = make("finetune", "NAME=sl", "TASK=mrpc", "MODEL=auto", "DATA_DIR=auto", "MAX_TRAIN_SAMPLES=32",
                "MAX_EVAL_SAMPLES=32", "EPOCHS=1", home=ftc_home)

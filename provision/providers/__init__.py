@@ -96,7 +96,8 @@ for _built_in in (
     AWS,
     Provider("ssh", f"{__name__}.own_servers",
              Traits(resources=SshResources, instance_types=False, billed=False, shares_this_machine=False,
-                    own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False)),
+                    own_hosts=True, user_login=True, user_stack_python=True, found_by_tag=False),
+             World(cost_note="your servers: no cost")),
     SLURM,
 ):
     register(_built_in)

@@ -106,5 +106,6 @@ AWS = Provider(
         flow_gbps=10.0,  # AWS's limit on one TCP flow inside a cluster placement group
         express_flow_gbps=25.0,  # that limit with ENA Express (SRD) on both ends
         hop_latency_s=50e-6,  # one hop inside a cluster placement group
+        express_setting="ena_express",
     ),
 )

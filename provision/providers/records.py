@@ -219,6 +219,8 @@ class World:
     flow_gbps: float = 0.0  # the network's cap on one TCP flow between nodes
     express_flow_gbps: float = 0.0  # that cap where both ends turn on the faster transport (InstanceType.ena_express)
     hop_latency_s: float = 0.0  # one network hop between nodes
+    express_setting: str = ""  # its setting that turns the faster per-flow transport on (aws: ena_express)
+    cost_note: str = ""  # what `ftc status` says its nodes cost where no catalog prices them: "a Slurm allocation"
 
     def usd_per_node_hour(self, instance_type: str) -> float | None:
         """The catalog's price of one node-hour; None for a type it does not have."""

@@ -66,5 +66,6 @@ SLURM = Provider(
         # SIGTERM before a preemption or the time limit, turned into a notice on node 0 by the batch script
         spot_reader=SpotReader(slurm_notice.READER, slurm_notice.NODE_DIR),
         notice_without_spot=True,
+        cost_note="a Slurm allocation",
     ),
 )

@@ -278,10 +278,3 @@ class UsedRowsSync:
         part = (part.to(torch.bfloat16) if self.compress else part).div_(dist.get_world_size())
         dist.all_reduce(part)
         self.weight.grad.index_copy_(0, rows, part.to(self.weight.grad.dtype))
-
-
-def allreduce_used_rows(weight: torch.Tensor, input_ids: torch.Tensor, compress: bool) -> None:
-    """UsedRowsSync's two stages at once, after backward."""
-    sync = UsedRowsSync(weight, compress)
-    sync.agree(input_ids)
-    sync.finish()
