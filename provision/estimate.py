@@ -37,8 +37,8 @@ EMBEDDING_ROWS_USED = 0.1
 BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: forward 2, backward 4 per parameter and token
 # The default world's network (of the built-ins, AWS's cluster placement group): one hop, and the cap
 # on one TCP flow. The plan passes its own provider's (World.hop_latency_s, flow_gbps) where it differs.
-EC2_LATENCY_S = default_world().hop_latency_s
-EC2_FLOW_GBPS = default_world().flow_gbps
+DEFAULT_HOP_LATENCY_S = default_world().hop_latency_s
+DEFAULT_FLOW_GBPS = default_world().flow_gbps
 
 
 def gradient_bytes(bf16: bool, params: int = DISTILBERT_PARAMS) -> float:
@@ -46,7 +46,7 @@ def gradient_bytes(bf16: bool, params: int = DISTILBERT_PARAMS) -> float:
     return params * (2 if bf16 else 4)
 
 
-def ring_allreduce_seconds(nbytes: float, nodes: int, gbps: float, latency_s: float = EC2_LATENCY_S) -> float:
+def ring_allreduce_seconds(nbytes: float, nodes: int, gbps: float, latency_s: float = DEFAULT_HOP_LATENCY_S) -> float:
     """One ring all-reduce of `nbytes` across `nodes`, each with `gbps` of bandwidth."""
     if nodes <= 1:
         return 0.0
@@ -77,7 +77,7 @@ def exchange_seconds(grad_bytes: float, nodes: int, gbps: float, latency_s: floa
     return network + LOW_RANK_ROWS * params / DISTILBERT_PARAMS / node_samples_per_s
 
 
-def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = EC2_FLOW_GBPS) -> float:
+def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = DEFAULT_FLOW_GBPS) -> float:
     """The bandwidth a ring all-reduce gets: the instance's, but at most `flows` TCP flows' worth."""
     return min(instance_gbps, flows * flow_gbps)
 
@@ -85,7 +85,7 @@ def flow_limited_gbps(instance_gbps: float, flows: int = 1, flow_gbps: float = E
 @dataclass(frozen=True)
 class Levers:
     """How the nodes exchange gradients: what `ftc plan` models (its --flows, --allreduce, --accumulate)."""
-    flows: int  # TCP flows per ring peer: each is capped at EC2_FLOW_GBPS, the ring gets min(instance, flows x cap)
+    flows: int  # TCP flows per ring peer: each is capped at DEFAULT_FLOW_GBPS, the ring gets min(instance, flows x cap)
     overlap: bool  # DDP's buckets reduced during backward: only what outlasts backward is exposed; else after it
     accumulate: int  # micro-batches per all-reduce; above 1 the recipe changes (global batch, lr), so only on request
     low_rank: int = 0  # PowerSGD's rank (--grad-compress powersgd); 0: the whole gradient crosses. An approximate
@@ -107,12 +107,12 @@ def flow_cap(levers: Levers, flow_gbps: float, express_flow_gbps: float) -> floa
     return express_flow_gbps if levers.express and express_flow_gbps else flow_gbps
 
 
-def flows_to_fill(network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> int:
+def flows_to_fill(network_gbps: float, flow_gbps: float = DEFAULT_FLOW_GBPS) -> int:
     """The fewest TCP flows whose caps together reach the instance's bandwidth (3 for 25 Gbit/s)."""
     return max(1, math.ceil(network_gbps / flow_gbps - 1e-9))
 
 
-def default_levers(network_gbps: float, express: bool = False, flow_gbps: float = EC2_FLOW_GBPS,
+def default_levers(network_gbps: float, express: bool = False, flow_gbps: float = DEFAULT_FLOW_GBPS,
                    express_flow_gbps: float = 0.0) -> Levers:
     """What ftc's jobs do on an instance of `network_gbps` (ENA Express on where `express`): gloo given as
     many flows per peer as fill its link (provision/launch.default_flows; on the emulated c7i network 3
@@ -190,8 +190,8 @@ NO_COMPILE = Compile(1.0, 0.0)
 
 def plan(nodes_list: list[int], train_samples: int, epochs: int, node_samples_per_s: float, batch_per_node: int,
          grad_bytes: float, network_gbps: float, exposure: float, wait_share: float, usd_per_node_hour: float,
-         setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = EC2_LATENCY_S,
-         flow_gbps: float = EC2_FLOW_GBPS, params: int = DISTILBERT_PARAMS, cores: int = 0,
+         setup_s: float, levers: Levers = DEFAULT_LEVERS, latency_s: float = DEFAULT_HOP_LATENCY_S,
+         flow_gbps: float = DEFAULT_FLOW_GBPS, params: int = DISTILBERT_PARAMS, cores: int = 0,
          express_flow_gbps: float = 0.0, compiled: Compile = NO_COMPILE) -> list[PlanRow]:
     """Predicted rate, time and cost per cluster size, on instances of `network_gbps` and `cores` each,
     whose TCP flows are capped at `flow_gbps` (`express_flow_gbps` with ENA Express). Wall time adds the
@@ -265,7 +265,7 @@ class Assumed:
     batch_per_node: int  # rows per node per micro-batch
     network_gbps: float  # the instance's
     lr: float  # the recipe's; scaled with accumulation
-    flow_gbps: float = EC2_FLOW_GBPS  # one flow's cap, as the levers' ENA Express makes it (flow_cap)
+    flow_gbps: float = DEFAULT_FLOW_GBPS  # one flow's cap, as the levers' ENA Express makes it (flow_cap)
 
 
 def lever_flags(levers: Levers, base: Levers) -> str:
@@ -283,7 +283,7 @@ def lever_flags(levers: Levers, base: Levers) -> str:
     return " ".join(flags)
 
 
-def describe_levers(levers: Levers, network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> str:
+def describe_levers(levers: Levers, network_gbps: float, flow_gbps: float = DEFAULT_FLOW_GBPS) -> str:
     flows = "one TCP flow" if levers.flows == 1 else f"{levers.flows} TCP flows"
     when = "overlapped with backward" if levers.overlap else "after backward"
     every = "no accumulation" if levers.accumulate == 1 else f"one all-reduce per {levers.accumulate} micro-batches"
@@ -295,7 +295,7 @@ def describe_levers(levers: Levers, network_gbps: float, flow_gbps: float = EC2_
             f"{what} {when}, {every}")
 
 
-def alternative_levers(levers: Levers, network_gbps: float, flow_gbps: float = EC2_FLOW_GBPS) -> list[Levers]:
+def alternative_levers(levers: Levers, network_gbps: float, flow_gbps: float = DEFAULT_FLOW_GBPS) -> list[Levers]:
     """What to try when more nodes do not pay: enough flows to fill the instance's link, with the
     communication core; accumulation (which changes the recipe) where there is none; PowerSGD (which
     changes the numerics)."""
@@ -435,7 +435,7 @@ def _both_or(fixed: bool | None) -> tuple[bool, ...]:
     return (True, False) if fixed is None else (fixed,)
 
 
-def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2_FLOW_GBPS,
+def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = DEFAULT_FLOW_GBPS,
                   fixed: Fixed = Fixed()) -> list[Levers]:
     """The exact-gradient levers worth weighing on `offer`: ENA Express on (where offered) or off, the
     communication core or the all-reduce after backward, eager or compiled, each as `fixed` allows; each
@@ -452,8 +452,8 @@ def lever_choices(offer: Offer, express_flow_gbps: float, flow_gbps: float = EC2
     return choices
 
 
-def search(offers: list[Offer], nodes_list: list[int], job: Job, latency_s: float = EC2_LATENCY_S,
-           flow_gbps: float = EC2_FLOW_GBPS, express_flow_gbps: float = 0.0, fixed: Fixed = Fixed()) -> list[PlanRow]:
+def search(offers: list[Offer], nodes_list: list[int], job: Job, latency_s: float = DEFAULT_HOP_LATENCY_S,
+           flow_gbps: float = DEFAULT_FLOW_GBPS, express_flow_gbps: float = 0.0, fixed: Fixed = Fixed()) -> list[PlanRow]:
     """Every offer x node count x lever choice, planned; fastest first. Pure."""
     rows = []
     for offer in offers:

@@ -250,7 +250,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     script = script_job.validate(words[0] if words else "", words[1:], workdir=args.workdir, output=args.output,
                                  ppn=args.ppn, requirements=args.requirements, env=args.env,
                                  max_workdir_mb=args.max_workdir_mb, data=args.data)
-    return job.launch(_cluster_name(args), script, detach=_switch(args, "detach"), render_only=args.render_only)
+    return job.run_job(_cluster_name(args), script, args.render_only, _switch(args, "detach"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from .transfer import (
     fetch,
     folders_on_nodes,
     home_checkpoint,
+    results_dir_of,
     send_data_files,
     send_folders,
 )
@@ -131,7 +132,7 @@ class FinetuneJob:
         else:
             job_id = f"{job.task}-{runs.utc_stamp()}"
             remote_dir = f"{state.head.workdir}/jobs/{job_id}"
-        results_dir = job.results or (str(self.resume_from.parent.parent) if self.resume_from else
+        results_dir = job.results or (str(results_dir_of(self.resume_from)) if self.resume_from else
                                       state.jobs[-1].results_dir if self.resume else
                                       runs.default_results_dir(state.name, job_id))
         on_nodes, self.data_copies = data_files_on_nodes(job, state.provider, remote_dir)  # run.json keeps your own

@@ -1,7 +1,8 @@
 """A job's life, written once for every kind of job: start it, follow it, finish it, cancel it, show
 its logs, fetch its results. A kind is a record (runner/finetune_job.py: ftc's own trainer;
 runner/script_job.py: your script) that says what its ranks run and are given, what goes to the nodes
-first, what run.json records of it and how its end is told; `finetune` and `launch` only build one.
+first, what run.json records of it and how its end is told; `ftc finetune` (`finetune` here) and `ftc
+launch` (runner/cli.py) only build one and hand it to `run_job`.
 
 The job runs detached on the head node (setsid + nohup), so it outlives the controller: the command
 that started it follows its output (Ctrl-C there stops the job, as it stops torchrun), `ftc logs -f`
@@ -92,12 +93,6 @@ def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = 
     caller tears the cluster down at once on Ctrl-C (`ftc run`), so Ctrl-C is raised to it rather than
     stopping the job here first."""
     return run_job(name, FinetuneJob(job, resume, resume_from), render_only, detach, one_shot)
-
-
-def launch(name: str, job: ScriptJob, detach: bool = False, render_only: bool = False) -> int:
-    """Your script on every rank: its workdir copied, its requirements installed, then followed unless
-    detached."""
-    return run_job(name, job, render_only, detach)
 
 
 def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot: bool = False) -> int:
@@ -299,12 +294,14 @@ def job_exit_code(conn, state: st.ClusterState, job: st.JobInfo) -> int | None:
     return int(out[0]) if out and out[0].lstrip("-").isdigit() else -1
 
 
-def finish(loaded: st.ClusterState, connections: NodeConnections, gone: FtcError | None = None) -> int:
+def finish(loaded: st.ClusterState, connections: NodeConnections, gone: FtcError | None = None,
+           command: str = "fetch") -> int:
     """The job has ended: record how, bring its files home (its kind says which), tell the outcome. The
-    state is read anew under the lock (a `cancel` may have changed it since `loaded` was read). `gone`,
-    when given, is raised for a cluster that `ftc down` is taking apart (it marks the state first)."""
+    state is read anew under the lock, which names `command` (a `cancel` may have changed it since
+    `loaded` was read). `gone`, when given, is raised for a cluster that `ftc down` is taking apart (it
+    marks the state first)."""
     name = loaded.name
-    with st.locked(name, "fetch"):
+    with st.locked(name, command):
         state = st.load(name)
         if gone and state.phase == "terminating":
             raise gone
@@ -383,7 +380,8 @@ def stop(name: str, connections: NodeConnections) -> int:
         st.save(state)
         runs.record_end(job.results_dir, job.state)
     console.print(f"job {job.id} cancelled")
-    return finish(state, connections)  # what it wrote before, its logs included, comes home now: `down` would delete it
+    # what it wrote before, its logs included, comes home now: `down` would delete it
+    return finish(state, connections, command="cancel")
 
 
 def fetch_last(name: str) -> int:

@@ -26,7 +26,7 @@ from .model_files import parameter_count
 from .node.facts import cpu_info
 from .node.protocol import EXIT_PREEMPTED
 from .node.units import duration
-from .transfer import home_checkpoint
+from .transfer import home_checkpoint, results_dir_of
 
 MAX_RECLAIMS = 3  # spot interruptions one `ftc run` rides out before it gives up
 
@@ -36,7 +36,7 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
     refuse_unreachable_inputs(job, spec.provider)
     checkpoint = latest_checkpoint(spec.name, job) if resume else None
     if checkpoint:  # before anything launches; finetune checks the world size once the ranks are planned
-        runs.refuse_other_job(checkpoint.parent.parent, spec.name, job_settings(job))
+        runs.refuse_other_job(results_dir_of(checkpoint), spec.name, job_settings(job))
     expected = expected_here(spec, job)
     if expected:
         console.print(expected, markup=False, soft_wrap=True)
@@ -109,7 +109,7 @@ def latest_checkpoint(name: str, job: JobSpec) -> Path:
     """The newest checkpoint the controller holds for this cluster name and task (or in RESULTS)."""
     root = Path(job.results) if job.results else runs.runs_root() / name
     pattern = home_checkpoint("" if job.results else f"{job.task}-*")  # one job's results, or each of the task's
-    found = sorted((p for p in root.glob(str(pattern)) if not finished(p.parent.parent)), key=lambda p: p.stat().st_mtime)
+    found = sorted((p for p in root.glob(str(pattern)) if not finished(results_dir_of(p))), key=lambda p: p.stat().st_mtime)
     if not found:
         raise UsageError(f"--resume: no checkpoint of {job.task} under {root}; run without --resume")
     console.print(f"resuming from {found[-1]}", markup=False)

@@ -133,3 +133,30 @@ def test_a_full_disk_after_a_job_may_have_started_points_to_fetch_not_to_a_secon
     assert "`ftc fetch` brings a started job's files home" in said and "`ftc down` deletes them unfetched" in said
     assert "ftc launch` again" not in said
     assert "run `ftc up` again" in disk_full_advice("up", "/home/me/.ftc")
+
+
+# ---- what comes home ------------------------------------------------------------------------------------
+
+def test_each_kind_says_which_of_the_heads_files_come_home_and_every_nodes_rank_logs_do(tmp_path):
+    from runner.finetune_job import FinetuneJob
+    from runner.script_job import ScriptJob
+    from runner.transfer import comes_home_as, home_checkpoint, results_dir_of, worth_walking
+    trained = st.JobInfo("mrpc-1", "mrpc", "/w/jobs/mrpc-1", str(tmp_path))
+    script = st.JobInfo("script-1", "script", "/w/jobs/script-1", str(tmp_path), kind="script", output="out/run")
+    for kind, job in ((FinetuneJob, trained), (ScriptJob, script)):  # a rank's log, from any node, where it was
+        assert comes_home_as(kind, job, "logs/rank3.log", on_head=False) == "logs/rank3.log"
+        assert comes_home_as(kind, job, "output.log", on_head=False) is None and worth_walking(kind, job, "logs")
+    fine = {relative: comes_home_as(FinetuneJob, trained, relative, on_head=True) for relative in
+            ("results.json", "model/config.json", "checkpoints/last.pt", "checkpoints/epoch-1.pt", "data/train.csv")}
+    assert fine == {"results.json": "results.json", "model/config.json": "model/config.json",
+                    "checkpoints/last.pt": "checkpoints/last.pt", "checkpoints/epoch-1.pt": None, "data/train.csv": None}
+    mine = {relative: comes_home_as(ScriptJob, script, relative, on_head=True) for relative in
+            ("output.log", "workdir/out/run/model.bin", "workdir/out/run/a/b.txt", "workdir/train.py", "workdir/out/x")}
+    assert mine == {"output.log": "output.log", "workdir/out/run/model.bin": "output/model.bin",
+                    "workdir/out/run/a/b.txt": "output/a/b.txt", "workdir/train.py": None, "workdir/out/x": None}
+    # the script's copy is walked only on the way to its output folder, and inside it
+    walked = {folder: worth_walking(ScriptJob, script, folder) for folder in
+              ("workdir", "workdir/out", "workdir/out/run", "workdir/out/run/a", "workdir/src", "workdir/out/runs")}
+    assert walked == {"workdir": True, "workdir/out": True, "workdir/out/run": True, "workdir/out/run/a": True,
+                      "workdir/src": False, "workdir/out/runs": False}
+    assert results_dir_of(home_checkpoint(tmp_path / "mrpc-1")) == tmp_path / "mrpc-1"

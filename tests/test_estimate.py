@@ -129,7 +129,7 @@ def test_overlap_hides_what_was_measured_to_hide_and_costs_its_measured_share(mo
     base = dict(train_samples=32, epochs=1, node_samples_per_s=32.0, batch_per_node=32, grad_bytes=0.0,
                 network_gbps=25.0, exposure=1.2, wait_share=0.05, usd_per_node_hour=1.0, setup_s=0.0)
     assert estimate.plan([2], levers=overlap, **base)[0].train_s == pytest.approx((1 + estimate.OVERLAP_COST) / 2)
-    assert estimate.plan([2], levers=after, **base)[0].train_s == pytest.approx((1.05 + 2.4 * estimate.EC2_LATENCY_S) / 2)
+    assert estimate.plan([2], levers=after, **base)[0].train_s == pytest.approx((1.05 + 2.4 * estimate.DEFAULT_HOP_LATENCY_S) / 2)
     assert estimate.plan([1], levers=overlap, **base)[0].train_s == pytest.approx(1.0)  # one node waits for no one
     # were all of backward free for it: compute 1 s, backward 2/3 s, so a 1 s all-reduce leaves 1/3 s exposed
     monkeypatch.setattr(estimate, "OVERLAP_HIDES", 1.0)
@@ -198,8 +198,8 @@ def test_ena_express_raises_each_flows_cap_and_a_compile_is_billed_before_traini
                 network_gbps=100.0, exposure=1.0, wait_share=0.0, usd_per_node_hour=4.0, setup_s=300.0,
                 flow_gbps=10.0, express_flow_gbps=25.0, compiled=estimate.Compile(1.5, 120.0))
     plain, express = (estimate.plan([4], levers=estimate.Levers(4, False, 1, express=on), **base)[0] for on in (False, True))
-    assert plain.allreduce_s == pytest.approx(1.5 * 134e6 / (40e9 / 8) + 6 * estimate.EC2_LATENCY_S)
-    assert express.allreduce_s == pytest.approx(1.5 * 134e6 / (100e9 / 8) + 6 * estimate.EC2_LATENCY_S)
+    assert plain.allreduce_s == pytest.approx(1.5 * 134e6 / (40e9 / 8) + 6 * estimate.DEFAULT_HOP_LATENCY_S)
+    assert express.allreduce_s == pytest.approx(1.5 * 134e6 / (100e9 / 8) + 6 * estimate.DEFAULT_HOP_LATENCY_S)
     eager, compiled = (estimate.plan([1], levers=estimate.Levers(1, False, 1, compiled=on), **base)[0] for on in (False, True))
     assert compiled.samples_per_s == pytest.approx(1.5 * eager.samples_per_s)
     assert compiled.wall_s == pytest.approx(compiled.train_s + 300.0 + 120.0)

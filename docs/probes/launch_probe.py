@@ -10,18 +10,25 @@ A variant is a VARIANTS name (ftc: ranks, flags, environment), optionally `@PREL
 tcmalloc, jemalloc, Intel OpenMP from .carry/libs; `glibc`, `g2`, `g3` preload nothing and only make a
 run's name unique), or `peerNxC[suffix]`: the peer (Hugging Face Trainer under torchrun) unpinned at N
 ranks. Compiled variants of one name share a kernel cache: the first compiles cold, later ones warm."""
-import argparse, json, os, time
+import argparse
+import json
+import os
+import time
 from dataclasses import replace
 from pathlib import Path
+
 from runner.bench.common import Bench, started
-from runner.bench.long_jobs import LONG_JOB_PASSES, long_job_run, later_rate, start_cost
+from runner.bench.long_jobs import LONG_JOB_PASSES, later_rate, long_job_run, start_cost
 
 p = argparse.ArgumentParser()
-p.add_argument("--out"); p.add_argument("--rows", type=int, default=1024)
-p.add_argument("--data-dir"); p.add_argument("--tokenizer"); p.add_argument("--variants")
+p.add_argument("--out")
+p.add_argument("--rows", type=int, default=1024)
+p.add_argument("--data-dir")
+p.add_argument("--tokenizer")
+p.add_argument("--variants")
 a = p.parse_args()
-a.tokenizer = Path(a.tokenizer).resolve(); a.data_dir = Path(a.data_dir).resolve()
-a.quick = bool(os.environ.get("PROBE_QUICK")); a.repeats = 1
+a.tokenizer, a.data_dir = Path(a.tokenizer).resolve(), Path(a.data_dir).resolve()
+a.quick, a.repeats = bool(os.environ.get("PROBE_QUICK")), 1
 out, mpi = started(a.out)
 os.environ["FTC_NODE_DIR"] = str(out / "node")
 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
@@ -48,7 +55,8 @@ VARIANTS = {
 }
 for v in a.variants.split(","):
     if v.startswith("peer"):  # peer4x4 (or peer8x2, peer4x4b): the peer unpinned at that many ranks
-        pr = int(v[4:].split("x")[0]); at = replace(bench, cores_per_rank=N // pr)
+        pr = int(v[4:].split("x")[0])
+        at = replace(bench, cores_per_rank=N // pr)
         t0 = time.time()
         r = at.peer(f"probe-{v}", pr, False, LONG_JOB_PASSES, [])
         run = long_job_run(r, "none")

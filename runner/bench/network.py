@@ -297,7 +297,7 @@ def network_entry(name: str, nodes: int, flows: int, layout: netem.Layout, runs:
                                   layout.rates.node_gbit, planner["exposure"], planner["wait_share"], 0.0, 0.0,
                                   estimate.Levers(n, lever.overlap, 1, low_rank, comm_core=lever.comm_core),
                                   flow_gbps=layout.rates.flow_gbit)[0].samples_per_s
-        exchange = estimate.exchange_seconds(grad_bytes, nodes, gbps, estimate.EC2_LATENCY_S, low_rank, node_rate)
+        exchange = estimate.exchange_seconds(grad_bytes, nodes, gbps, estimate.DEFAULT_HOP_LATENCY_S, low_rank, node_rate)
         entry |= {"rows_per_s_predicted": round(predicted, 3), "measured_over_predicted": round(median / predicted, 3),
                   "allreduce_in_training_ms": round(statistics.median(comm) * 1000, 1),
                   "allreduce_predicted_ms": round(exchange * 1000, 1)}
