@@ -23,12 +23,26 @@ SPEC_HELP = {
     "name": "cluster name (default 'ftc')",
     "provider": "where the nodes run: {providers} (default {default})",  # the registry's, when the parser is built
     "nodes": "number of nodes, 1..64 (default 2)",
-    "max_hours": "AWS: the nodes power off after this many hours; slurm: the allocation's time limit (default 4)",
+    "max_hours": "the cluster's most hours ({max_hours}; default 4)",
     "stack": "software on the nodes: stock (default), intel, or ipex (intel without oneCCL: PyPI only)",
-    "hosts": "ssh: your servers as a comma list of [user@]host[:port], node 0 first",
-    "ssh_key": "ssh, slurm: the private key that logs in to the nodes (default: your agent and ~/.ssh keys)",
-    "stack_python": "ssh, slurm: a Python on every node that already has the stack (default: ftc installs one)",
+    "hosts": "{own_hosts}: your servers as a comma list of [user@]host[:port], node 0 first",
+    "ssh_key": "{user_login}: the private key that logs in to the nodes (default: your agent and ~/.ssh keys)",
+    "stack_python": "{user_stack_python}: a Python on every node that already has the stack (default: ftc installs one)",
 }
+
+
+def registry_words() -> dict[str, str]:
+    """The registry's words that SPEC_HELP's lines are filled in with: the providers, the default one,
+    those that have each trait a setting is for, and what MAX_HOURS bounds in each world that says."""
+    providers = registered()
+
+    def having(trait) -> str:
+        return ", ".join(name for name, provider in providers.items() if trait(provider.traits))
+    return {"providers": ", ".join(names()), "default": ClusterSpec.provider,
+            "own_hosts": having(lambda t: t.own_hosts and not t.scheduler), "user_login": having(lambda t: t.user_login),
+            "user_stack_python": having(lambda t: t.user_stack_python),
+            "max_hours": "; ".join(f"{p.world.title or name}: {p.world.max_hours_means}" for name, p in providers.items()
+                                   if p.world.max_hours_means)}
 
 
 # A switch: bare (`--yes`) is on; with a value (`--yes 0`, YES=0 from make) the one boolean parser reads it.
@@ -38,7 +52,7 @@ SWITCH = {"nargs": "?", "const": "1", "metavar": "1|0"}
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     """A flag for every setting a spec may be given, the registered providers' own included; the help of
     those a provider decides is the registry's (world_help)."""
-    registry = {"providers": ", ".join(names()), "default": ClusterSpec.provider}
+    registry = registry_words()
     helps = {**SPEC_HELP, **world_help()}
     for key, parse in every_parser().items():
         kind = SWITCH if parse is boolean else {"metavar": key.upper()}

@@ -69,6 +69,9 @@ def test_its_own_setting_is_a_flag_a_variable_and_a_config_key_refused_in_one_li
     assert "(AWS: e.g. us-east-1a; TinyCloud: e.g. tiny-north-1a; default: every zone of the region)" in helped
     assert "region (AWS: default us-east-1; TinyCloud: default tiny-north-1;" in helped
     assert "reclaim notices (the providers that have them: AWS, TinyCloud;" in helped
+    # the worlds that bound MAX_HOURS say how; the settings for a trait name the providers that have it
+    assert "the cluster's most hours (AWS: the nodes power off after it; Slurm: the allocation's time limit;" in helped
+    assert "--ssh-key SSH_KEY ssh, slurm: the private key" in helped and "--hosts HOSTS ssh: your servers" in helped
     job_help = " ".join(ftc("finetune", "--help", env={**WITH_TINYCLOUD, "COLUMNS": "1000"}).stdout.split())
     assert "a checkpoint store's URI (AWS: s3://bucket/prefix; TinyCloud: tiny://bucket/prefix)" in job_help
     assert "--tiny-image" not in ftc("up", "--help").stdout  # not registered: no such flag

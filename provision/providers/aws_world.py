@@ -107,5 +107,6 @@ AWS = Provider(
         express_flow_gbps=25.0,  # that limit with ENA Express (SRD) on both ends
         hop_latency_s=50e-6,  # one hop inside a cluster placement group
         express_setting="ena_express",
+        max_hours_means="the nodes power off after it",  # the watchdog in their user data
     ),
 )

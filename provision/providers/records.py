@@ -221,6 +221,7 @@ class World:
     hop_latency_s: float = 0.0  # one network hop between nodes
     express_setting: str = ""  # its setting that turns the faster per-flow transport on (aws: ena_express)
     cost_note: str = ""  # what `ftc status` says its nodes cost where no catalog prices them: "a Slurm allocation"
+    max_hours_means: str = ""  # what MAX_HOURS bounds there, for its help: "the nodes power off after it"
 
     def usd_per_node_hour(self, instance_type: str) -> float | None:
         """The catalog's price of one node-hour; None for a type it does not have."""

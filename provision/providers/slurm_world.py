@@ -67,5 +67,6 @@ SLURM = Provider(
         spot_reader=SpotReader(slurm_notice.READER, slurm_notice.NODE_DIR),
         notice_without_spot=True,
         cost_note="a Slurm allocation",
+        max_hours_means="the allocation's time limit",
     ),
 )
