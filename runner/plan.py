@@ -155,9 +155,9 @@ def node_hour_price(given: str | None, provider: str, catalog_usd: float, schedu
     if given is None:
         return (1.0, False) if scheduled else (catalog_usd, True)
     if not scheduled:
-        allowed = " or ".join(f"{label('provider')}={name}" for name in schedulers)
+        allowed = "".join(f", or {label('provider')}={name}" for name in schedulers)
         raise UsageError(f"{label('node_hour_price')} is for the nodes a scheduler lends, which no catalog prices; "
-                         f"this plan's price is the catalog's; allowed: leave it out, or {allowed}")
+                         f"this plan's price is the catalog's; allowed: leave it out{allowed}")
     return number(0, 1e6)("node_hour_price", given), True
 
 

@@ -149,41 +149,38 @@ def results_dir_of(checkpoint: Path) -> Path:
 
 def copy_checkpoint(conn, job: st.JobInfo) -> Path | None:
     """The head node's last checkpoint (while the job runs), to home_checkpoint on the controller
-    (atomically), and to CHECKPOINT_URI's store when given (once a checkpoint: a follower that reattaches
-    reads the lines of those already home again). None when there is none yet, when the controller's
-    disk has no room for it (measured first: no copy starts that would fill it), or when the copy
-    failed mid-way: that is said in one line, and the job goes on (the next checkpoint, or the fetch
-    at the job's end, brings it)."""
+    (atomically), and to CHECKPOINT_URI's store when given (again for one already home: a follower that
+    reattaches reads the lines of earlier checkpoints again, which retries an upload that failed). None
+    when there is none yet, when the controller's disk has no room for it (measured first: no copy
+    starts that would fill it), or when the copy failed mid-way: that is said in one line, and the job
+    goes on (the next checkpoint, or the fetch at the job's end, brings it)."""
     target = home_checkpoint(job.results_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     later = "the next checkpoint, or the fetch when the job ends, brings it"
 
-    def bring_home() -> bool | None:
-        """Whether it was copied now (False: home already, copied when its epoch ended); None: not home."""
+    def bring_home() -> bool:
         sftp = conn.sftp()
         sftp.get_channel().settimeout(follow_silence_s())  # a node that freezes mid-copy does not hang the follower
         try:
             info = sftp.stat(f"{job.remote_dir}/{CHECKPOINT_FILE}")
         except FileNotFoundError:
-            return None  # no epoch has ended yet
-        if _is_home(target, info):
-            return False
-        short = _no_room(info.st_size, target.parent)
-        if short:
-            console.print(f"the checkpoint of job {job.id} {short}: not copied, the job goes on; free some space: "
-                          f"{later}", style="yellow", markup=False, soft_wrap=True)
-            return None
-        _copy_whole(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target, info)
+            return False  # no epoch has ended yet
+        if not _is_home(target, info):  # else copied when its epoch ended
+            short = _no_room(info.st_size, target.parent)
+            if short:
+                console.print(f"the checkpoint of job {job.id} {short}: not copied, the job goes on; free some space: "
+                              f"{later}", style="yellow", markup=False, soft_wrap=True)
+                return False
+            _copy_whole(sftp, f"{job.remote_dir}/{CHECKPOINT_FILE}", target, info)
         return True
     try:
-        copied = interruptible(conn.client.get_transport(), bring_home)  # Ctrl-C: the follower detaches
+        if not interruptible(conn.client.get_transport(), bring_home):  # Ctrl-C: the follower detaches
+            return None
     except connection_lost() as exc:
         console.print(f"copying the checkpoint of job {job.id} home failed ({_why(exc)}); {later}",
                       style="yellow", markup=False, soft_wrap=True)
         return None
-    if copied is None:
-        return None
-    if copied and job.checkpoint_uri:
+    if job.checkpoint_uri:
         providers.store_checkpoint(target, job.checkpoint_uri, job.id)  # the store's provider (aws: S3) copies it
     return target
 
