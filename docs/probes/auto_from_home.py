@@ -48,6 +48,8 @@ report = {"cpu": cpu_info()[0], "job": f"mrpc, {epochs} epochs, {epochs * rows} 
                   "compile": results["compile"], "compile_cache": results["compile_cache"],
                   "compile_cache_from": results.get("compile_cache_from"), "training_s": training_s,
                   "wall_s": round(wall_s, 1), "pass_seconds": [e["pass_seconds"] for e in results["epoch_metrics"]]}}
+(out / "auto_from_home.json").write_text(json.dumps(report, indent=1) + "\n")  # kept should the peer's run be cut
+print(json.dumps(report["ftc"]), flush=True)
 if a.peer_whole:  # the same job in the peer's program, run whole on the same cores
     whole = replace(bench, rows=rows).peer("mrpc-peer-whole", 1, True, passes=epochs)
     report["peer_whole"] = {"launch": peer, "training_s": round(sum(e["pass_seconds"] for e in whole["epoch_metrics"]), 1)}
