@@ -160,8 +160,9 @@ run: setup
 sweep: setup
 	$(FTC) sweep $(SPEC_FLAGS) $(JOB_FLAGS) $(call flag,YES,yes) $(call flag,KEEP,keep) $(call flag,OUT,out)
 
+# `ftc plan` takes its provider from the environment (FTC_PROVIDER): PROVIDER=slurm becomes that.
 plan: setup
-	$(FTC) plan $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
+	$(if $(filter undefined,$(origin PROVIDER)),,FTC_PROVIDER=$(call quote,$(value PROVIDER))) $(FTC) plan $(call flag,TASK,task) $(call flag,MODEL,model) $(call flag,NODES,nodes) $(call flag,INSTANCE_TYPE,instance-type) \
 	  $(call flag,EPOCHS,epochs) $(call flag,BATCH_SIZE,batch-size) $(call flag,FLOWS,flows) $(call flag,ALLREDUCE,allreduce) \
 	  $(call flag,GRAD_COMPRESS,grad-compress) $(call flag,COMPILE,compile) $(call flag,DEADLINE,deadline) $(call flag,BUDGET,budget) \
   $(call flag,NODE_HOUR_PRICE,node-hour-price)

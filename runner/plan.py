@@ -145,17 +145,19 @@ def print_plan(title: str, rows: list, priced: bool = True) -> None:
     answer.print(table)
 
 
-def node_hour_price(given: str | None, provider: str, catalog_usd: float, schedulers: list[str]) -> tuple[float, bool]:
+def node_hour_price(given: str | None, provider: str, catalog_usd: float, schedulers: list[str],
+                    provider_setting: str) -> tuple[float, bool]:
     """What a plan costs a node-hour at, and whether that is money: the catalog's price of the instance type
     planned; on the nodes a scheduler lends (a provider of `schedulers`: a Slurm site's, which no catalog
     prices) the price you give (NODE_HOUR_PRICE, what your site charges), else 1 a node-hour, the plan then
     in node-hours: time only. The picks among cluster sizes weigh cost by ratio, so they are the same either
-    way. Pure."""
+    way. `provider_setting`: how the user names the provider planned for (`ftc plan` has no flag for it:
+    FTC_PROVIDER, or make's PROVIDER). Pure."""
     scheduled = provider in schedulers
     if given is None:
         return (1.0, False) if scheduled else (catalog_usd, True)
     if not scheduled:
-        allowed = "".join(f", or {label('provider')}={name}" for name in schedulers)
+        allowed = "".join(f", or {provider_setting}={name}" for name in schedulers)
         raise UsageError(f"{label('node_hour_price')} is for the nodes a scheduler lends, which no catalog prices; "
                          f"this plan's price is the catalog's; allowed: leave it out{allowed}")
     return number(0, 1e6)("node_hour_price", given), True

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import replace
 
-from provision.errors import UsageError
+from provision.errors import UsageError, via_make
 from provision.providers import World
 from provision.spec import (
     MAX_NODES,
@@ -38,7 +38,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     kind = world.instance_types[kind_name]
     from provision.providers import names, traits
     price, priced = plan.node_hour_price(args.node_hour_price, _planned_provider(), kind.usd_per_hour,
-                                         [name for name in names() if traits(name).scheduler])
+                                         [name for name in names() if traits(name).scheduler],
+                                         "PROVIDER" if via_make() else "FTC_PROVIDER")
     cls = estimate.xeon_class(kind.native_bf16)
     steps = job.epochs * job.train_samples // (max(given["nodes"]) * job.batch_per_node)
     levers = plan.plan_levers(args, kind, world, given["compress"], steps)

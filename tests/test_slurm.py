@@ -98,10 +98,10 @@ def test_slurm_settings_are_checked_before_anything_is_asked(flags, named):
 
 
 def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home):
-    schedulers = ["slurm"]
-    assert node_hour_price(None, "slurm", 2.72, schedulers) == (1.0, False)
-    assert node_hour_price("0.4", "slurm", 2.72, schedulers) == (0.4, True)
-    assert node_hour_price(None, "aws", 2.72, schedulers) == (2.72, True)  # a catalog's instance type: its price
+    schedulers, named = ["slurm"], "FTC_PROVIDER"
+    assert node_hour_price(None, "slurm", 2.72, schedulers, named) == (1.0, False)
+    assert node_hour_price("0.4", "slurm", 2.72, schedulers, named) == (0.4, True)
+    assert node_hour_price(None, "aws", 2.72, schedulers, named) == (2.72, True)  # a catalog's instance type: its price
     time_only = ftc("plan", "--nodes", "1,2", env={"FTC_PROVIDER": "slurm"})
     assert time_only.returncode == 0, time_only.stderr
     table = time_only.stdout.split("per-node rate")[0]
@@ -110,8 +110,13 @@ def test_plan_on_slurm_is_time_only_or_costs_the_node_hour_price_given(ftc_home)
     priced = ftc("plan", "--nodes", "1,2", "--node-hour-price", "0.4", env={"FTC_PROVIDER": "slurm"})
     assert priced.returncode == 0 and "$0.4/h" in priced.stdout and "│ $0." in priced.stdout, priced.stdout
     assert_refused(ftc("plan", "--node-hour-price", "1"), "--node-hour-price is for the nodes a scheduler lends, which no "
-                   "catalog prices; this plan's price is the catalog's; allowed: leave it out, or --provider=slurm",
+                   "catalog prices; this plan's price is the catalog's; allowed: leave it out, or FTC_PROVIDER=slurm",
                    ftc_home)
+    # each refusal names the provider as that command takes it, and doing as it says plans at that price
+    through_make = make("plan", "NODES=1,2", "NODE_HOUR_PRICE=0.4", home=ftc_home)
+    assert through_make.returncode == 2 and "allowed: leave it out, or PROVIDER=slurm" in through_make.stderr
+    as_told = make("plan", "NODES=1,2", "NODE_HOUR_PRICE=0.4", "PROVIDER=slurm", home=ftc_home)
+    assert as_told.returncode == 0 and "$0.4/h" in as_told.stdout, as_told.stdout + as_told.stderr
     assert_refused(ftc("plan", "--node-hour-price", "0", env={"FTC_PROVIDER": "slurm"}),
                    "--node-hour-price='0' is out of range", ftc_home)
 
