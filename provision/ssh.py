@@ -190,8 +190,7 @@ def connect(state: st.ClusterState, node: st.NodeInfo, attempts: int | None = No
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
                 raise StepFailed(node.name, "connect", f"host key not pinned ({exc})") from None
-            # paramiko follows a banner timeout with "No existing session": the first says what happened
-            last = last if str(exc) == "No existing session" and last else _reason(exc)
+            last = _reason(exc)
         except (OSError, EOFError) as exc:
             last = str(exc) or type(exc).__name__
         time.sleep(max(0.0, min(2.0, 0.2 * (attempt + 1), deadline - time.monotonic())))
@@ -245,9 +244,13 @@ def after_start_up(output: str) -> str:
 
 
 def _reason(exc: Exception) -> str:
-    """A connection failure in words: a server whose sshd accepts but never speaks is hung."""
+    """A connection failure in words: a server whose sshd accepts but never speaks is hung. paramiko
+    says so as a banner error, or, where its wait for the handshake (the connect timeout) ends
+    first, as "No existing session" from the login it then tries."""
     if "Error reading SSH protocol banner" in str(exc):
         return "it accepted the connection but sent no SSH banner: its sshd hangs or is overloaded"
+    if str(exc) == "No existing session":
+        return "it accepted the connection but the SSH handshake did not finish in time: its sshd hangs or is overloaded"
     return str(exc)
 
 

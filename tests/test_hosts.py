@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -560,6 +561,21 @@ def test_down_keeps_a_ftc_node_directory_that_was_there_before_up(ftc_home, serv
     assert ftc("down", "--name", "was").returncode == 0
     assert (servers[0].home / ".ftc-node").is_dir() and not (servers[1].home / ".ftc-node").exists()
     assert [s.listing() for s in servers] == before  # each server as it was: the one it made goes, yours stays
+
+
+@pytest.mark.slow
+def test_a_bootstrap_names_a_server_whose_sshd_is_frozen_as_hung(ftc_home, servers, user_key):
+    up = ftc("up", "--name", "frozen", *ssh_flags(servers, user_key), "--no-bootstrap", "--yes", "1")
+    assert up.returncode == 0, up.stderr[-3000:]
+    os.kill(servers[1].proc.pid, signal.SIGSTOP)  # the kernel still accepts its connections; sshd says nothing
+    try:
+        boot = ftc("bootstrap", "--name", "frozen", env={"FTC_CONNECT_ATTEMPTS": "1"})
+    finally:
+        os.kill(servers[1].proc.pid, signal.SIGCONT)
+    assert boot.returncode == 1 and "Traceback" not in boot.stderr, boot.stderr[-3000:]
+    assert "its sshd hangs or is overloaded" in boot.stderr and "No existing session" not in boot.stderr, boot.stderr
+    assert ftc("bootstrap", "--name", "frozen").returncode == 0  # thawed, it answers and the bootstrap ends
+    assert ftc("down", "--name", "frozen").returncode == 0
 
 
 @pytest.mark.slow
