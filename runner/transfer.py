@@ -272,8 +272,13 @@ def fetch(state: st.ClusterState, job: st.JobInfo, connections: NodeConnections,
         sftp = connections.to(state, node).sftp()
         job_dir = node_path(state, node, job.remote_dir)  # each node's own
         for remote, info in _walk(sftp, job_dir, lambda d, job_dir=job_dir: worth_walking(kind, job, d[len(job_dir) + 1:])):
-            home = comes_home_as(kind, job, remote[len(job_dir) + 1:], node is state.head)
-            if home and not _is_home(target / home, info):
+            relative = remote[len(job_dir) + 1:]
+            home = comes_home_as(kind, job, relative, node is state.head)
+            if stat.S_ISLNK(info.st_mode):
+                if home or worth_walking(kind, job, relative):
+                    console.print(f"not fetched: {remote} on {node.name} (a symbolic link: ftc brings files home, "
+                                  "not links; write the file itself there)", style="yellow", markup=False, soft_wrap=True)
+            elif home and not _is_home(target / home, info):
                 missing.append((node, sftp, remote, target / home, info))
     short = _no_room(sum(info.st_size for *_, info in missing), target)
     if short:
@@ -299,9 +304,9 @@ def _mb(size: int) -> str:
 
 
 def _walk(sftp, directory: str, worth=lambda _directory: True):
-    """Every regular file under `directory` on the node, with its attributes (size, mtime), in the
-    folders `worth` accepts. Links are not followed (one to `/` would bring the node home); a folder
-    holding a name that is not UTF-8 is left out, said on stderr."""
+    """Every regular file and symbolic link under `directory` on the node, with its attributes (size,
+    mtime, mode), in the folders `worth` accepts. Links are not followed (one to `/` would bring the
+    node home); a folder holding a name that is not UTF-8 is left out, said on stderr."""
     try:
         entries = sftp.listdir_attr(directory)
     except UnicodeDecodeError:
@@ -315,5 +320,5 @@ def _walk(sftp, directory: str, worth=lambda _directory: True):
         if stat.S_ISDIR(entry.st_mode):
             if worth(path):
                 yield from _walk(sftp, path, worth)
-        elif stat.S_ISREG(entry.st_mode):
+        elif stat.S_ISREG(entry.st_mode) or stat.S_ISLNK(entry.st_mode):
             yield path, entry

@@ -840,6 +840,9 @@ def test_a_script_that_leaves_processes_links_and_odd_names_behind_still_ends_an
     output = Path(job["results_dir"]) / "output"
     assert (output / "ok.txt").read_text() == "home"
     assert not (output / "etc-link").exists() and not (output / "dangling").exists()
+    for link in ("etc-link", "dangling"):  # each said, once
+        assert proc.stderr.count(f"/output/{link} on {cluster}-0 (a symbolic link: ftc brings files home") == 1, \
+            proc.stderr[-3000:]
     assert "(a name in it is not UTF-8)" in proc.stderr
     assert _sleeping(tag) == [], "processes the script started outlived the job"
     assert not (Path(job["remote_dir"]) / "workdir").exists()  # the workdir's copy goes once the job is home
