@@ -1,0 +1,47 @@
+"""A lever not yet in ftc: compiling each of the model's repeated blocks (regional compilation) instead of the
+whole model. The blocks share one code object, so dynamo traces and inductor compiles one block, not six; what
+lies between the blocks (embeddings, the classifier, the loss) runs eager. One process per mode, each with its
+own empty inductor cache: DistilBERT's architecture (6 layers, random weights, its config's dropout), 32 rows a
+step of random lengths 24-95, bf16 autocast, fused AdamW, as ftc's training step.
+
+    python docs/probes/regional_compile.py MODE [STEPS]     # MODE: eager | regional | whole
+
+Prints one JSON line: the first 3 steps' seconds, the steady step (median after the 4th), the start cost (the
+first 4 steps beyond 4 steady ones) and rows/s. Results: docs/probes/regional_compile.txt."""
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+mode = sys.argv[1]
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-{mode}-")
+import torch  # noqa: E402
+from transformers import AutoModelForSequenceClassification, DistilBertConfig  # noqa: E402
+
+torch.manual_seed(0)
+random.seed(0)
+model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=2, n_layers=6))
+model.train()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+torch._dynamo.config.specialize_float = True  # as ftc compiles: a dropout's p is a constant
+if mode == "whole":
+    model.compile(dynamic=True)
+elif mode == "regional":
+    for block in model.distilbert.transformer.layer:
+        block.compile(dynamic=True)
+seconds = []
+for length in [random.choice(range(24, 96)) for _ in range(steps)]:
+    ids = torch.randint(1000, 30000, (32, length))
+    started = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.randint(0, 2, (32,))).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    seconds.append(time.perf_counter() - started)
+steady = sorted(seconds[4:])[len(seconds[4:]) // 2]
+print(json.dumps({"mode": mode, "first3_s": round(sum(seconds[:3]), 1), "steady_step_s": round(steady, 3),
+                  "start_cost_s": round(sum(seconds[:4]) - 4 * steady, 1), "rows_per_s": round(32 / steady, 1)}))
