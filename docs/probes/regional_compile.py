@@ -33,7 +33,7 @@ elif mode == "regional":
     for block in model.distilbert.transformer.layer:
         block.compile(dynamic=True)
 seconds = []
-for length in [random.choice(range(24, 96)) for _ in range(steps)]:
+for length in [random.choice(range(24, 96)) for _ in range(steps)]:  # noqa: S311 - lengths, not secrets
     ids = torch.randint(1000, 30000, (32, length))
     started = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16):
