@@ -32,31 +32,33 @@ p.add_argument("--peer-whole", action="store_true", help="also run the peer's pr
 p.add_argument("--first-job", action="store_true", help="an empty node instead (no kernels, no note): a new user's "
                "first job, no long-jobs run needed before")
 a = p.parse_args()
-REPORT_NAME = "auto_first_job.json" if a.first_job else "auto_from_home.json"
 a.tokenizer, a.data_dir = Path(a.tokenizer).resolve(), Path(a.data_dir).resolve()
 a.repeats, rows, a.rows = 1, a.rows, 0
 out, mpi = started(a.out)
-os.environ["FTC_NODE_DIR"] = str(out / "node")
+os.environ["FTC_NODE_DIR"] = str(out / ("node-first-job" if a.first_job else "node"))  # a first job's: empty
 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 bench = Bench.of(a, out, mpi, rows=(128, 2048), repeats=(1, 1))
 bench = replace(bench, cores_per_rank=len(bench.physical))  # ftc's launch: one rank on the node's cores
 epochs = 3
-started_at = time.perf_counter()
+# where the job runs: on the bench's empty node (a new user's first job), or on a fresh one from home
 if a.first_job:
-    os.environ["FTC_NODE_DIR"] = str(out / "node-first-job")
-with contextlib.nullcontext() if a.first_job else fresh_node_from_home(bench, 99):
-    results = bench.ftc("mrpc-auto-first-job" if a.first_job else "mrpc-auto-from-home", 1, extra=["--compile", "auto"],
-                        rows=rows, passes=epochs)
+    run_name, report_name, node, where = ("mrpc-auto-first-job", "auto_first_job.json", contextlib.nullcontext(),
+                                          "an empty node (a first job)")
+else:
+    run_name, report_name, node, where = ("mrpc-auto-from-home", "auto_from_home.json", fresh_node_from_home(bench, 99),
+                                          "a fresh node holding the kernels from home")
+started_at = time.perf_counter()
+with node:
+    results = bench.ftc(run_name, 1, extra=["--compile", "auto"], rows=rows, passes=epochs)
 wall_s = time.perf_counter() - started_at
 training_s = round(sum(e["pass_seconds"] for e in results["epoch_metrics"]), 1)
 eager, peer = (launch.label for launch in long_job_launches(1, len(bench.physical), ("eager", "peer-at-ftc-launch")))
 report = {"cpu": cpu_info()[0], "job": f"mrpc, {epochs} epochs, {epochs * rows} rows, 32 a step",
-          "ftc": {"launch": f"{eager}, --compile auto, "
-                          + ("an empty node (a first job)" if a.first_job else "a fresh node holding the kernels from home"),
+          "ftc": {"launch": f"{eager}, --compile auto, {where}",
                   "compile": results["compile"], "compile_cache": results["compile_cache"],
                   "compile_cache_from": results.get("compile_cache_from"), "training_s": training_s,
                   "wall_s": round(wall_s, 1), "pass_seconds": [e["pass_seconds"] for e in results["epoch_metrics"]]}}
-(out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n")  # kept should the peer's run be cut
+(out / report_name).write_text(json.dumps(report, indent=1) + "\n")  # kept should the peer's run be cut
 print(json.dumps(report["ftc"]), flush=True)
 if a.peer_whole:  # the same job in the peer's program, run whole on the same cores
     whole = replace(bench, rows=rows).peer("mrpc-peer-whole", 1, True, passes=epochs)
@@ -70,5 +72,5 @@ for side, label in (("peer", peer), ("ftc_eager", eager)):  # from the long-jobs
         job_s = round(job_seconds(launch, epochs * rows), 1)
         report[side] = {"launch": label, "job_s": job_s}
         report[f"speedup_vs_{side}"] = round(job_s / training_s, 3)
-(out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n")
+(out / report_name).write_text(json.dumps(report, indent=1) + "\n")
 print(json.dumps(report, indent=1))
