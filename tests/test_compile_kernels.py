@@ -29,6 +29,7 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
 
     first = one_cluster_one_job("k1")
     assert "kernels: cold (compiled on the cluster)" in first
+    assert "compile: each of 2 BertLayer blocks; the rest runs eager" in first
     # the model traced once: no float of its made dynamo start again, nor config.problem_type at step 2
     assert results_of_run(ftc_home, "k1")["compile_graphs"]["retraced"] == 0
     (kept,) = (ftc_home / "kernels").glob("*.json")

@@ -18,6 +18,7 @@ from runner.node.compile_policy import (
     ISA_CHECKS_FILE,
     RATE_MIN_STEPS,
     WARM_COMPILE_SHARE,
+    WHOLE_MODEL,
     agreed_probe_steps,
     architecture,
     bucket_width,
@@ -38,6 +39,7 @@ from runner.node.compile_policy import (
     measured_where,
     pick_shipped,
     remember_compile,
+    repeated_blocks,
     shapes_of,
     shipped_entries,
     unpack_shipped,
@@ -139,14 +141,13 @@ def test_compile_seconds_is_what_the_untimed_steps_took_beyond_steady_ones():
 def test_a_compiled_jobs_first_steps_run_eager_only_where_no_note_holds_the_eager_rate():
     two = "2 ranks on 2 node(s), gradient bf16"
     probe = 3 + RATE_MIN_STEPS
-    assert eager_probe_steps({}, two, 2 * probe, 3, ddp=False) == probe
-    assert eager_probe_steps({"cold_s": 9.0, "rates": {two: {"compiled_tokens_per_s": 9.0}}}, two, 900, 3, False) == probe
-    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": 9.0}}}, two, 900, 3, False) == 0  # noted
-    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": "x"}}}, two, 900, 3, False) == probe  # not a figure
+    assert eager_probe_steps({}, two, 2 * probe, 3) == probe
+    assert eager_probe_steps({"cold_s": 9.0, "rates": {two: {"compiled_tokens_per_s": 9.0}}}, two, 900, 3) == probe
+    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": 9.0}}}, two, 900, 3) == 0  # noted
+    assert eager_probe_steps({"rates": {two: {"eager_tokens_per_s": "x"}}}, two, 900, 3) == probe  # not a figure
     assert eager_probe_steps({"rates": {"1 ranks on 1 node(s), gradient none": {"eager_tokens_per_s": 9.0}}},
-                             two, 900, 3, False) == probe  # another layout's rate is not this one's
-    assert eager_probe_steps({}, two, 2 * probe - 1, 3, False) == 0  # too few steps left to measure both
-    assert eager_probe_steps({}, two, 900, 3, ddp=True) == 0
+                             two, 900, 3) == probe  # another layout's rate is not this one's
+    assert eager_probe_steps({}, two, 2 * probe - 1, 3) == 0  # too few steps left to measure both
 
 
 def _probe_agreement(rank: int, rendezvous: str, mine: list[int], out: dict) -> None:
@@ -203,7 +204,7 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
     # 4-thread ranks of a node that kept a 16-thread rank's kernels compile again, and count it so
     assert key_digest(key()) == key_digest(key())
     for changed in (dict(threads=4), dict(precision="fp32"), dict(isa=["avx2"]), dict(shapes="dynamic"),
-                    dict(batch_size=16), dict(config=CONFIG | {"n_layers": 12}),
+                    dict(batch_size=16), dict(compiled=WHOLE_MODEL), dict(config=CONFIG | {"n_layers": 12}),
                     dict(config=CONFIG | {"id2label": {"0": "a", "1": "b", "2": "c"}})):
         assert key_digest(key(**changed)) != key_digest(key()), changed
     # kernels brought home before floats were traced as constants: their graphs miss torch's caches
@@ -213,6 +214,30 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
     shared = {field: value for field, value in key().items() if field != "folder"}
     assert key_digest(shared) != key_digest(key())
     assert key_difference(key(), shared) == "folder None here 'per thread count'"
+    # kernels of a whole model compiled, from before ftc compiled each repeated block
+    whole = {field: value for field, value in key().items() if field != "compiled"}
+    assert key_difference(key(), whole) == "compiled None here 'repeated blocks'"
+
+
+def test_what_compiles_is_each_block_of_the_outermost_list_of_one_class():
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixed = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.ReLU()])  # not one class
+            self.heads = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])  # inside a block
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = torch.nn.Embedding(4, 2)
+            self.encoder = torch.nn.Sequential(torch.nn.ModuleList([Block() for _ in range(3)]))
+            self.head = torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # one member: nothing repeats
+
+    model = Model()
+    assert repeated_blocks(model) == list(model.encoder[0])
+    assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == []  # compiled whole
     # a copy of the model under another name, or saved by another transformers, is the same architecture
     assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
 

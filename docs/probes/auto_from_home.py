@@ -29,6 +29,8 @@ p.add_argument("--tokenizer")
 p.add_argument("--rows", type=int, default=GLUE_TRAIN_SIZES["mrpc"], help="MRPC rows an epoch (default all)")
 p.add_argument("--quick", action="store_true", help="the bench's quick model (as its long-jobs run had)")
 p.add_argument("--peer-whole", action="store_true", help="also run the peer's program over the same job whole")
+p.add_argument("--compile", default="auto", choices=("auto", "on"), help="the job's --compile (on: what auto would "
+               "give were its threshold lower)")
 p.add_argument("--first-job", action="store_true", help="an empty node instead (no kernels, no note): a new user's "
                "first job, no long-jobs run needed before")
 a = p.parse_args()
@@ -42,19 +44,20 @@ bench = replace(bench, cores_per_rank=len(bench.physical))  # ftc's launch: one 
 epochs = 3
 # where the job runs: on the bench's empty node (a new user's first job), or on a fresh one from home
 if a.first_job:
-    run_name, report_name, node, where = ("mrpc-auto-first-job", "auto_first_job.json", contextlib.nullcontext(),
-                                          "an empty node (a first job)")
+    run_name, report_name, node, where = (f"mrpc-{a.compile}-first-job", f"{a.compile}_first_job.json",
+                                          contextlib.nullcontext(), "an empty node (a first job)")
 else:
-    run_name, report_name, node, where = ("mrpc-auto-from-home", "auto_from_home.json", fresh_node_from_home(bench, 99),
+    run_name, report_name, node, where = (f"mrpc-{a.compile}-from-home", f"{a.compile}_from_home.json",
+                                          fresh_node_from_home(bench, 99),
                                           "a fresh node holding the kernels from home")
 started_at = time.perf_counter()
 with node:
-    results = bench.ftc(run_name, 1, extra=["--compile", "auto"], rows=rows, passes=epochs)
+    results = bench.ftc(run_name, 1, extra=["--compile", a.compile], rows=rows, passes=epochs)
 wall_s = time.perf_counter() - started_at
 training_s = round(sum(e["pass_seconds"] for e in results["epoch_metrics"]), 1)
 eager, peer = (launch.label for launch in long_job_launches(1, len(bench.physical), ("eager", "peer-at-ftc-launch")))
 report = {"cpu": cpu_info()[0], "job": f"mrpc, {epochs} epochs, {epochs * rows} rows, 32 a step",
-          "ftc": {"launch": f"{eager}, --compile auto, {where}",
+          "ftc": {"launch": f"{eager}, --compile {a.compile}, {where}",
                   "compile": results["compile"], "compile_cache": results["compile_cache"],
                   "compile_cache_from": results.get("compile_cache_from"), "training_s": training_s,
                   "wall_s": round(wall_s, 1), "pass_seconds": [e["pass_seconds"] for e in results["epoch_metrics"]]}}

@@ -1,5 +1,11 @@
 """Whether a rank torch.compiles its training step, with which shapes, and the kernels it keeps.
 
+What compiles is each of the model's repeated blocks (a transformer's layers), not the whole model: the
+blocks share one forward, so dynamo traces and inductor compiles one block for all of them, and what lies
+between (the embeddings, the head, the loss) runs eager. Side by side on a 16-core Xeon with AMX
+(docs/probes/regional_compile.txt) a cold compile started in 0.46x the whole model's time and its steps ran
+1.11x as fast.
+
 The decision (`--compile auto|on|off`) weighs what this node measured of these kernels before (its
 cache's note), else the job's planned steps against what a compile costs with the kernel cache as it
 is: cold, warm from this node's own earlier jobs, or warm from kernels an earlier cluster compiled and
@@ -52,9 +58,12 @@ RATE_MIN_STEPS = 20
 BUCKET_STEP = 32
 # What a kept cache's key holds besides the digest of the model's architecture: a cache made under
 # other values is not this job's (another torch, CPU, thread count, precision, shapes or way of tracing).
-KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats", "folder")
+KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats", "folder",
+              "compiled")
 # How dynamo traces the floats a model reads (maybe_compile): graphs traced the other way miss torch's caches.
 TRACED_FLOATS = "constant"
+# What compiles (repeated_blocks): a model without repeated blocks compiles whole.
+BLOCKS, WHOLE_MODEL = "repeated blocks", "whole model"
 # What a packed node cache holds: one thread count's kernels (kernel_cache). A cache packed when a node kept
 # every thread count in one folder may hold another count's kernels under this key's graphs: not taken.
 CACHE_FOLDER = "per thread count"
@@ -89,14 +98,23 @@ def architecture(config: dict) -> str:
 
 
 def compile_key(config: dict, isa: list[str], threads: int, precision: str, shapes: str, batch_size: int,
-                max_length: int) -> dict:
+                max_length: int, compiled: str = BLOCKS) -> dict:
     """What the kernels depend on: torch, the CPU's vector ISA, the architecture, the rank's threads
     (inductor writes them into its CPU kernels: a 16-thread rank's kernels are not a 4-thread rank's),
-    precision, the shapes a step sees, and how floats are traced. Pure but for torch's version."""
+    precision, the shapes a step sees, how floats are traced and what compiles (`compiled`: BLOCKS or
+    WHOLE_MODEL). Pure but for torch's version."""
     return {"torch": torch.__version__, "isa": ",".join(isa), "architecture": architecture(config),
             "threads": threads, "precision": precision,
             "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
-            "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER}
+            "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER, "compiled": compiled}
+
+
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The members of each outermost ModuleList whose members are all of one class (a transformer's
+    layers): what ftc compiles. [] where the model has none."""
+    if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+        return list(module)
+    return [block for child in module.children() for block in repeated_blocks(child)]
 
 
 def key_digest(key: dict) -> str:
@@ -171,14 +189,13 @@ def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold
     return unmeasured_compile(total_steps, threads, compile_min_steps(cache), cache)
 
 
-def eager_probe_steps(noted: dict, layout: str, steps_left: int, warmup: int, ddp: bool) -> int:
+def eager_probe_steps(noted: dict, layout: str, steps_left: int, warmup: int) -> int:
     """How many of a compiled job's first steps run eager, measuring a rank's eager rate for the note
     beside the compiled one: where no note holds it for this `layout`, so that --compile auto can weigh
-    both where the kernels go next (a short job on a new cluster, its kernels from home). None under
-    DDP (its compiled module is the only way in), and none where the steps left would not measure the
-    compiled rate after them too. Pure."""
+    both where the kernels go next (a short job on a new cluster, its kernels from home). None where the
+    steps left would not measure the compiled rate after them too. Pure."""
     rates = noted.get("rates", {}).get(layout, {})
-    if ddp or steps_left < 2 * probe_length(warmup) or seconds_or_rate(rates.get("eager_tokens_per_s")):
+    if steps_left < 2 * probe_length(warmup) or seconds_or_rate(rates.get("eager_tokens_per_s")):
         return 0
     return probe_length(warmup)
 
@@ -409,8 +426,9 @@ def maybe_compile(training) -> Compiled:
     threads = torch.get_num_threads()  # the rank's: its kernels' folder and their key say the same count
     cache_dir = kernel_cache(training.out_dir, args.stack, threads)
     shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
+    blocks = repeated_blocks(training.model)
     key = compile_key(training.model.config.to_dict(), cpu_info()[1], threads, setup.precision, shapes,
-                      args.batch_size, args.max_length)
+                      args.batch_size, args.max_length, BLOCKS if blocks else WHOLE_MODEL)
     nodes = env.world_size // max(1, env.local_world_size)
     digest = key_digest(key)
     layout = f"{env.world_size} ranks on {nodes} node(s), gradient {setup.grad_compress}"
@@ -444,9 +462,8 @@ def maybe_compile(training) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
-    ddp = env.world_size > 1 and training.setup.allreduce != "after-backward"
     training.stats.eager_steps = agreed_probe_steps(
-        eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed, ddp), args.warmup_steps_untimed, env)
+        eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:
         training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
                           "eager rate beside the compiled one")
@@ -461,7 +478,10 @@ def maybe_compile(training) -> Compiled:
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
     check_isa_without_importing_torch()
     isa_checks_kept_in(cache_dir)
-    training.model.compile(dynamic=shapes == "dynamic")
+    if blocks:
+        training.log.info(f"compile: each of {len(blocks)} {type(blocks[0]).__name__} blocks; the rest runs eager")
+    for part in blocks or [training.model]:
+        part.compile(dynamic=shapes == "dynamic")
     return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
 

@@ -325,7 +325,7 @@ class RankRows:
     labels: torch.Tensor
     share: float  # of the global batch: this rank's mean loss is weighted by it
     collate_s: float  # dealing and collating them (counted in the step's compute)
-    eager: bool = False  # the model's own forward, not the compiled one
+    eager: bool = False  # run with compiling set aside (torch.compiler's force_eager stance)
 
 
 # ---- model and optimizer ----------------------------------------------------------------------------
@@ -404,9 +404,9 @@ def train_step(training: Training, rows: RankRows) -> tuple[float, dict[str, flo
         sync.rows.agree(rows.inputs["input_ids"])  # its small all-reduce runs beside forward
     no_sync = sync.overlapped and not syncing
     with sync.module.no_sync() if no_sync else contextlib.nullcontext():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"):
-            forward = sync.module.forward if rows.eager else sync.module
-            loss = forward(**rows.inputs, labels=rows.labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"), \
+                torch.compiler.set_stance("force_eager" if rows.eager else "default"):
+            loss = sync.module(**rows.inputs, labels=rows.labels).loss
         (loss * rows.share if rows.share != 1 else loss).backward()
     t1 = time.perf_counter()
     if syncing:
@@ -440,9 +440,9 @@ def rank_batch(training: Training, global_batch: list[int]) -> RankRows:
     batch = collate(train, indices, training.data.pad_id, width)
     labels = torch.tensor([train["labels"][j] for j in indices],
                           dtype=torch.float32 if training.data.task.labels is None else torch.long)
-    # an epoch's last, partial batch in its own shape would be compiled for that one step: eager instead
-    # (under DDP the compiled module is the only way in, and compiles it); so are a compiled job's probe steps
-    eager = training.stats.probing or (bucketed and len(indices) != args.batch_size and not training.sync.overlapped)
+    # an epoch's last, partial batch in its own shape would be compiled for that one step: eager instead;
+    # so are a compiled job's probe steps
+    eager = training.stats.probing or (bucketed and len(indices) != args.batch_size)
     return RankRows(batch, labels, len(indices) * env.world_size / len(global_batch), time.perf_counter() - t0, eager)
 
 
