@@ -473,8 +473,8 @@ def maybe_compile(training) -> Compiled:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    2 * len(bucket_widths(args.max_length)) + 2)
     # A float the model reads (a dropout's p) would be traced as a symbol, found constant at the end, and
-    # dynamo would trace the whole model a second time: taken as a constant from the start, a cold
-    # compile is about a quarter shorter and a warm one a quarter of what it was (docs/performance.md).
+    # dynamo would trace it a second time: taken as a constant from the start, a cold
+    # compile is about a quarter shorter and a warm one a quarter of what it was (docs/bench-log.md).
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
     check_isa_without_importing_torch()
     isa_checks_kept_in(cache_dir)
@@ -525,7 +525,7 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
 def graphs_compiled() -> dict[str, int]:
     """How this process's compiled graphs were made: taken whole from a cache (AOT autograd's, which holds
     inductor's kernels) or compiled (a miss, or a graph the cache passes by); and how often dynamo threw
-    a trace away to start it again (a restart of its analysis: the whole model traced once more)."""
+    a trace away to start it again (a restart of its analysis: the compiled part traced once more)."""
     from torch._dynamo.utils import compilation_time_metrics, counters
     aot = counters["aot_autograd"]
     retraced = sum(len(times) for name, times in compilation_time_metrics.items()

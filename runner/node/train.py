@@ -122,8 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("auto", "gloo", "ccl"), default="auto")
     p.add_argument("--ipex", action="store_true", help="intel stack: ipex.optimize the model and optimizer")
     p.add_argument("--compile", choices=("auto", "on", "off"), default=None,
-                   help=f"torch.compile the model (auto: when the job plans {COMPILE_MIN_STEPS} steps or more and a "
-                        f"rank has {COMPILE_MIN_THREADS} threads or more, unless this node measured otherwise)")
+                   help=f"torch.compile each of the model's layers (auto: when the job plans {COMPILE_MIN_STEPS} steps or "
+                        f"more and a rank has {COMPILE_MIN_THREADS} threads or more, unless this node measured otherwise)")
     p.add_argument("--shapes", choices=SHAPES, default="auto",
                    help="a compiled step's shapes: dynamic (one graph for every length) or length buckets (a few static "
                         "widths, each compiled once); auto: dynamic")
