@@ -1,14 +1,19 @@
 """Kernels that outlive the cluster, on real local nodes: a compiled job's kernels come home into
 FTC_HOME/kernels, the next cluster's first job gets them and starts warm from them, and a cache made
-for another setting, or one that cannot be read, is one line each while the job trains."""
+for another setting, or one that cannot be read, is one line each while the job trains; inductor's precompiled
+headers travel with the kernels to a job of another key, which compiles without building them again."""
 
 import json
 import shutil
+import tarfile
+from pathlib import Path
 
 import pytest
 from conftest import ftc
 from helpers import toy_csv
 from test_train import results_of_run
+
+from runner.node.inductor_files import HEADERS_DIR
 
 
 @pytest.mark.slow
@@ -68,3 +73,21 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
         ("k1", "on", "cold (compiled on the cluster)"), ("k2", "on", "warm (from an earlier cluster)")}
     shown = ftc("runs", "show", next(r["id"] for r in listed if r["cluster"] == "k2"), env={"COLUMNS": "200"})
     assert "warm (from an earlier cluster)" in shown.stdout
+
+    # inductor's precompiled headers came home with the kernels (their lock files did not) ...
+    with tarfile.open(kept.with_suffix(".tgz")) as tar:
+        packed = {member.name: member for member in tar.getmembers()}
+    (header,) = [name for name in packed if name.startswith(f"{HEADERS_DIR}/") and name.endswith(".gch")]
+    assert not [name for name in packed if "locks/" in name]
+    # ... and a job of another key (another batch) on a new cluster compiles cold with them: not built again
+    assert ftc("up", "--name", "k3", "--nodes", "1").returncode == 0
+    try:
+        third = ftc("finetune", "--name", "k3", *job[:-4], "--batch-size", "2", "--compile", "on", timeout=900)
+        assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+        assert "kernels: cold (compiled on the cluster)" in third.stdout
+        assert f"kernels: inductor's precompiled headers taken from the shipped cache {kept.stem}" in third.stdout
+        node_dir = Path(json.loads((ftc_home / "clusters" / "k3" / "state.json").read_text())["nodes"][0]["workdir"])
+        (used,) = node_dir.glob(f"cache/inductor-*-threads/{header}")
+        assert used.stat().st_mtime == packed[header].mtime  # as unpacked: g++ took it, nothing rebuilt it
+    finally:
+        assert ftc("down", "--name", "k3").returncode == 0

@@ -15,7 +15,6 @@ from helpers import on_two_gloo_ranks
 from runner.node.compile_policy import (
     BUCKET_STEP,
     COMPILED_FILE,
-    ISA_CHECKS_FILE,
     RATE_MIN_STEPS,
     WARM_COMPILE_SHARE,
     WHOLE_MODEL,
@@ -23,7 +22,6 @@ from runner.node.compile_policy import (
     architecture,
     bucket_width,
     bucket_widths,
-    check_isa_without_importing_torch,
     compile_choice,
     compile_key,
     compile_min_steps,
@@ -31,7 +29,6 @@ from runner.node.compile_policy import (
     compiled_before,
     compiled_here,
     eager_probe_steps,
-    isa_checks_kept_in,
     kernel_cache,
     key_difference,
     key_digest,
@@ -43,6 +40,14 @@ from runner.node.compile_policy import (
     shapes_of,
     shipped_entries,
     unpack_shipped,
+)
+from runner.node.inductor_files import (
+    HEADERS_DIR,
+    ISA_CHECKS_FILE,
+    check_isa_without_importing_torch,
+    headers_archive,
+    isa_checks_kept_in,
+    unpack_headers,
 )
 from runner.node.protocol import kernels_words
 from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
@@ -285,6 +290,40 @@ def test_a_stale_foreign_or_broken_shipped_cache_is_one_line_each_and_never_take
         "ignored, compiling without it"])
 
 
+def test_headers_come_from_the_newest_shipped_cache_of_this_torch_and_cpu_whatever_its_model(tmp_path):
+    ship(tmp_path, "older", {"key": key(config=CONFIG | {"n_layers": 2})})
+    ship(tmp_path, "newer", {"key": key(threads=4, precision="fp32")})
+    ship(tmp_path, "other-torch", {"key": key() | {"torch": "2.11.0"}})
+    ship(tmp_path, "other-cpu", {"key": key(isa=["avx2"])})
+    ship(tmp_path, "bare", {"key": key()}, artifacts=False)
+    ship(tmp_path, "broken", "{not json")
+    for age, name in enumerate(("newer", "older", "other-torch", "other-cpu")):  # seconds before now
+        os.utime(tmp_path / f"{name}.tgz", (1_000_000 - age, 1_000_000 - age))
+    assert headers_archive(key(), shipped_entries(tmp_path)) == tmp_path / "newer.tgz"
+    assert headers_archive(key(isa=["avx512f"]), shipped_entries(tmp_path)) is None
+
+
+def test_only_the_headers_of_another_keys_cache_are_unpacked(tmp_path):
+    made = tmp_path / "made"
+    for name in (f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch", f"{HEADERS_DIR}/locks/c0ffee.lock",
+                 "fxgraph/xy/abc", ISA_CHECKS_FILE):
+        (made / name).parent.mkdir(parents=True, exist_ok=True)
+        (made / name).write_text(name)
+    archive = tmp_path / "other-model.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for entry in sorted(made.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    node = tmp_path / "node"
+    assert unpack_headers(archive, node) == ""
+    assert sorted(str(p.relative_to(node)) for p in node.rglob("*") if p.is_file()) == [
+        f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch"]
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(made / "fxgraph", arcname="fxgraph")
+    assert unpack_headers(archive, tmp_path / "elsewhere") == "it holds none"
+    archive.write_bytes(b"not an archive")
+    assert unpack_headers(archive, node).startswith("ReadError")
+
+
 def test_kernels_words_say_where_warm_kernels_came_from():
     assert kernels_words("warm", "an earlier cluster") == "warm (from an earlier cluster)"
     assert kernels_words("warm", "this node") == "warm (from this node)"
@@ -409,7 +448,7 @@ ISA_PICK = """
 import json, sys
 from pathlib import Path
 from torch._inductor import cpu_vec_isa
-from runner.node.compile_policy import isa_checks_kept_in
+from runner.node.inductor_files import isa_checks_kept_in
 asked, check_build = [], cpu_vec_isa.VecISA.check_build
 cpu_vec_isa.VecISA.check_build = lambda isa, code: asked.append(str(isa)) or check_build(isa, code)
 assert isa_checks_kept_in(Path(sys.argv[1]))

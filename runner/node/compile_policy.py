@@ -32,6 +32,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
+from .inductor_files import (  # noqa: E402
+    HEADERS_DIR,
+    ISA_CHECKS_FILE,
+    check_isa_without_importing_torch,
+    headers_archive,
+    headers_kept_in,
+    isa_checks_kept_in,
+    unpack_headers,
+)
 from .protocol import (  # noqa: E402
     HOME_KERNELS_DIR,
     KERNEL_CACHE_DIR,
@@ -39,6 +48,7 @@ from .protocol import (  # noqa: E402
     SHIPPED_KERNELS_DIR,
     kernels_words,
     merged_note,
+    read_json,
     write_whole,
 )
 from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, unmeasured_compile  # noqa: E402
@@ -246,14 +256,6 @@ def compiled_before(cache_dir: Path) -> dict:
     return {digest: note for digest, note in read_json(cache_dir / COMPILED_FILE).items() if isinstance(note, dict)}
 
 
-def read_json(path: Path) -> dict:
-    """A JSON object written by write_whole; {} where there is none or it is not one."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
 
 def shipped_kernels() -> Path | None:
     """Where ftc puts the kernels it brought home from earlier clusters, on this node; None in a run by hand."""
@@ -346,79 +348,6 @@ def measured_where(noted: dict, shipped_note: dict) -> str:
     return "an earlier cluster and this node" if noted else "an earlier cluster"
 
 
-# How inductor checks that a vector ISA's kernels build and load, where torch checks it by starting a
-# Python that imports torch to load a test kernel (torch before 2.13; 2.13 finds torch's libraries without
-# importing it). A test kernel linked as needed wants torch's C++ library alone, loaded first here; one
-# that wants more (a toolchain that links every library named) is loaded as torch's own check loads it,
-# so the check never passes fewer ISAs than torch's. Under torch 2.11 on 2 cores the imports were 7.6 s
-# of a warm start's 11.1 s (docs/bench-log.md).
-ISA_CHECK_WITHOUT_TORCH = """
-import ctypes
-try:
-    ctypes.CDLL(__torch_cpu__, mode=ctypes.RTLD_GLOBAL)
-    ctypes.cdll.LoadLibrary("__lib_path__")
-except OSError:
-    import torch
-    ctypes.cdll.LoadLibrary("__lib_path__")
-"""
-
-
-def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
-    """Where inductor's ISA check starts a Python that imports torch (VecISA._avx_py_load, torch before
-    2.13), the check loads torch's C++ library instead; True where it changed the check."""
-    if vec_isa_class is None:
-        try:
-            from torch._inductor.cpu_vec_isa import VecISA as vec_isa_class
-        except ImportError:  # a torch whose inductor keeps its ISAs elsewhere: its own check stands
-            return False
-    torch_cpu = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    loader = getattr(vec_isa_class, "_avx_py_load", "")
-    if (hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or "ctypes.CDLL(" in loader
-            or not torch_cpu.is_file()):
-        return False
-    vec_isa_class._avx_py_load = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(torch_cpu)))
-    return True
-
-
-# Inductor's answers to "do this vector ISA's kernels build and load here?", kept in the kernel cache. Torch
-# asks again in every process, loading a test kernel in a new Python for each (on the 16-core AMX host 13.6 s
-# of a warm start's 17.7 s: docs/performance.md); the answer depends only on what its key holds. The training
-# process's checks are kept; a compile worker's own (cold compiles only) are torch's.
-ISA_CHECKS_FILE = "ftc-isa-checks.json"
-
-
-def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
-    """Inductor's ISA checks answered from `cache_dir` where an earlier process (on this node, or where these
-    kernels were compiled) found the ISA good, keyed by torch's own fingerprint of the check (the compiler's
-    version, the ISA's flags, torch's version), the test kernel and this CPU's vector ISA; a check that failed
-    is asked again. True where installed (before anything compiles: torch keeps each answer for the process)."""
-    try:
-        from torch._inductor import cpu_vec_isa
-        vec_isa_class = vec_isa_class or cpu_vec_isa.VecISA
-        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint
-    except (ImportError, AttributeError):  # a torch that checks otherwise: its own check stands
-        return False
-    asked = getattr(vec_isa_class.check_build, "__wrapped__", vec_isa_class.check_build)  # inductor's, never ours twice
-    path, unwritable, cpu_isa = cache_dir / ISA_CHECKS_FILE, [], cpu_info()[1]
-
-    def check_build(isa, code: str) -> bool:
-        flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else isa._arch_flags
-        key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_isa]).encode()).hexdigest()[:20]
-        if read_json(path).get(key) is True:
-            return True
-        good = asked(isa, code)
-        if good and not unwritable:
-            try:
-                write_whole(path, read_json(path) | {key: True})
-            except OSError as exc:  # said once: the next process asks inductor again
-                unwritable.append(exc)
-                print(f"compile: inductor's ISA checks are not kept ({exc})", file=sys.stderr)
-        return good
-    check_build.__wrapped__ = asked
-    vec_isa_class.check_build = check_build
-    return True
-
-
 def maybe_compile(training) -> Compiled:
     """Decide, and compile in place (the state dict, checkpoints and the saved model keep their names).
     `training`: train.Training, after a resume (it weighs the steps left)."""
@@ -435,8 +364,9 @@ def maybe_compile(training) -> Compiled:
     noted = compiled_before(cache_dir).get(digest, {})
     own = compiled_here(noted)
     shipped, shipped_note = None, {}
+    entries = shipped_entries(shipped_kernels()) if args.compile != "off" else []
     if args.compile != "off":
-        shipped, shipped_note, lines = pick_shipped(key, shipped_entries(shipped_kernels()))
+        shipped, shipped_note, lines = pick_shipped(key, entries)
         # kernels of its own: the note from home still adds what earlier clusters measured
         shipped, lines = (None, []) if own else (shipped, lines)
         for line in lines:
@@ -462,6 +392,12 @@ def maybe_compile(training) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
+    if cache == "cold" and env.local_rank == 0 and not any((cache_dir / HEADERS_DIR).glob("*.gch")) and (
+            other := headers_archive(key, entries)):
+        failed = unpack_headers(other, cache_dir)
+        training.log.info(f"kernels: inductor's precompiled headers {'not ' if failed else ''}taken from the shipped "
+                          f"cache {other.stem}" + (f" ({failed}); inductor builds its own" if failed else ""))
+    every_node(True, env)  # the node's other ranks wait for them
     training.stats.eager_steps = agreed_probe_steps(
         eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:
@@ -478,6 +414,7 @@ def maybe_compile(training) -> Compiled:
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
     check_isa_without_importing_torch()
     isa_checks_kept_in(cache_dir)
+    headers_kept_in(cache_dir)
     if blocks:
         training.log.info(f"compile: each of {len(blocks)} {type(blocks[0]).__name__} blocks; the rest runs eager")
     for part in blocks or [training.model]:
@@ -551,7 +488,7 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
                 for entry in sorted(compiled.cache_dir.iterdir()):
                     # the node's own note, and any file half written (write_whole's, renamed when whole)
                     if entry.name != "locks" and not entry.name.startswith((COMPILED_FILE, ISA_CHECKS_FILE + ".")):
-                        tar.add(entry, arcname=entry.name)
+                        tar.add(entry, arcname=entry.name, filter=without_locks)
         except OSError as exc:
             print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
             return
@@ -559,6 +496,11 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
     written_whole(folder / f"{compiled.digest}.json", {"key": compiled.key, "note": note, "cluster": cluster,
                                                         "job": f"{cluster}:{out_dir.resolve()}"},
                   "kernels: their key was not written; the next cluster compiles cold")
+
+
+def without_locks(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """A kernel cache's files for the archive, the lock files inductor leaves beside them left out."""
+    return None if Path(member.name).name == "locks" or "/locks/" in member.name else member
 
 
 def written_whole(path: Path, data: dict, failure: str) -> None:

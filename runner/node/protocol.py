@@ -75,6 +75,15 @@ def write_whole(path: Path, data: dict) -> None:
         raise
 
 
+def read_json(path: Path) -> dict:
+    """A JSON object written by write_whole; {} where there is none or it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def kernels_words(cache: str, source: str) -> str:
     """How a job's compile started (TrainResults.compile_cache and compile_cache_from), as the job's log,
     its results table and `ftc runs show` say it. Pure."""

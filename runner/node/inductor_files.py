@@ -1,0 +1,134 @@
+"""What ftc keeps of inductor's own files beside a node's compiled kernels, set up before anything compiles:
+the answers to inductor's ISA checks (and the check itself made without importing torch), and inductor's
+precompiled headers, which a shipped cache of another model brings to a node whose own were not shipped.
+"""
+
+import hashlib
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+
+from .facts import cpu_info
+from .protocol import read_json, write_whole
+
+# How inductor checks that a vector ISA's kernels build and load, where torch checks it by starting a
+# Python that imports torch to load a test kernel (torch before 2.13; 2.13 finds torch's libraries without
+# importing it). A test kernel linked as needed wants torch's C++ library alone, loaded first here; one
+# that wants more (a toolchain that links every library named) is loaded as torch's own check loads it,
+# so the check never passes fewer ISAs than torch's. Under torch 2.11 on 2 cores the imports were 7.6 s
+# of a warm start's 11.1 s (docs/bench-log.md).
+ISA_CHECK_WITHOUT_TORCH = """
+import ctypes
+try:
+    ctypes.CDLL(__torch_cpu__, mode=ctypes.RTLD_GLOBAL)
+    ctypes.cdll.LoadLibrary("__lib_path__")
+except OSError:
+    import torch
+    ctypes.cdll.LoadLibrary("__lib_path__")
+"""
+
+
+def check_isa_without_importing_torch(vec_isa_class=None) -> bool:
+    """Where inductor's ISA check starts a Python that imports torch (VecISA._avx_py_load, torch before
+    2.13), the check loads torch's C++ library instead; True where it changed the check."""
+    if vec_isa_class is None:
+        try:
+            from torch._inductor.cpu_vec_isa import VecISA as vec_isa_class
+        except ImportError:  # a torch whose inductor keeps its ISAs elsewhere: its own check stands
+            return False
+    torch_cpu = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    loader = getattr(vec_isa_class, "_avx_py_load", "")
+    if (hasattr(vec_isa_class, "_probe_load") or "import torch" not in loader or "ctypes.CDLL(" in loader
+            or not torch_cpu.is_file()):
+        return False
+    vec_isa_class._avx_py_load = ISA_CHECK_WITHOUT_TORCH.replace("__torch_cpu__", repr(str(torch_cpu)))
+    return True
+
+
+# Inductor's answers to "do this vector ISA's kernels build and load here?", kept in the kernel cache. Torch
+# asks again in every process, loading a test kernel in a new Python for each (on the 16-core AMX host 13.6 s
+# of a warm start's 17.7 s: docs/performance.md); the answer depends only on what its key holds. The training
+# process's checks are kept; a compile worker's own (cold compiles only) are torch's.
+ISA_CHECKS_FILE = "ftc-isa-checks.json"
+
+
+def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
+    """Inductor's ISA checks answered from `cache_dir` where an earlier process (on this node, or where these
+    kernels were compiled) found the ISA good, keyed by torch's own fingerprint of the check (the compiler's
+    version, the ISA's flags, torch's version), the test kernel and this CPU's vector ISA; a check that failed
+    is asked again. True where installed (before anything compiles: torch keeps each answer for the process)."""
+    try:
+        from torch._inductor import cpu_vec_isa
+        vec_isa_class = vec_isa_class or cpu_vec_isa.VecISA
+        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint
+    except (ImportError, AttributeError):  # a torch that checks otherwise: its own check stands
+        return False
+    asked = getattr(vec_isa_class.check_build, "__wrapped__", vec_isa_class.check_build)  # inductor's, never ours twice
+    path, unwritable, cpu_isa = cache_dir / ISA_CHECKS_FILE, [], cpu_info()[1]
+
+    def check_build(isa, code: str) -> bool:
+        flags = isa.build_arch_flags() if hasattr(isa, "build_arch_flags") else isa._arch_flags
+        key = hashlib.sha256(json.dumps([fingerprint(flags), code, cpu_isa]).encode()).hexdigest()[:20]
+        if read_json(path).get(key) is True:
+            return True
+        good = asked(isa, code)
+        if good and not unwritable:
+            try:
+                write_whole(path, read_json(path) | {key: True})
+            except OSError as exc:  # said once: the next process asks inductor again
+                unwritable.append(exc)
+                print(f"compile: inductor's ISA checks are not kept ({exc})", file=sys.stderr)
+        return good
+    check_build.__wrapped__ = asked
+    vec_isa_class.check_build = check_build
+    return True
+
+
+# Inductor's precompiled header of its C++ kernels' prelude (cpp_prefix.h: 150-185 MB, about 27 MB packed), built
+# once per compiler and flags before the first kernel compiles, and by torch kept under /tmp whatever
+# TORCHINDUCTOR_CACHE_DIR says. Kept in the kernel cache instead, it goes home with the kernels and on to the next
+# cluster, for any model of the same torch and CPU: on the 16-core AMX host a first compiled job's first pass took
+# 87.4 s without it and 36.4 s with it (docs/probes/long_jobs_regional_compile.json).
+HEADERS_DIR = "precompiled_headers"
+
+
+def headers_kept_in(cache_dir: Path) -> bool:
+    """Inductor builds and finds its precompiled headers in `cache_dir`/HEADERS_DIR; True where installed (a torch
+    that keeps them otherwise keeps its own way). Before anything compiles."""
+    try:
+        from torch._inductor import codecache
+    except ImportError:
+        return False
+    if not isinstance(getattr(codecache, "_HEADER_DIR", None), str):
+        return False
+    codecache._HEADER_DIR = str(cache_dir / HEADERS_DIR)
+    codecache._HEADER_LOCK_DIR = str(cache_dir / HEADERS_DIR / "locks")
+    return True
+
+
+def headers_archive(key: dict, entries: list[tuple[Path, dict | None]]) -> Path | None:
+    """The shipped cache to take precompiled headers from where this job's own kernels were not shipped: the
+    newest made under this torch and CPU ISA, whatever its model (the headers depend only on the compiler and its
+    flags, and g++ passes over one built otherwise). Pure but for the file tests."""
+    made_here = [(artifacts, meta) for artifacts, meta in entries
+                 if isinstance(meta, dict) and isinstance(meta.get("key"), dict) and artifacts.is_file()
+                 and (meta["key"].get("torch"), meta["key"].get("isa")) == (key["torch"], key["isa"])]
+    return max(made_here, key=lambda entry: entry[0].stat().st_mtime)[0] if made_here else None
+
+
+def unpack_headers(archive: Path, cache_dir: Path) -> str:
+    """The precompiled headers of a shipped cache into this node's kernel cache, its kernels left out (another
+    key's); '' when some came, else why not."""
+    try:
+        with tarfile.open(archive) as tar:
+            headers = [member for member in tar.getmembers()
+                       if member.isfile() and member.name.count("/") == 1 and member.name.startswith(f"{HEADERS_DIR}/")]
+            if not headers:
+                return "it holds none"
+            tar.extractall(cache_dir, members=headers, filter="data")
+        return ""
+    except (OSError, EOFError, tarfile.TarError) as exc:
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
