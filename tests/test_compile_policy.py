@@ -45,9 +45,9 @@ from runner.node.inductor_files import (
     HEADERS_DIR,
     ISA_CHECKS_FILE,
     check_isa_without_importing_torch,
-    headers_archive,
+    headers_archives,
+    headers_taken,
     isa_checks_kept_in,
-    unpack_headers,
 )
 from runner.node.protocol import kernels_words
 from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
@@ -222,6 +222,8 @@ def test_kernels_are_kept_for_one_architecture_cpu_thread_count_precision_and_sh
     # kernels of a whole model compiled, from before ftc compiled each repeated block
     whole = {field: value for field, value in key().items() if field != "compiled"}
     assert key_difference(key(), whole) == "compiled None here 'repeated blocks'"
+    # a copy of the model under another name, or saved by another transformers, is the same architecture
+    assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
 
 
 def test_what_compiles_is_each_block_of_the_outermost_list_of_one_class():
@@ -243,8 +245,9 @@ def test_what_compiles_is_each_block_of_the_outermost_list_of_one_class():
     model = Model()
     assert repeated_blocks(model) == list(model.encoder[0])
     assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == []  # compiled whole
-    # a copy of the model under another name, or saved by another transformers, is the same architecture
-    assert architecture(CONFIG | {"_name_or_path": "elsewhere", "transformers_version": "5.9"}) == architecture(CONFIG)
+    # a list of lists is no block: what a forward calls lies inside them
+    stages = torch.nn.ModuleList([torch.nn.ModuleList([Block(), Block()]) for _ in range(2)])
+    assert repeated_blocks(stages) == [*stages[0], *stages[1]]
 
 
 def test_a_nodes_kernels_are_kept_apart_per_rank_thread_count(tmp_path, monkeypatch):
@@ -290,38 +293,45 @@ def test_a_stale_foreign_or_broken_shipped_cache_is_one_line_each_and_never_take
         "ignored, compiling without it"])
 
 
-def test_headers_come_from_the_newest_shipped_cache_of_this_torch_and_cpu_whatever_its_model(tmp_path):
+def test_headers_are_sought_in_the_shipped_caches_of_this_torch_and_cpu_whatever_their_model(tmp_path):
     ship(tmp_path, "older", {"key": key(config=CONFIG | {"n_layers": 2})})
     ship(tmp_path, "newer", {"key": key(threads=4, precision="fp32")})
     ship(tmp_path, "other-torch", {"key": key() | {"torch": "2.11.0"}})
     ship(tmp_path, "other-cpu", {"key": key(isa=["avx2"])})
+    ship(tmp_path, "before-headers", {"key": {f: v for f, v in key().items() if f != "compiled"}})  # none in it
     ship(tmp_path, "bare", {"key": key()}, artifacts=False)
     ship(tmp_path, "broken", "{not json")
-    for age, name in enumerate(("newer", "older", "other-torch", "other-cpu")):  # seconds before now
+    for age, name in enumerate(("newer", "older", "other-torch", "other-cpu", "before-headers")):  # seconds before now
         os.utime(tmp_path / f"{name}.tgz", (1_000_000 - age, 1_000_000 - age))
-    assert headers_archive(key(), shipped_entries(tmp_path)) == tmp_path / "newer.tgz"
-    assert headers_archive(key(isa=["avx512f"]), shipped_entries(tmp_path)) is None
+    assert headers_archives(key(), shipped_entries(tmp_path)) == [tmp_path / "newer.tgz", tmp_path / "older.tgz"]
+    assert headers_archives(key(isa=["avx512f"]), shipped_entries(tmp_path)) == []
 
 
-def test_only_the_headers_of_another_keys_cache_are_unpacked(tmp_path):
-    made = tmp_path / "made"
-    for name in (f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch", f"{HEADERS_DIR}/locks/c0ffee.lock",
-                 "fxgraph/xy/abc", ISA_CHECKS_FILE):
-        (made / name).parent.mkdir(parents=True, exist_ok=True)
-        (made / name).write_text(name)
-    archive = tmp_path / "other-model.tgz"
+def made_cache(folder: Path, names: tuple[str, ...], archive: Path) -> Path:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(name)
     with tarfile.open(archive, "w:gz") as tar:
-        for entry in sorted(made.iterdir()):
+        for entry in sorted(folder.iterdir()):
             tar.add(entry, arcname=entry.name)
+    return archive
+
+
+def test_only_the_headers_of_another_keys_cache_are_unpacked_from_the_first_that_holds_them(tmp_path):
+    headers = (f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch")
+    with_headers = made_cache(tmp_path / "a", (*headers, f"{HEADERS_DIR}/locks/c0ffee.lock", "fxgraph/xy/abc",
+                                               ISA_CHECKS_FILE), tmp_path / "with.tgz")
+    without = made_cache(tmp_path / "b", ("fxgraph/xy/abc",), tmp_path / "without.tgz")
+    broken = tmp_path / "broken.tgz"
+    broken.write_bytes(b"not an archive")
     node = tmp_path / "node"
-    assert unpack_headers(archive, node) == ""
-    assert sorted(str(p.relative_to(node)) for p in node.rglob("*") if p.is_file()) == [
-        f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch"]
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(made / "fxgraph", arcname="fxgraph")
-    assert unpack_headers(archive, tmp_path / "elsewhere") == "it holds none"
-    archive.write_bytes(b"not an archive")
-    assert unpack_headers(archive, node).startswith("ReadError")
+    assert headers_taken([without, broken, with_headers], node) == (
+        "kernels: inductor's precompiled headers taken from the shipped cache with")
+    assert sorted(str(p.relative_to(node)) for p in node.rglob("*")) == [HEADERS_DIR, *headers]  # no partial left
+    tried = headers_taken([without, broken], tmp_path / "elsewhere")
+    assert tried.startswith("kernels: no shipped cache gave inductor's precompiled headers (without: it holds none; "
+                            "broken: ReadError") and tried.endswith("); inductor builds its own")
+    assert headers_taken([], node) == ""
 
 
 def test_kernels_words_say_where_warm_kernels_came_from():

@@ -1,4 +1,4 @@
-"""A lever not yet in ftc: compiling each of the model's repeated blocks (regional compilation) instead of the
+"""The probe behind ftc compiling each of the model's repeated blocks (regional compilation) instead of the
 whole model. The blocks share one code object, so dynamo traces and inductor compiles one block, not six; what
 lies between the blocks (embeddings, the classifier, the loss) runs eager. One process per mode, each with its
 own empty inductor cache: DistilBERT's architecture (6 layers, random weights, its config's dropout), 32 rows a

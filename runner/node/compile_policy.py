@@ -36,10 +36,10 @@ from .inductor_files import (  # noqa: E402
     HEADERS_DIR,
     ISA_CHECKS_FILE,
     check_isa_without_importing_torch,
-    headers_archive,
+    headers_archives,
     headers_kept_in,
+    headers_taken,
     isa_checks_kept_in,
-    unpack_headers,
 )
 from .protocol import (  # noqa: E402
     HOME_KERNELS_DIR,
@@ -122,7 +122,8 @@ def compile_key(config: dict, isa: list[str], threads: int, precision: str, shap
 def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The members of each outermost ModuleList whose members are all of one class (a transformer's
     layers): what ftc compiles. [] where the model has none."""
-    if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+    if (isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
+            and not isinstance(module[0], torch.nn.ModuleList | torch.nn.ModuleDict)):  # a container is never called
         return list(module)
     return [block for child in module.children() for block in repeated_blocks(child)]
 
@@ -353,7 +354,7 @@ def maybe_compile(training) -> Compiled:
     `training`: train.Training, after a resume (it weighs the steps left)."""
     args, env, setup = training.args, training.env, training.setup
     threads = torch.get_num_threads()  # the rank's: its kernels' folder and their key say the same count
-    cache_dir = kernel_cache(training.out_dir, args.stack, threads)
+    cache_dir = kernel_cache(training.out_dir, args.stack, threads).resolve()  # torch's folders are absolute
     shapes = shapes_of(args.shapes, env.world_size > 1 and args.balance == "speed")
     blocks = repeated_blocks(training.model)
     key = compile_key(training.model.config.to_dict(), cpu_info()[1], threads, setup.precision, shapes,
@@ -392,12 +393,10 @@ def maybe_compile(training) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
     training.log.info(f"kernels: {kernels_words(cache, source)}")
+    # agreed_probe_steps' collective, below, holds the node's other ranks until these are in place
     if cache == "cold" and env.local_rank == 0 and not any((cache_dir / HEADERS_DIR).glob("*.gch")) and (
-            other := headers_archive(key, entries)):
-        failed = unpack_headers(other, cache_dir)
-        training.log.info(f"kernels: inductor's precompiled headers {'not ' if failed else ''}taken from the shipped "
-                          f"cache {other.stem}" + (f" ({failed}); inductor builds its own" if failed else ""))
-    every_node(True, env)  # the node's other ranks wait for them
+            taken := headers_taken(headers_archives(key, entries), cache_dir)):
+        training.log.info(taken)
     training.stats.eager_steps = agreed_probe_steps(
         eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:
@@ -406,8 +405,9 @@ def maybe_compile(training) -> Compiled:
     if shapes == "buckets":
         # one static graph per width: no automatic switch to a dynamic graph at the second width
         torch._dynamo.config.automatic_dynamic_shapes = False
+        # the blocks share one forward: blocks unlike in structure are graphs of their own at each width
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   2 * len(bucket_widths(args.max_length)) + 2)
+                                                   (2 * len(bucket_widths(args.max_length)) + 2) * max(1, len(blocks)))
     # A float the model reads (a dropout's p) would be traced as a symbol, found constant at the end, and
     # dynamo would trace it a second time: taken as a constant from the start, a cold
     # compile is about a quarter shorter and a warm one a quarter of what it was (docs/bench-log.md).
@@ -475,9 +475,9 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
     """Rank 0 leaves in the job's HOME_KERNELS_DIR, to come home with the results, what the next
     cluster's `--compile auto` weighs: this node's note for these kernels (what this job measured) with
     their key; and where the job compiled cold or from its node's own cache, that cache (inductor's
-    FX-graph and AOT-autograd caches, and the C++ kernels they load, which torch's portable cache
-    artifacts leave out to be built again), which ftc ships to the next cluster's nodes. Kernels from
-    home are there already, and an eager job has none: their notes come alone."""
+    FX-graph and AOT-autograd caches, the C++ kernels they load, which torch's portable cache artifacts
+    leave out to be built again, and inductor's precompiled headers), which ftc ships to the next cluster's
+    nodes. Kernels from home are there already, and an eager job has none: their notes come alone."""
     if not note:
         return
     folder = out_dir / HOME_KERNELS_DIR

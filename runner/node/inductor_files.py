@@ -5,6 +5,8 @@ precompiled headers, which a shipped cache of another model brings to a node who
 
 import hashlib
 import json
+import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -109,26 +111,49 @@ def headers_kept_in(cache_dir: Path) -> bool:
     return True
 
 
-def headers_archive(key: dict, entries: list[tuple[Path, dict | None]]) -> Path | None:
-    """The shipped cache to take precompiled headers from where this job's own kernels were not shipped: the
-    newest made under this torch and CPU ISA, whatever its model (the headers depend only on the compiler and its
-    flags, and g++ passes over one built otherwise). Pure but for the file tests."""
-    made_here = [(artifacts, meta) for artifacts, meta in entries
-                 if isinstance(meta, dict) and isinstance(meta.get("key"), dict) and artifacts.is_file()
-                 and (meta["key"].get("torch"), meta["key"].get("isa")) == (key["torch"], key["isa"])]
-    return max(made_here, key=lambda entry: entry[0].stat().st_mtime)[0] if made_here else None
+def headers_archives(key: dict, entries: list[tuple[Path, dict | None]]) -> list[Path]:
+    """The shipped caches that may hold precompiled headers for this job, where its own kernels were not
+    shipped: those made under this torch and CPU ISA since ftc kept the headers with the kernels (their key
+    says what compiled), whatever the model (the headers depend only on the compiler and its flags, and g++
+    passes over one built otherwise); the last made first. Pure but for the file tests."""
+    made_here = [artifacts for artifacts, meta in entries
+                 if isinstance(meta, dict) and isinstance(meta.get("key"), dict) and "compiled" in meta["key"]
+                 and (meta["key"].get("torch"), meta["key"].get("isa")) == (key["torch"], key["isa"])
+                 and artifacts.is_file()]
+    return sorted(made_here, key=lambda artifacts: artifacts.stat().st_mtime, reverse=True)
+
+
+def headers_taken(archives: list[Path], cache_dir: Path) -> str:
+    """The precompiled headers of the first of `archives` that holds them, into this node's kernel cache; the
+    line for the log, '' where there were no archives to try."""
+    tried = []
+    for archive in archives:
+        if not (failed := unpack_headers(archive, cache_dir)):
+            return f"kernels: inductor's precompiled headers taken from the shipped cache {archive.stem}"
+        tried.append(f"{archive.stem}: {failed}")
+    if not tried:
+        return ""
+    return f"kernels: no shipped cache gave inductor's precompiled headers ({'; '.join(tried)}); inductor builds its own"
 
 
 def unpack_headers(archive: Path, cache_dir: Path) -> str:
     """The precompiled headers of a shipped cache into this node's kernel cache, its kernels left out (another
-    key's); '' when some came, else why not."""
+    key's); '' when some came, else why not. Each file is whole or absent: inductor never builds again a
+    header it finds, so one cut short would stay."""
+    partial = cache_dir / f".{HEADERS_DIR}.partial"
     try:
+        shutil.rmtree(partial, ignore_errors=True)
         with tarfile.open(archive) as tar:
             headers = [member for member in tar.getmembers()
                        if member.isfile() and member.name.count("/") == 1 and member.name.startswith(f"{HEADERS_DIR}/")]
             if not headers:
                 return "it holds none"
-            tar.extractall(cache_dir, members=headers, filter="data")
+            tar.extractall(partial, members=headers, filter="data")
+        (cache_dir / HEADERS_DIR).mkdir(parents=True, exist_ok=True)
+        for header in sorted((partial / HEADERS_DIR).iterdir(), reverse=True):  # x.h.gch before the x.h it goes with
+            os.replace(header, cache_dir / HEADERS_DIR / header.name)
         return ""
     except (OSError, EOFError, tarfile.TarError) as exc:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)

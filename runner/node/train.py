@@ -335,8 +335,8 @@ def build_model(args, task: glue.Task, precision: str, total_steps: int) -> tupl
     but AdamW must update fp32 master weights (bf16 weights would lose small updates). transformers
     5 would otherwise load a bf16 checkpoint as bf16 parameters. The task's class names become the
     config's id2label, so the saved model says what each output means. Its problem type is set here, as
-    the model's first forward would set it: a compiled step's guards would otherwise fail at the second
-    step and dynamo trace the whole model again."""
+    the model's first forward would set it: where the whole model compiles, its guards would otherwise
+    fail at the second step and dynamo trace it again."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
     names = dict(enumerate(task.labels)) if task.labels else {0: "score"}
     config = AutoConfig.from_pretrained(args.model, num_labels=task.num_labels, id2label=names,
@@ -474,10 +474,8 @@ def log_progress(training: Training, epoch: int) -> None:
 @torch.no_grad()
 def evaluate(training: Training) -> dict[str, float]:
     """Each rank scores every world_size-th dev example; rank 0 gathers and computes the metrics
-    (and writes them to TensorBoard at `step`).
-
-    The model's own forward, uncompiled: a second compiled graph (eval mode) would cost more
-    than a few hundred dev rows take."""
+    (and writes them to TensorBoard at `step`). Eager (the compiler's force_eager stance): eval mode's
+    graphs, one a dev width under length buckets, would cost more compiling than a few hundred dev rows take."""
     model, dev, args, env = training.model, training.data.dev, training.args, training.env
     model.eval()
     mine = list(range(env.rank, len(dev["labels"]), env.world_size))
@@ -486,8 +484,9 @@ def evaluate(training: Training) -> dict[str, float]:
     for start in range(0, len(mine), args.batch_size * 2):
         indices = mine[start:start + args.batch_size * 2]
         batch = collate(dev, indices, training.data.pad_id, args.max_length if args.pad_to == "max_length" else 0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"):
-            logits = model.forward(**batch).logits.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.setup.precision == "bf16"), \
+                torch.compiler.set_stance("force_eager"):
+            logits = model(**batch).logits.float()
         values = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1).float()
         predictions += list(zip(indices, values.tolist()))
     model.train()
