@@ -1,10 +1,14 @@
 """Kernels that outlive the cluster, on real local nodes: a compiled job's kernels come home into
 FTC_HOME/kernels, the next cluster's first job gets them and starts warm from them, and a cache made
 for another setting, or one that cannot be read, is one line each while the job trains; inductor's precompiled
-headers travel with the kernels to a job of another key, which compiles without building them again."""
+headers travel with the kernels to a job of another key, which compiles without building them again. And a
+compiled job under DDP runs its first steps eager, then compiled, and notes both rates."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -13,7 +17,10 @@ from conftest import ftc
 from helpers import toy_csv
 from test_train import results_of_run
 
+from runner.node.compile_policy import COMPILED_FILE
+from runner.node.distenv import listen_port
 from runner.node.inductor_files import HEADERS_DIR
+from runner.node.protocol import KERNEL_CACHE_DIR, RESULTS_FILE
 
 
 @pytest.mark.slow
@@ -91,3 +98,29 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
         assert used.stat().st_mtime == packed[header].mtime  # as unpacked: g++ took it, nothing rebuilt it
     finally:
         assert ftc("down", "--name", "k3").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_compiled_job_under_ddp_runs_its_first_steps_eager_then_compiled_and_notes_both_rates(
+        glue_dir, tiny_bert, tmp_path):
+    """Two ranks whose gradients cross through DDP (`--allreduce overlap`), compiled, no note yet: the first
+    steps run under the compiler's force_eager stance, which DDP's module lets through, then compiled, and
+    the note holds a rank's rate both ways."""
+    env = {name: value for name, value in os.environ.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(listen_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1"}
+    # 100 rows, one a rank a step: 50 steps, 23 of them eager, then 3 to warm up and 24 timed compiled
+    ranks = [subprocess.Popen([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", tiny_bert,
+                               "--data-dir", str(glue_dir), "--max-train-samples", "100", "--batch-size", "1",
+                               "--epochs", "1", "--no-eval", "--no-save", "--allreduce", "overlap", "--compile", "on",
+                               "--output-dir", str(tmp_path / f"rank{rank}")],
+                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    logs = [rank.communicate(timeout=900)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "compile: the first 23 steps run eager, to note a rank's eager rate beside the compiled one" in logs[0]
+    results = json.loads((tmp_path / "rank0" / RESULTS_FILE).read_text())
+    assert results["allreduce"] == "overlap" and results["compile_graphs"]["compiled"] > 0
+    (note,) = json.loads((tmp_path / "rank0" / KERNEL_CACHE_DIR / COMPILED_FILE).read_text()).values()
+    ((layout, rates),) = note["rates"].items()
+    assert layout.startswith("2 ranks on 1 node(s)") and rates.keys() == {"eager_tokens_per_s", "compiled_tokens_per_s"}
