@@ -257,7 +257,6 @@ def compiled_before(cache_dir: Path) -> dict:
     return {digest: note for digest, note in read_json(cache_dir / COMPILED_FILE).items() if isinstance(note, dict)}
 
 
-
 def shipped_kernels() -> Path | None:
     """Where ftc puts the kernels it brought home from earlier clusters, on this node; None in a run by hand."""
     node_dir = os.environ.get("FTC_NODE_DIR")
@@ -391,7 +390,7 @@ def maybe_compile(training) -> Compiled:
     if not compiled:
         return Compiled(note, "none", "", "", cache_dir, digest, key, layout)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir.resolve())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     training.log.info(f"kernels: {kernels_words(cache, source)}")
     # agreed_probe_steps' collective, below, holds the node's other ranks until these are in place
     if cache == "cold" and env.local_rank == 0 and not any((cache_dir / HEADERS_DIR).glob("*.gch")) and (
@@ -487,7 +486,7 @@ def keep_for_home(compiled: Compiled, note: dict, out_dir: Path) -> None:
             with tarfile.open(folder / f"{compiled.digest}{KERNELS_ARCHIVE}", "w:gz", compresslevel=1) as tar:
                 for entry in sorted(compiled.cache_dir.iterdir()):
                     # the node's own note, and any file half written (write_whole's, renamed when whole)
-                    if entry.name != "locks" and not entry.name.startswith((COMPILED_FILE, ISA_CHECKS_FILE + ".")):
+                    if not entry.name.startswith((COMPILED_FILE, ISA_CHECKS_FILE + ".")):
                         tar.add(entry, arcname=entry.name, filter=without_locks)
         except OSError as exc:
             print(f"kernels: not kept for the next cluster ({exc})", file=sys.stderr)
