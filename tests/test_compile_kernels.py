@@ -1,7 +1,8 @@
 """Kernels that outlive the cluster, on real local nodes: a compiled job's kernels come home into
 FTC_HOME/kernels, the next cluster's first job gets them and starts warm from them, and a cache made
 for another setting, or one that cannot be read, is one line each while the job trains; inductor's precompiled
-headers travel with the kernels to a job of another key, which compiles without building them again. And a
+headers travel with the kernels to a job of another key, which compiles without building them again, in place of
+one a build cut short left on its node. And a
 compiled job under DDP runs its first steps eager, then compiled, and notes both rates."""
 
 import json
@@ -19,7 +20,7 @@ from test_train import results_of_run
 
 from runner.node.compile_policy import COMPILED_FILE
 from runner.node.distenv import listen_port
-from runner.node.inductor_files import HEADERS_DIR
+from runner.node.inductor_files import HEADERS_DIR, WHOLE_MARK
 from runner.node.protocol import KERNEL_CACHE_DIR, RESULTS_FILE
 
 
@@ -81,21 +82,34 @@ def test_a_new_cluster_starts_warm_from_kernels_an_earlier_one_compiled_and_a_fo
     shown = ftc("runs", "show", next(r["id"] for r in listed if r["cluster"] == "k2"), env={"COLUMNS": "200"})
     assert "warm (from an earlier cluster)" in shown.stdout
 
+    a_job_of_another_key_takes_the_shipped_headers_in_place_of_ones_cut_short(ftc_home, job, kept, key)
+
+
+def a_job_of_another_key_takes_the_shipped_headers_in_place_of_ones_cut_short(ftc_home, job, kept, key):
     # inductor's precompiled headers came home with the kernels (their lock files did not) ...
     with tarfile.open(kept.with_suffix(".tgz")) as tar:
         packed = {member.name: member for member in tar.getmembers()}
-    (header,) = [name for name in packed if name.startswith(f"{HEADERS_DIR}/") and name.endswith(".gch")]
+        (header,) = [name for name in packed if name.startswith(f"{HEADERS_DIR}/") and name.endswith(".gch")]
+        # marked whole at its size by the job that compiled with it
+        assert tar.extractfile(packed[header + WHOLE_MARK]).read().decode() == str(packed[header].size)
+        cut_short = tar.extractfile(packed[header]).read(1 << 20)  # what g++ leaves of a build cut short: a prefix
     assert not [name for name in packed if "locks/" in name]
-    # ... and a job of another key (another batch) on a new cluster compiles cold with them: not built again
+    # ... and a job of another key (another batch) on a new cluster whose node holds that header cut short (an
+    # earlier job cancelled in its compile): the prefix goes, the shipped whole one comes, nothing is built again
     assert ftc("up", "--name", "k3", "--nodes", "1").returncode == 0
     try:
+        node_dir = Path(json.loads((ftc_home / "clusters" / "k3" / "state.json").read_text())["nodes"][0]["workdir"])
+        left = node_dir / "cache" / f"inductor-{results_of_run(ftc_home, 'k1')['stack']}-{key['threads']}-threads" / header
+        left.parent.mkdir(parents=True)
+        left.write_bytes(cut_short)
         third = ftc("finetune", "--name", "k3", *job[:-4], "--batch-size", "2", "--compile", "on", timeout=900)
         assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
         assert "kernels: cold (compiled on the cluster)" in third.stdout
+        assert (f"kernels: inductor's precompiled header {left.name} removed: no job that compiled with it ended (a "
+                "build cut short?); inductor builds it again") in third.stdout
         assert f"kernels: inductor's precompiled headers taken from the shipped cache {kept.stem}" in third.stdout
-        node_dir = Path(json.loads((ftc_home / "clusters" / "k3" / "state.json").read_text())["nodes"][0]["workdir"])
-        (used,) = node_dir.glob(f"cache/inductor-*-threads/{header}")
-        assert used.stat().st_mtime == packed[header].mtime  # as unpacked: g++ took it, nothing rebuilt it
+        assert (left.stat().st_mtime, left.stat().st_size) == (packed[header].mtime, packed[header].size)  # g++ took
+        # it as unpacked: nothing rebuilt it
     finally:
         assert ftc("down", "--name", "k3").returncode == 0
 

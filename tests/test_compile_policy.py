@@ -44,8 +44,12 @@ from runner.node.compile_policy import (
 from runner.node.inductor_files import (
     HEADERS_DIR,
     ISA_CHECKS_FILE,
+    WHOLE_MARK,
     check_isa_without_importing_torch,
     headers_archives,
+    headers_marked_whole,
+    headers_not_whole,
+    headers_readied,
     headers_taken,
     isa_checks_kept_in,
 )
@@ -307,31 +311,77 @@ def test_headers_are_sought_in_the_shipped_caches_of_this_torch_and_cpu_whatever
     assert headers_archives(key(isa=["avx512f"]), shipped_entries(tmp_path)) == []
 
 
-def made_cache(folder: Path, names: tuple[str, ...], archive: Path) -> Path:
-    for name in names:
+def made_cache(folder: Path, files: dict[str, str], archive: Path) -> Path:
+    for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(name)
+        (folder / name).write_text(text)
     with tarfile.open(archive, "w:gz") as tar:
         for entry in sorted(folder.iterdir()):
             tar.add(entry, arcname=entry.name)
     return archive
 
 
-def test_only_the_headers_of_another_keys_cache_are_unpacked_from_the_first_that_holds_them(tmp_path):
-    headers = (f"{HEADERS_DIR}/c0ffee.h", f"{HEADERS_DIR}/c0ffee.h.gch")
-    with_headers = made_cache(tmp_path / "a", (*headers, f"{HEADERS_DIR}/locks/c0ffee.lock", "fxgraph/xy/abc",
-                                               ISA_CHECKS_FILE), tmp_path / "with.tgz")
-    without = made_cache(tmp_path / "b", ("fxgraph/xy/abc",), tmp_path / "without.tgz")
+def whole_header(name: str, text: str = "a precompiled header") -> dict[str, str]:
+    """A header (x.h and x.h.gch) and its mark: as a job that compiled with it and ended leaves them."""
+    return {f"{HEADERS_DIR}/{name}.h": "#include <x>", f"{HEADERS_DIR}/{name}.h.gch": text,
+            f"{HEADERS_DIR}/{name}.h.gch{WHOLE_MARK}": str(len(text))}
+
+
+def test_a_header_is_whole_only_where_its_mark_says_so_at_its_size():
+    marks = {f"a.h.gch{WHOLE_MARK}": "10", f"b.h.gch{WHOLE_MARK}": "99", f"gone.h.gch{WHOLE_MARK}": "5"}
+    assert headers_not_whole({"a.h.gch": 10, "b.h.gch": 12, "c.h.gch": 7}, marks) == ["b.h.gch", "c.h.gch"]
+    assert headers_not_whole({}, marks) == []
+
+
+def test_only_the_whole_headers_of_another_keys_cache_are_unpacked_from_the_first_that_holds_them(tmp_path):
+    headers = whole_header("c0ffee")
+    cut_short = {f"{HEADERS_DIR}/d00d.h": "#include <x>", f"{HEADERS_DIR}/d00d.h.gch": "a prefix"}  # no mark
+    with_headers = made_cache(tmp_path / "a", headers | cut_short | {f"{HEADERS_DIR}/locks/c0ffee.lock": "",
+                              "fxgraph/xy/abc": "k", ISA_CHECKS_FILE: "{}"}, tmp_path / "with.tgz")
+    without = made_cache(tmp_path / "b", {"fxgraph/xy/abc": "k"}, tmp_path / "without.tgz")
+    only_cut_short = made_cache(tmp_path / "c", cut_short, tmp_path / "cut-short.tgz")
     broken = tmp_path / "broken.tgz"
     broken.write_bytes(b"not an archive")
     node = tmp_path / "node"
-    assert headers_taken([without, broken, with_headers], node) == (
+    assert headers_taken([without, only_cut_short, broken, with_headers], node) == (
         "kernels: inductor's precompiled headers taken from the shipped cache with")
-    assert sorted(str(p.relative_to(node)) for p in node.rglob("*")) == [HEADERS_DIR, *headers]  # no partial left
-    tried = headers_taken([without, broken], tmp_path / "elsewhere")
+    assert sorted(str(p.relative_to(node)) for p in node.rglob("*")) == [HEADERS_DIR, *sorted(headers)]  # no partial
+    tried = headers_taken([without, only_cut_short, broken], tmp_path / "elsewhere")
     assert tried.startswith("kernels: no shipped cache gave inductor's precompiled headers (without: it holds none; "
-                            "broken: ReadError") and tried.endswith("); inductor builds its own")
+                            "cut-short: it holds none known whole; broken: ReadError") and tried.endswith(
+                            "); inductor builds its own")
     assert headers_taken([], node) == ""
+
+
+def test_a_header_no_job_ended_with_is_removed_before_a_compile_and_a_shipped_one_taken_in_its_place(tmp_path):
+    node = tmp_path / "node"
+    made_cache(node, whole_header("c0ffee") | {f"{HEADERS_DIR}/d00d.h.gch": "a prefix"}, tmp_path / "unused.tgz")
+    shipped = made_cache(tmp_path / "shipped", whole_header("d00d", "the whole of it"), tmp_path / "shipped.tgz")
+    # kernels of its own: only the cut-short header goes, and nothing is taken
+    assert headers_readied(node, False, [shipped]) == [
+        "kernels: inductor's precompiled header d00d.h.gch removed: no job that compiled with it ended (a build cut "
+        "short?); inductor builds it again"]
+    assert sorted(p.name for p in (node / HEADERS_DIR).glob("*.gch")) == ["c0ffee.h.gch"]
+    # the whole one left means no shipped ones: every header a job finds it uses
+    assert headers_readied(node, True, [shipped]) == []
+    # a header grown or shrunk since its mark is not the one marked; cold kernels and no header left: shipped ones
+    (node / HEADERS_DIR / "c0ffee.h.gch").write_text("rebuilt, longer")
+    taken = headers_readied(node, True, [shipped])[1]
+    assert taken == "kernels: inductor's precompiled headers taken from the shipped cache shipped"
+    assert (node / HEADERS_DIR / "d00d.h.gch").read_text() == "the whole of it"
+    assert not (node / HEADERS_DIR / "c0ffee.h.gch").exists()
+
+
+def test_a_job_that_ended_marks_each_header_whole_at_its_size(tmp_path):
+    folder = tmp_path / HEADERS_DIR
+    folder.mkdir()
+    (folder / "a.h.gch").write_text("abc")
+    (folder / f"a.h.gch{WHOLE_MARK}").write_text("1")  # an older build's
+    (folder / "b.h").write_text("#include <x>")
+    headers_marked_whole(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.h.gch", f"a.h.gch{WHOLE_MARK}", "b.h"]
+    assert (folder / f"a.h.gch{WHOLE_MARK}").read_text() == "3"
+    assert headers_readied(tmp_path, True, []) == []
 
 
 def test_kernels_words_say_where_warm_kernels_came_from():

@@ -4,7 +4,10 @@ lies between the blocks (embeddings, the classifier, the loss) runs eager. One p
 own empty inductor cache: DistilBERT's architecture (6 layers, random weights, its config's dropout), 32 rows a
 step of random lengths 24-95, bf16 autocast, fused AdamW, as ftc's training step.
 
-    python docs/probes/regional_compile.py MODE [STEPS]     # MODE: eager | regional | whole
+    python docs/probes/regional_compile.py MODE [STEPS [CACHE_DIR]]     # MODE: eager | regional | whole
+
+TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 compiles each kernel without inductor's precompiled header; a
+CACHE_DIR run before (the same mode and header setting) gives a warm start.
 
 Prints one JSON line: the first 3 steps' seconds, the steady step (median after the 4th), the start cost (the
 first 4 steps beyond 4 steady ones) and rows/s. Results: docs/probes/regional_compile.txt."""
@@ -17,7 +20,7 @@ import time
 
 mode = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-{mode}-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[3] if len(sys.argv) > 3 else tempfile.mkdtemp(prefix=f"inductor-{mode}-")
 import torch  # noqa: E402
 from transformers import AutoModelForSequenceClassification, DistilBertConfig  # noqa: E402
 
@@ -43,5 +46,7 @@ for length in [random.choice(range(24, 96)) for _ in range(steps)]:  # noqa: S31
     optimizer.zero_grad(set_to_none=True)
     seconds.append(time.perf_counter() - started)
 steady = sorted(seconds[4:])[len(seconds[4:]) // 2]
-print(json.dumps({"mode": mode, "first3_s": round(sum(seconds[:3]), 1), "steady_step_s": round(steady, 3),
+print(json.dumps({"mode": mode, "precompiled_header": torch._inductor.config.cpp_cache_precompile_headers,
+                  "compile_threads": torch._inductor.config.compile_threads,
+                  "first3_s": round(sum(seconds[:3]), 1), "steady_step_s": round(steady, 3),
                   "start_cost_s": round(sum(seconds[:4]) - 4 * steady, 1), "rows_per_s": round(32 / steady, 1)}))

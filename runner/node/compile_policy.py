@@ -33,12 +33,12 @@ import torch.distributed as dist  # noqa: E402
 
 from .facts import cpu_info  # noqa: E402
 from .inductor_files import (  # noqa: E402
-    HEADERS_DIR,
     ISA_CHECKS_FILE,
     check_isa_without_importing_torch,
     headers_archives,
     headers_kept_in,
-    headers_taken,
+    headers_marked_whole,
+    headers_readied,
     isa_checks_kept_in,
 )
 from .protocol import (  # noqa: E402
@@ -393,9 +393,8 @@ def maybe_compile(training) -> Compiled:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     training.log.info(f"kernels: {kernels_words(cache, source)}")
     # agreed_probe_steps' collective, below, holds the node's other ranks until these are in place
-    if cache == "cold" and env.local_rank == 0 and not any((cache_dir / HEADERS_DIR).glob("*.gch")) and (
-            taken := headers_taken(headers_archives(key, entries), cache_dir)):
-        training.log.info(taken)
+    for line in headers_readied(cache_dir, cache == "cold", headers_archives(key, entries)) if env.local_rank == 0 else []:
+        training.log.info(line)
     training.stats.eager_steps = agreed_probe_steps(
         eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:
@@ -449,6 +448,11 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
         rates["eager_tokens_per_s"] = round(stats.eager_steady_tokens / env.world_size / stats.eager_steady_seconds, 1)
     if rates:
         measured["rates"] = {compiled.layout: rates}
+    if compiled.cache != "none":
+        try:
+            headers_marked_whole(compiled.cache_dir)
+        except OSError as exc:  # a full disk or a read-only cache: the next job builds its headers again
+            print(f"compile: inductor's precompiled headers were not marked whole ({exc})", file=sys.stderr)
     notes = compiled_before(compiled.cache_dir)
     mine = notes[compiled.digest] = merged_note(notes.get(compiled.digest), measured)
     if not mine:

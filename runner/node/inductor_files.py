@@ -95,6 +95,12 @@ def isa_checks_kept_in(cache_dir: Path, vec_isa_class=None) -> bool:
 # cluster, for any model of the same torch and CPU: on the 16-core AMX host a first compiled job's first pass took
 # 87.4 s without it and 36.4 s with it (docs/probes/long_jobs_regional_compile.json).
 HEADERS_DIR = "precompiled_headers"
+# g++ writes a header in place, so a build cut short (a job cancelled in its first compile) leaves a prefix, and
+# inductor, finding the file, never builds it again: g++ passes over it (a kill at 22 of 150 MB: every kernel then
+# compiled without it) or stops at it ("cannot read PCH file"). A header is marked whole, beside it with its size,
+# by a job that compiled with it and ended; one not marked so is removed before anything compiles, and a shipped
+# cache gives only marked ones.
+WHOLE_MARK = ".whole"
 
 
 def headers_kept_in(cache_dir: Path) -> bool:
@@ -109,6 +115,39 @@ def headers_kept_in(cache_dir: Path) -> bool:
     codecache._HEADER_DIR = str(cache_dir / HEADERS_DIR)
     codecache._HEADER_LOCK_DIR = str(cache_dir / HEADERS_DIR / "locks")
     return True
+
+
+def headers_not_whole(sizes: dict[str, int], marks: dict[str, str]) -> list[str]:
+    """The precompiled headers (name: size) whose mark (name + WHOLE_MARK: its text) does not say they are whole
+    at this size: cut short, or of unknown making. Pure."""
+    return sorted(name for name, size in sizes.items() if marks.get(name + WHOLE_MARK) != str(size))
+
+
+def headers_marked_whole(cache_dir: Path) -> None:
+    """After a compiled job that ended: every precompiled header in the cache is whole (inductor waits for g++
+    before it compiles a kernel with one, and unmarked ones were removed before this job compiled)."""
+    for header in (cache_dir / HEADERS_DIR).glob("*.gch"):
+        mark, size = header.with_name(header.name + WHOLE_MARK), str(header.stat().st_size)
+        if not mark.is_file() or mark.read_text() != size:
+            partial = mark.with_name(f".{mark.name}.partial")
+            partial.write_text(size)
+            os.replace(partial, mark)
+
+
+def headers_readied(cache_dir: Path, cold: bool, archives: list[Path]) -> list[str]:
+    """Before anything compiles, on a node's first rank: the precompiled headers not known whole removed (inductor
+    then builds them again); for cold kernels and no header left, a shipped cache's whole ones. The log's lines."""
+    folder, lines = cache_dir / HEADERS_DIR, []
+    headers = {header.name: header.stat().st_size for header in folder.glob("*.gch")}
+    marks = {mark.name: mark.read_text() for mark in folder.glob(f"*.gch{WHOLE_MARK}")}
+    if cut_short := headers_not_whole(headers, marks):
+        for name in cut_short:
+            (folder / name).unlink(missing_ok=True)
+        lines.append(f"kernels: inductor's precompiled header {', '.join(cut_short)} removed: no job that compiled "
+                     "with it ended (a build cut short?); inductor builds it again")
+    if cold and len(cut_short) == len(headers) and (taken := headers_taken(archives, cache_dir)):
+        lines.append(taken)
+    return lines
 
 
 def headers_archives(key: dict, entries: list[tuple[Path, dict | None]]) -> list[Path]:
@@ -137,18 +176,23 @@ def headers_taken(archives: list[Path], cache_dir: Path) -> str:
 
 
 def unpack_headers(archive: Path, cache_dir: Path) -> str:
-    """The precompiled headers of a shipped cache into this node's kernel cache, its kernels left out (another
-    key's); '' when some came, else why not. Each file is whole or absent: inductor never builds again a
-    header it finds, so one cut short would stay."""
+    """The whole precompiled headers of a shipped cache (marked so: WHOLE_MARK) into this node's kernel cache, with
+    their marks, its kernels left out (another key's); '' when some came, else why not. Each file is moved in
+    whole or not at all: inductor never builds again a header it finds."""
     partial = cache_dir / f".{HEADERS_DIR}.partial"
     try:
         shutil.rmtree(partial, ignore_errors=True)
         with tarfile.open(archive) as tar:
-            headers = [member for member in tar.getmembers()
-                       if member.isfile() and member.name.count("/") == 1 and member.name.startswith(f"{HEADERS_DIR}/")]
-            if not headers:
-                return "it holds none"
-            tar.extractall(partial, members=headers, filter="data")
+            files = {member.name.split("/", 1)[1]: member for member in tar.getmembers()
+                     if member.isfile() and member.name.count("/") == 1 and member.name.startswith(f"{HEADERS_DIR}/")}
+            sizes = {name: member.size for name, member in files.items() if name.endswith(".gch")}
+            marks = {name: tar.extractfile(member).read().decode(errors="replace")
+                     for name, member in files.items() if name.endswith(f".gch{WHOLE_MARK}")}
+            whole = sorted(sizes.keys() - set(headers_not_whole(sizes, marks)))
+            if not whole:
+                return "it holds none known whole" if sizes else "it holds none"
+            taken = [files[name] for header in whole for name in (header, header + WHOLE_MARK, header[:-4]) if name in files]
+            tar.extractall(partial, members=taken, filter="data")
         (cache_dir / HEADERS_DIR).mkdir(parents=True, exist_ok=True)
         for header in sorted((partial / HEADERS_DIR).iterdir(), reverse=True):  # x.h.gch before the x.h it goes with
             os.replace(header, cache_dir / HEADERS_DIR / header.name)
