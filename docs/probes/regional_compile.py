@@ -6,8 +6,9 @@ step of random lengths 24-95, bf16 autocast, fused AdamW, as ftc's training step
 
     python docs/probes/regional_compile.py MODE [STEPS [CACHE_DIR]]     # MODE: eager | regional | whole
 
-TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 compiles each kernel without inductor's precompiled header; a
-CACHE_DIR run before (the same mode and header setting) gives a warm start.
+TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 compiles each kernel without inductor's precompiled header (set in the
+process from the variable: torch 2.11's inductor does not read it, 2.13's does); a CACHE_DIR run before (the same
+mode and header setting) gives a warm start.
 
 Prints one JSON line: the first 3 steps' seconds, the steady step (median after the 4th), the start cost (the
 first 4 steps beyond 4 steady ones) and rows/s. Results: docs/probes/regional_compile.txt."""
@@ -22,8 +23,10 @@ mode = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[3] if len(sys.argv) > 3 else tempfile.mkdtemp(prefix=f"inductor-{mode}-")
 import torch  # noqa: E402
+import torch._inductor.config  # noqa: E402
 from transformers import AutoModelForSequenceClassification, DistilBertConfig  # noqa: E402
 
+torch._inductor.config.cpp_cache_precompile_headers = os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS") != "0"
 torch.manual_seed(0)
 random.seed(0)
 model = AutoModelForSequenceClassification.from_config(DistilBertConfig(num_labels=2, n_layers=6))
