@@ -324,11 +324,12 @@ def made_cache(folder: Path, files: dict[str, str], archive: Path) -> Path:
 def whole_header(name: str, text: str = "a precompiled header") -> dict[str, str]:
     """A header (x.h and x.h.gch) and its mark: as a job that compiled with it and ended leaves them."""
     return {f"{HEADERS_DIR}/{name}.h": "#include <x>", f"{HEADERS_DIR}/{name}.h.gch": text,
-            f"{HEADERS_DIR}/{name}.h.gch{WHOLE_MARK}": str(len(text))}
+            f"{HEADERS_DIR}/{name}.h.gch{WHOLE_MARK}": json.dumps({"bytes": len(text)})}
 
 
 def test_a_header_is_whole_only_where_its_mark_says_so_at_its_size():
-    marks = {f"a.h.gch{WHOLE_MARK}": "10", f"b.h.gch{WHOLE_MARK}": "99", f"gone.h.gch{WHOLE_MARK}": "5"}
+    marks = {f"a.h.gch{WHOLE_MARK}": {"bytes": 10}, f"b.h.gch{WHOLE_MARK}": {"bytes": 99},
+             f"gone.h.gch{WHOLE_MARK}": {"bytes": 5}, f"c.h.gch{WHOLE_MARK}": {}}  # c: a mark that was not JSON
     assert headers_not_whole({"a.h.gch": 10, "b.h.gch": 12, "c.h.gch": 7}, marks) == ["b.h.gch", "c.h.gch"]
     assert headers_not_whole({}, marks) == []
 
@@ -376,11 +377,11 @@ def test_a_job_that_ended_marks_each_header_whole_at_its_size(tmp_path):
     folder = tmp_path / HEADERS_DIR
     folder.mkdir()
     (folder / "a.h.gch").write_text("abc")
-    (folder / f"a.h.gch{WHOLE_MARK}").write_text("1")  # an older build's
+    (folder / f"a.h.gch{WHOLE_MARK}").write_text(json.dumps({"bytes": 1}))  # an older build's
     (folder / "b.h").write_text("#include <x>")
     headers_marked_whole(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["a.h.gch", f"a.h.gch{WHOLE_MARK}", "b.h"]
-    assert (folder / f"a.h.gch{WHOLE_MARK}").read_text() == "3"
+    assert json.loads((folder / f"a.h.gch{WHOLE_MARK}").read_text()) == {"bytes": 3}
     assert headers_readied(tmp_path, True, []) == []
 
 

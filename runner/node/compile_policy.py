@@ -393,8 +393,9 @@ def maybe_compile(training) -> Compiled:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     training.log.info(f"kernels: {kernels_words(cache, source)}")
     # agreed_probe_steps' collective, below, holds the node's other ranks until these are in place
-    for line in headers_readied(cache_dir, cache == "cold", headers_archives(key, entries)) if env.local_rank == 0 else []:
-        training.log.info(line)
+    if env.local_rank == 0:
+        for line in headers_readied(cache_dir, cache == "cold", headers_archives(key, entries)):
+            training.log.info(line)
     training.stats.eager_steps = agreed_probe_steps(
         eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
     if training.stats.eager_steps:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .facts import cpu_info
-from .protocol import read_json, write_whole
+from .protocol import json_object, read_json, write_whole
 
 # How inductor checks that a vector ISA's kernels build and load, where torch checks it by starting a
 # Python that imports torch to load a test kernel (torch before 2.13; 2.13 finds torch's libraries without
@@ -117,21 +117,19 @@ def headers_kept_in(cache_dir: Path) -> bool:
     return True
 
 
-def headers_not_whole(sizes: dict[str, int], marks: dict[str, str]) -> list[str]:
-    """The precompiled headers (name: size) whose mark (name + WHOLE_MARK: its text) does not say they are whole
-    at this size: cut short, or of unknown making. Pure."""
-    return sorted(name for name, size in sizes.items() if marks.get(name + WHOLE_MARK) != str(size))
+def headers_not_whole(sizes: dict[str, int], marks: dict[str, dict]) -> list[str]:
+    """The precompiled headers (name: size) whose mark (name + WHOLE_MARK: {"bytes": size}) does not say they are
+    whole at this size: cut short, or of unknown making. Pure."""
+    return sorted(name for name, size in sizes.items() if marks.get(name + WHOLE_MARK, {}).get("bytes") != size)
 
 
 def headers_marked_whole(cache_dir: Path) -> None:
     """After a compiled job that ended: every precompiled header in the cache is whole (inductor waits for g++
     before it compiles a kernel with one, and unmarked ones were removed before this job compiled)."""
     for header in (cache_dir / HEADERS_DIR).glob("*.gch"):
-        mark, size = header.with_name(header.name + WHOLE_MARK), str(header.stat().st_size)
-        if not mark.is_file() or mark.read_text() != size:
-            partial = mark.with_name(f".{mark.name}.partial")
-            partial.write_text(size)
-            os.replace(partial, mark)
+        mark, size = header.with_name(header.name + WHOLE_MARK), header.stat().st_size
+        if read_json(mark).get("bytes") != size:
+            write_whole(mark, {"bytes": size})
 
 
 def headers_readied(cache_dir: Path, cold: bool, archives: list[Path]) -> list[str]:
@@ -139,7 +137,7 @@ def headers_readied(cache_dir: Path, cold: bool, archives: list[Path]) -> list[s
     then builds them again); for cold kernels and no header left, a shipped cache's whole ones. The log's lines."""
     folder, lines = cache_dir / HEADERS_DIR, []
     headers = {header.name: header.stat().st_size for header in folder.glob("*.gch")}
-    marks = {mark.name: mark.read_text() for mark in folder.glob(f"*.gch{WHOLE_MARK}")}
+    marks = {mark.name: read_json(mark) for mark in folder.glob(f"*.gch{WHOLE_MARK}")}
     if cut_short := headers_not_whole(headers, marks):
         for name in cut_short:
             (folder / name).unlink(missing_ok=True)
@@ -186,7 +184,7 @@ def unpack_headers(archive: Path, cache_dir: Path) -> str:
             files = {member.name.split("/", 1)[1]: member for member in tar.getmembers()
                      if member.isfile() and member.name.count("/") == 1 and member.name.startswith(f"{HEADERS_DIR}/")}
             sizes = {name: member.size for name, member in files.items() if name.endswith(".gch")}
-            marks = {name: tar.extractfile(member).read().decode(errors="replace")
+            marks = {name: json_object(tar.extractfile(member).read())
                      for name, member in files.items() if name.endswith(f".gch{WHOLE_MARK}")}
             whole = sorted(sizes.keys() - set(headers_not_whole(sizes, marks)))
             if not whole:

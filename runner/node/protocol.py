@@ -78,8 +78,16 @@ def write_whole(path: Path, data: dict) -> None:
 def read_json(path: Path) -> dict:
     """A JSON object written by write_whole; {} where there is none or it is not one."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        return json_object(path.read_text())
+    except OSError:
+        return {}
+
+
+def json_object(text: str | bytes) -> dict:
+    """`text` as a JSON object; {} where it is not one. Pure."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
