@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Whether the launcher chose where compiled kernels are cached; torch itself sets a default under /tmp
@@ -31,15 +31,25 @@ INDUCTOR_CACHE_GIVEN = "TORCHINDUCTOR_CACHE_DIR" in os.environ
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from .compiling import (  # noqa: E402
+    ASIDE_DIR,
+    ASIDE_LOG,
+    TRACED_FLOATS,
+    Aside,
+    aside_inputs,
+    aside_outcome,
+    aside_stopped,
+    compile_in_place,
+    repeated_blocks,
+    runs_aside,
+    start_aside,
+)
 from .facts import cpu_info  # noqa: E402
 from .inductor_files import (  # noqa: E402
     ISA_CHECKS_FILE,
-    check_isa_without_importing_torch,
     headers_archives,
-    headers_kept_in,
     headers_marked_whole,
     headers_readied,
-    isa_checks_kept_in,
 )
 from .protocol import (  # noqa: E402
     HOME_KERNELS_DIR,
@@ -70,8 +80,6 @@ BUCKET_STEP = 32
 # other values is not this job's (another torch, CPU, thread count, precision, shapes or way of tracing).
 KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats", "folder",
               "compiled")
-# How dynamo traces the floats a model reads (maybe_compile): graphs traced the other way miss torch's caches.
-TRACED_FLOATS = "constant"
 # What compiles (repeated_blocks): a model without repeated blocks compiles whole.
 BLOCKS, WHOLE_MODEL = "repeated blocks", "whole model"
 # What a packed node cache holds: one thread count's kernels (kernel_cache). A cache packed when a node kept
@@ -117,15 +125,6 @@ def compile_key(config: dict, isa: list[str], threads: int, precision: str, shap
             "threads": threads, "precision": precision,
             "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
             "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER, "compiled": compiled}
-
-
-def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The members of each outermost ModuleList whose members are all of one class (a transformer's
-    layers): what ftc compiles. [] where the model has none."""
-    if (isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
-            and not isinstance(module[0], torch.nn.ModuleList | torch.nn.ModuleDict)):  # a container is never called
-        return list(module)
-    return [block for child in module.children() for block in repeated_blocks(child)]
 
 
 def key_digest(key: dict) -> str:
@@ -323,6 +322,7 @@ class Compiled:
     digest: str  # key_digest
     key: dict  # compile_key
     layout: str  # ranks and how the gradient crosses: what else a rank's rate depends on
+    aside: Aside | None = None  # a cold compile running beside the training, until its kernels are in the cache
 
 
 def cache_state(own: bool, shipped: Path | None, env) -> tuple[str, str]:
@@ -396,29 +396,70 @@ def maybe_compile(training) -> Compiled:
     if env.local_rank == 0:
         for line in headers_readied(cache_dir, cache == "cold", headers_archives(key, entries)):
             training.log.info(line)
-    training.stats.eager_steps = agreed_probe_steps(
-        eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
-    if training.stats.eager_steps:
-        training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's "
-                          "eager rate beside the compiled one")
-    if shapes == "buckets":
-        # one static graph per width: no automatic switch to a dynamic graph at the second width
-        torch._dynamo.config.automatic_dynamic_shapes = False
-        # the blocks share one forward: blocks unlike in structure are graphs of their own at each width
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   (2 * len(bucket_widths(args.max_length)) + 2) * max(1, len(blocks)))
-    # A float the model reads (a dropout's p) would be traced as a symbol, found constant at the end, and
-    # dynamo would trace it a second time: taken as a constant from the start, a cold
-    # compile is about a quarter shorter and a warm one a quarter of what it was (docs/bench-log.md).
-    torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
-    check_isa_without_importing_torch()
-    isa_checks_kept_in(cache_dir)
-    headers_kept_in(cache_dir)
+    probe = agreed_probe_steps(eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed),
+                               args.warmup_steps_untimed, env)
+    training.stats.eager_steps = probe
+    if probe:
+        training.log.info(f"compile: the first {probe} steps run eager, to note a rank's eager rate beside the "
+                          "compiled one")
     if blocks:
         training.log.info(f"compile: each of {len(blocks)} {type(blocks[0]).__name__} blocks; the rest runs eager")
-    for part in blocks or [training.model]:
-        part.compile(dynamic=shapes == "dynamic")
-    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
+    compile_in_place(training.model, blocks, shapes, cache_dir, len(bucket_widths(args.max_length)))
+    aside = None
+    if cache == "cold" and runs_aside(threads, args.compile_aside_from, training.setup.allreduce, shapes, bool(blocks)):
+        aside = aside_started(training, probe, threads, shapes, cache_dir)
+    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout, aside)
+
+
+def aside_started(training, probe: int, threads: int, shapes: str, cache_dir: Path) -> Aside:
+    """A cold compile started beside the training (runner/node/compiling.py) by the node's first rank, on its
+    last core, which that rank leaves to it until the kernels are in the cache; until then every rank's steps
+    run eager (compiled_from_now ends them)."""
+    env, setup = training.env, training.setup
+    aside = Aside(training.out_dir / ASIDE_DIR / f"node-{env.rank // max(1, env.local_world_size)}", probe, threads)
+    training.stats.eager_steps = training.total_steps
+    if env.local_rank == 0:
+        core = setup.cores[-1]
+        inputs = aside_inputs(training.data.train, training.data.pad_id, training.data.task.labels is None)
+        aside.process = start_aside(aside.folder, training.model, inputs, {
+            "threads": threads, "precision": setup.precision, "shapes": shapes, "core": core,
+            "widths": len(bucket_widths(training.args.max_length)), "cache_dir": str(cache_dir)})
+        torch.set_num_threads(max(1, threads - 1))
+        training.log.info(f"compile: cold: the kernels compile beside the training on core {core} (its log: "
+                          f"{aside.folder / ASIDE_LOG}); the steps run eager on {threads - 1} threads until they are "
+                          "in the cache")
+    return aside
+
+
+def compiled_from_now(training) -> None:
+    """Between steps while a compile runs aside: once it is done, and the eager steps a probe of the eager rate
+    needs have run, the steps from the next on run compiled (their compile finds the kernels in the cache), on
+    all the rank's threads. Where it failed, the rank compiles in its own process, cold."""
+    aside, stats = training.compiled.aside, training.stats
+    if stats.steps_run < aside.eager_at_least or (outcome := aside_outcome(aside)) is None:
+        return
+    stats.eager_steps = stats.steps_run
+    torch.set_num_threads(aside.threads)
+    if outcome.get("ok"):
+        training.log.info(f"compile: the kernels compiled beside the training in {outcome.get('seconds')} s; "
+                          f"steps run compiled from step {stats.steps_run + 1}")
+    else:
+        training.log.warning(f"compile: the compile beside the training failed ({outcome.get('error')}); "
+                             f"compiling here from step {stats.steps_run + 1}")
+
+
+def aside_ended(training) -> Compiled:
+    """At the job's end: a compile aside still running is stopped, and a job whose steps never ran compiled is
+    an eager one (no compile to note, no kernels to keep: the cache may hold a header cut short)."""
+    compiled, stats = training.compiled, training.stats
+    if compiled.aside is None:
+        return compiled
+    finished = aside_stopped(compiled.aside)
+    if stats.steps_run > stats.eager_steps:
+        return compiled
+    training.log.info("compile: the job ended before its steps ran compiled" +
+                      ("" if finished else "; the compile beside it was stopped"))
+    return replace(compiled, note=f"{compiled.note}; the job ended before its steps ran compiled", cache="none")
 
 
 # ---- after the job: what it measured, and its kernels for home ------------------------------------

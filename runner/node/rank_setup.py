@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,6 +31,7 @@ class Setup:
     gloo_threads: str  # where gloo's threads run: rank-cores | inherit | kept-core | none (one rank)
     gloo_thread_cores: list[int]  # the cores gloo's threads may run on, read back from them
     exchange: "dist.ProcessGroup | None" = None  # overlapped: DDP's group, a thread per flow (exchange_group)
+    cores: list[int] = field(default_factory=list)  # the rank's
 
 
 def start(args, env, log, cores: list[int]) -> Setup:
@@ -76,7 +77,7 @@ def start(args, env, log, cores: list[int]) -> Setup:
         log.warning("bf16 asked for on a CPU without native bf16 (no amx_bf16/avx512_bf16): it is emulated and slower")
     grad_compress = wire_compress(args.grad_compress, precision == "bf16", env.world_size)
     setup = Setup(threads, backend if env.world_size > 1 else "none", native, precision, grad_compress,
-                  allreduce, gloo_threads, gloo_cores, exchange)
+                  allreduce, gloo_threads, gloo_cores, exchange, list(cores))
     log.info(f"rank {env.rank}/{env.world_size} (local {env.local_rank}/{env.local_world_size}) cores {cores} "
              f"threads {threads} backend {setup.backend} precision {precision} grad_compress {grad_compress} "
              f"allreduce {allreduce} gloo threads on {gloo_cores} recipe {args.recipe} seed {args.seed}")

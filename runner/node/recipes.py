@@ -21,6 +21,9 @@ COMPILE_MIN_STEPS = 1600
 # a rank (0.96x-1.01x on 2 cores; 0.91x at 16 ranks x 1 thread on 16 AMX cores), faster at 4 (1.06x-1.21x)
 # and 16 (1.7x-1.8x). A node that measured both rates for a job's launch decides by them instead.
 COMPILE_MIN_THREADS = 4
+# A cold compile runs beside the training (runner/node/compiling.py) on ranks of this many threads or more: the
+# core it takes from the rank while it runs costs 1/threads of the rank's eager rate.
+COMPILE_ASIDE_MIN_THREADS = 8
 
 
 # What a compiled step's shapes may be (--shapes).

@@ -2,6 +2,9 @@
 once the untimed warm-up steps (kernel set-up, a compile) are past.
 """
 
+import contextlib
+import math
+import time
 from dataclasses import dataclass, field
 
 # Where a rank's step goes: collate, forward and backward (with DDP's overlapped all-reduce in
@@ -97,3 +100,20 @@ class StepStats:
         return {"samples_per_second": per_second(self.samples, self.seconds),
                 "steady_samples_per_second": per_second(self.steady_samples, self.steady_seconds),
                 "steady_tokens_per_second": per_second(self.steady_tokens, self.steady_seconds)}
+
+
+@contextlib.contextmanager
+def timed(seconds: dict[str, float], stage: str):
+    """Adds the block's wall seconds to seconds[stage]: where a job's time goes besides its steps
+    (`ftc bench end-to-end` splits a job's wall time by them)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
+
+
+def finite(value: float | None) -> float | None:
+    """A loss as results.json holds it: a run that diverged (NaN, inf) says null, since strict
+    JSON has no NaN and every JSON ftc writes is strict."""
+    return value if value is None or math.isfinite(value) else None

@@ -25,7 +25,6 @@ to 128, batch 32 per rank, lr 2e-5, 3 epochs), so both can be compared on the sa
 import argparse
 import contextlib
 import logging
-import math
 import os
 import random
 import sys
@@ -57,7 +56,16 @@ from .protocol import (
     rank_log_path,
     strict_json,
 )
-from .recipes import ALLREDUCE, COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SHAPES
+from .recipes import (
+    ALLREDUCE,
+    COMPILE_ASIDE_MIN_THREADS,
+    COMPILE_MIN_STEPS,
+    COMPILE_MIN_THREADS,
+    GRAD_COMPRESS,
+    POWERSGD_RANK,
+    RECIPES,
+    SHAPES,
+)
 from .units import duration
 
 # ---- who am I, and which cores: before torch loads, since its OpenMP pool binds its
@@ -73,8 +81,10 @@ from .board import open_board, to_board  # noqa: E402
 from .checkpoints import EPOCH_START, resume, save_all  # noqa: E402
 from .compile_policy import (  # noqa: E402
     Compiled,
+    aside_ended,
     bucket_width,
     compile_seconds,
+    compiled_from_now,
     graphs_compiled,
     keep_for_home,
     maybe_compile,
@@ -93,7 +103,7 @@ from .ddp import (  # noqa: E402
     global_batches,
 )
 from .rank_setup import Setup  # noqa: E402
-from .stepstats import StepStats  # noqa: E402
+from .stepstats import StepStats, finite, timed  # noqa: E402
 from .task_data import Data, load_data  # noqa: E402
 
 # ---- settings: defaults, then the recipe, then explicit flags -------------------------------
@@ -182,6 +192,8 @@ def measuring(group) -> None:
     """The flags that serve only the bench (profiling, whole passes of random weights) and the tests."""
     group.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                        help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
+    group.add_argument("--compile-aside-from", type=int, default=COMPILE_ASIDE_MIN_THREADS, metavar="THREADS",
+                       help="a cold compile runs beside the training on ranks of this many threads or more")
     group.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights")
     group.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
     group.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
@@ -262,6 +274,7 @@ def main(argv=None) -> int:
             break
 
     # ---- results ----------------------------------------------------------------------------------
+    compiled = training.compiled = aside_ended(training)
     note = remember_compile(compiled, stats, env)
     if env.master:
         keep_for_home(compiled, note, out_dir)
@@ -432,6 +445,8 @@ def rank_batch(training: Training, global_batch: list[int]) -> RankRows:
     they are: each rank's mean loss is weighted by it, so that the averaged gradient is the global
     batch's mean however the rows were split."""
     t0, env, train, balance, args = time.perf_counter(), training.env, training.data.train, training.sync.balance, training.args
+    if training.compiled.aside and training.stats.probing:
+        compiled_from_now(training)  # the compile beside the training may be done: eager steps end there
     counts = balance.counts(len(global_batch)) if balance else even_counts(len(global_batch), env.world_size)
     indices = deal(global_batch, counts)[env.rank]
     bucketed = training.compiled.shapes == "buckets" and not training.stats.probing  # probe steps pad as eager jobs do
@@ -567,23 +582,6 @@ def results_of(training: Training, compiled: Compiled, timeline: list[dict]) -> 
         finished_at=datetime.now(timezone.utc).isoformat(),
         labels=list(training.data.task.labels) if training.data.task.labels else None,
         stage_seconds=training.stage_seconds)
-
-
-@contextlib.contextmanager
-def timed(seconds: dict[str, float], stage: str):
-    """Adds the block's wall seconds to seconds[stage]: where a job's time goes besides its steps
-    (`ftc bench end-to-end` splits a job's wall time by them)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds[stage] = round(seconds.get(stage, 0.0) + time.perf_counter() - start, 3)
-
-
-def finite(value: float | None) -> float | None:
-    """A loss as results.json holds it: a run that diverged (NaN, inf) says null, since strict
-    JSON has no NaN and every JSON ftc writes is strict."""
-    return value if value is None or math.isfinite(value) else None
 
 
 def write_results(training: Training, results: TrainResults) -> None:
