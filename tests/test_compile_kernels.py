@@ -2,8 +2,9 @@
 FTC_HOME/kernels, the next cluster's first job gets them and starts warm from them, and a cache made
 for another setting, or one that cannot be read, is one line each while the job trains; inductor's precompiled
 headers travel with the kernels to a job of another key, which compiles without building them again, in place of
-one a build cut short left on its node. And a
-compiled job under DDP runs its first steps eager, then compiled, and notes both rates."""
+one a build cut short left on its node. A
+compiled job under DDP runs its first steps eager, then compiled, and notes both rates. And a cold compile runs
+beside the training, whose steps run compiled once its kernels are in the cache."""
 
 import json
 import os
@@ -15,13 +16,14 @@ from pathlib import Path
 
 import pytest
 from conftest import ftc
-from helpers import toy_csv
+from helpers import toy_csv, wait_for
 from test_train import results_of_run
 
 from runner.node.compile_policy import COMPILED_FILE
+from runner.node.compiling import ASIDE_DIR, ASIDE_INPUTS, ASIDE_OUTCOME
 from runner.node.distenv import listen_port
 from runner.node.inductor_files import HEADERS_DIR, WHOLE_MARK
-from runner.node.protocol import KERNEL_CACHE_DIR, RESULTS_FILE
+from runner.node.protocol import HELD_FILE, KERNEL_CACHE_DIR, RELEASE_FILE, RESULTS_FILE
 
 
 @pytest.mark.slow
@@ -138,3 +140,39 @@ def test_a_compiled_job_under_ddp_runs_its_first_steps_eager_then_compiled_and_n
     (note,) = json.loads((tmp_path / "rank0" / KERNEL_CACHE_DIR / COMPILED_FILE).read_text()).values()
     ((layout, rates),) = note["rates"].items()
     assert layout.startswith("2 ranks on 1 node(s)") and rates.keys() == {"eager_tokens_per_s", "compiled_tokens_per_s"}
+
+
+@pytest.mark.slow
+def test_a_cold_compile_runs_beside_the_training_whose_steps_run_compiled_once_its_kernels_are_in_the_cache(
+        glue_dir, tiny_bert, tmp_path):
+    """A rank of 2 threads, compiled, its cache cold, the compile aside from 2 threads: the node's first rank starts
+    the program aside on its last core and trains eager meanwhile. The job is held before step 25 until the program
+    says it is done; from that step the rank runs compiled, and its own compile takes every graph from the cache."""
+    env = {name: value for name, value in os.environ.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
+    out = tmp_path / "job"
+    # 64 rows, one a step: 23 eager steps measure the eager rate (no note yet), so the switch is at 25 at the soonest
+    rank = subprocess.Popen([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", tiny_bert,
+                             "--data-dir", str(glue_dir), "--max-train-samples", "64", "--batch-size", "1",
+                             "--epochs", "1", "--no-eval", "--no-save", "--compile", "on", "--compile-aside-from", "2",
+                             "--hold-at-step", "25", "--output-dir", str(out)],
+                            env=env | {"OMP_NUM_THREADS": "2"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    aside = out / ASIDE_DIR / "node-0"
+    try:
+        wait_for(lambda: (out / HELD_FILE).exists() and (aside / ASIDE_OUTCOME).exists(),
+                 "the job held at step 25 and the compile aside done", timeout=600)
+        (out / RELEASE_FILE).touch()
+        log = rank.communicate(timeout=600)[0]
+    finally:
+        rank.kill()
+    assert rank.returncode == 0, log[-3000:]
+    assert f"compile: cold: the kernels compile beside the training on core {sorted(os.sched_getaffinity(0))[-1]}" in log
+    assert "steps run compiled from step 25" in log, log[-3000:]
+    outcome = json.loads((aside / ASIDE_OUTCOME).read_text())
+    assert outcome["ok"] and outcome["seconds"] > 0 and not (aside / ASIDE_INPUTS).exists()
+    results = json.loads((out / RESULTS_FILE).read_text())
+    # the rank's own compile found each graph the program aside made: nothing compiled twice
+    assert results["compile_cache"] == "cold" and results["compile_graphs"]["compiled"] == 0
+    assert results["compile_graphs"]["cached"] > 0
+    (note,) = json.loads((out / KERNEL_CACHE_DIR / COMPILED_FILE).read_text()).values()
+    assert note["cold_s"] >= 0 and note["rates"]["1 ranks on 1 node(s), gradient none"].keys() == {
+        "eager_tokens_per_s", "compiled_tokens_per_s"}

@@ -420,14 +420,15 @@ def aside_started(training, probe: int, threads: int, shapes: str, cache_dir: Pa
     training.stats.eager_steps = training.total_steps
     if env.local_rank == 0:
         core = setup.cores[-1]
-        inputs = aside_inputs(training.data.train, training.data.pad_id, training.data.task.labels is None)
+        inputs = aside_inputs(training.data.train, training.data.pad_id, training.data.task.labels is None,
+                              training.args.batch_size, getattr(training.model.config, "hidden_size", 0))
         aside.process = start_aside(aside.folder, training.model, inputs, {
             "threads": threads, "precision": setup.precision, "shapes": shapes, "core": core,
             "widths": len(bucket_widths(training.args.max_length)), "cache_dir": str(cache_dir)})
         torch.set_num_threads(max(1, threads - 1))
         training.log.info(f"compile: cold: the kernels compile beside the training on core {core} (its log: "
-                          f"{aside.folder / ASIDE_LOG}); the steps run eager on {threads - 1} threads until they are "
-                          "in the cache")
+                          f"{aside.folder / ASIDE_LOG}); until they are in the cache the steps run eager, on the "
+                          "rank's other cores")
     return aside
 
 

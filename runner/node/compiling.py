@@ -87,21 +87,24 @@ def runs_aside(threads: int, min_threads: int, allreduce: str, shapes: str, bloc
     return threads >= min_threads and blocks and shapes == "dynamic" and allreduce in ("after-backward", "none")
 
 
-def aside_inputs(train: dict, pad_id: int, regression: bool) -> list[dict]:
-    """A few batches of the job's own rows for the compile aside: its shortest, middling and longest rows (the
+def aside_inputs(train: dict, pad_id: int, regression: bool, batch_size: int, hidden_size: int) -> list[dict]:
+    """A few batches of the job's own rows for the compile aside: its middling, shortest and longest rows (the
     widths training meets), and the middling ones unpadded (a batch without padding may take another path
-    through the model's attention)."""
+    through the model's attention). ASIDE_ROWS a batch, or the job's batch where it is smaller: dynamo makes a
+    graph of its own for a batch of one row. A batch as wide as the model's hidden size goes last: dynamo gives
+    input sizes that are equal one symbol, so a first graph of that width would be fixed to it."""
     import torch
 
     from .ddp import collate
     order = sorted(range(len(train["lengths"])), key=train["lengths"].__getitem__)
-    rows = min(ASIDE_ROWS, len(order))
+    rows = min(ASIDE_ROWS, batch_size, len(order))
     middle = max(0, min(len(order) // 2, len(order) - rows))
     batches = []
-    for indices in (order[:rows], order[middle:middle + rows], order[-rows:]):
+    for indices in (order[middle:middle + rows], order[:rows], order[-rows:]):
         labels = torch.tensor([train["labels"][j] for j in indices], dtype=torch.float32 if regression else torch.long)
         batches.append({**collate(train, indices, pad_id, 0), "labels": labels})
-    return batches + [dict(batches[1], attention_mask=torch.ones_like(batches[1]["attention_mask"]))]
+    batches.append(dict(batches[0], attention_mask=torch.ones_like(batches[0]["attention_mask"])))
+    return sorted(batches, key=lambda batch: batch["input_ids"].shape[1] == hidden_size)
 
 
 def start_aside(folder: Path, model, inputs: list[dict], spec: dict) -> subprocess.Popen:
