@@ -257,7 +257,8 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
         "ftc 2x1x8 compiled batch 256", "ftc 2x1x8 batch 256"]
     # at the peer's global batch: its rank a core at the seed recipe's 32 rows each, in ftc's one rank a node
     at_peer_batch = {launch.label: launch.args for launch in long_job_launches(1, 16)}
-    assert at_peer_batch["ftc 1x1x16 compiled batch 512"] == ("--compile", "on", "--shapes", AUTO_SHAPES, "--batch-size", "512")
+    in_process = ("--compile", "on", "--compile-aside-from", "0")  # a compile aside would not end within a pass
+    assert at_peer_batch["ftc 1x1x16 compiled batch 512"] == (*in_process, "--shapes", AUTO_SHAPES, "--batch-size", "512")
     assert at_peer_batch["ftc 1x1x16 batch 512"] == ("--compile", "off", "--batch-size", "512")
     assert [launch.label for launch in long_job_launches(1, 2)] == [  # the smallest node: still two ranks of one core
         "ftc 1x1x2 compiled", "ftc 1x1x2 compiled, kernels from home", "peer 1x1x2 pinned compiled static",
@@ -265,9 +266,9 @@ def test_long_jobs_run_ftcs_compiles_from_cold_and_from_home_against_the_peer_co
         "ftc 1x2x1 compiled", "ftc 1x2x1",
         "ftc 1x1x2 compiled batch 64", "ftc 1x1x2 batch 64"]
     own = {launch.label: (launch.args, launch.from_home) for launch in long_job_launches(1, 2)}
-    assert own["ftc 1x1x2 compiled"] == (("--compile", "on", "--shapes", AUTO_SHAPES), False)
-    assert own["ftc 1x1x2 compiled, kernels from home"] == (("--compile", "on", "--shapes", AUTO_SHAPES), True)
-    assert own[f"ftc 1x1x2 compiled {OTHER_SHAPES}"] == (("--compile", "on", "--shapes", OTHER_SHAPES), False)
+    assert own["ftc 1x1x2 compiled"] == ((*in_process, "--shapes", AUTO_SHAPES), False)
+    assert own["ftc 1x1x2 compiled, kernels from home"] == ((*in_process, "--shapes", AUTO_SHAPES), True)
+    assert own[f"ftc 1x1x2 compiled {OTHER_SHAPES}"] == ((*in_process, "--shapes", OTHER_SHAPES), False)
     assert own["peer 1x1x2 pinned compiled static"] == (("--torch-compile", "--static-shapes"), False)
     assert own["ftc 1x1x2"] == (("--compile", "off"), False) and own["peer 1x2x1 unpinned"] == ((), False)
     assert own["peer 1x1x2 pinned"] == ((), False)  # the peer eager at ftc's launch: the recipe's rows a step

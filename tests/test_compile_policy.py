@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import on_two_gloo_ranks
 
 from runner.node.compile_policy import (
@@ -41,6 +42,7 @@ from runner.node.compile_policy import (
     shipped_entries,
     unpack_shipped,
 )
+from runner.node.compiling import aside_inputs, runs_aside
 from runner.node.inductor_files import (
     HEADERS_DIR,
     ISA_CHECKS_FILE,
@@ -557,3 +559,26 @@ def test_a_jobs_figures_join_the_nodes_note_whatever_the_note_held_before(tmp_pa
                     "rates": {layout: {"eager_tokens_per_s": 500.0, **measured}}}
     assert compiled_before(tmp_path)["d2"] == {"cold_s": 7.0}
     assert not remember_compile(compiled, stats, SimpleNamespace(local_rank=1, world_size=2))  # a node's first rank notes
+
+
+def test_a_cold_compile_runs_aside_only_on_ranks_of_enough_threads_with_blocks_in_dynamic_shapes_and_no_ddp():
+    assert runs_aside(16, 8, "after-backward", "dynamic", True) and runs_aside(8, 8, "none", "dynamic", True)
+    assert not runs_aside(7, 8, "none", "dynamic", True)  # the core it takes would cost the rank more
+    assert not runs_aside(16, 8, "overlap", "dynamic", True) and not runs_aside(16, 8, "comm-core", "dynamic", True)
+    assert not runs_aside(16, 8, "none", "buckets", True)  # its rows are not padded to buckets
+    assert not runs_aside(16, 8, "none", "dynamic", False)  # a model compiled whole
+    assert not runs_aside(16, 0, "none", "dynamic", True)  # 0: never (the bench's compile in the rank's process)
+
+
+def test_the_compile_aside_takes_the_jobs_middling_shortest_and_longest_rows_and_a_hidden_size_width_last():
+    lengths = [3, 4, 5, 6, 7, 8, 14, 15, 16, 17, 28, 29]
+    train = {"lengths": lengths, "input_ids": [[7] * n for n in lengths], "labels": [i % 2 for i in range(12)],
+             "extra": {}}
+    batches = aside_inputs(train, 0, False, 32, 0)
+    assert [tuple(b["input_ids"].shape) for b in batches] == [(4, 24), (4, 8), (4, 32), (4, 24)]
+    assert batches[0]["attention_mask"].sum() == 14 + 15 + 16 + 17 and batches[3]["attention_mask"].all()
+    assert batches[0]["labels"].dtype == torch.long and batches[0]["labels"].tolist() == [0, 1, 0, 1]
+    # a first graph 24 wide would be fixed to the hidden size's 24: those batches go last
+    assert [b["input_ids"].shape[1] for b in aside_inputs(train, 0, True, 32, 24)] == [8, 32, 24, 24]
+    one_row = aside_inputs(train, 0, True, 1, 0)  # a batch of one row is a graph of its own: the job's batch
+    assert {b["input_ids"].shape[0] for b in one_row} == {1} and one_row[0]["labels"].dtype == torch.float32

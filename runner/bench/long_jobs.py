@@ -141,8 +141,8 @@ def long_job_launches(nodes: int, cores: int, kinds: tuple[str, ...] = tuple(LAU
     def named(kind: str, program: str, per_node: int, compiled: bool, pinned: bool, variant: str = "",
               extra: tuple[str, ...] = (), from_home: bool = False) -> LongJobLaunch:
         """A launch, its label and its program's flags; `variant` and `extra`: a launch's own way, named."""
-        if program == "ftc":
-            how, own = "", ("--compile", "on" if compiled else "off")
+        if program == "ftc":  # compiled in the rank's process: a compile aside would not end within a pass
+            how, own = "", ("--compile", "on", "--compile-aside-from", "0") if compiled else ("--compile", "off")
         else:
             how, own = " pinned" if pinned else " unpinned", ("--torch-compile",) if compiled else ()
         how += (" compiled" if compiled else "") + (f" {variant}" if variant else "")

@@ -80,11 +80,11 @@ class Aside:
 
 
 def runs_aside(threads: int, min_threads: int, allreduce: str, shapes: str, blocks: bool) -> bool:
-    """Whether a cold compile runs beside the training: a rank of `min_threads` or more (the core it takes is
-    1/threads of the rank's eager rate while it runs), repeated blocks to compile in dynamic shapes (the rows
+    """Whether a cold compile runs beside the training: a rank of `min_threads` or more (0: never; the core it
+    takes is 1/threads of the rank's eager rate while it runs), repeated blocks to compile in dynamic shapes (the rows
     it compiles on are not padded to buckets), and no DDP around the model (DDP makes dynamo split each graph
     at its buckets, graphs the program aside would not make). Pure."""
-    return threads >= min_threads and blocks and shapes == "dynamic" and allreduce in ("after-backward", "none")
+    return 0 < min_threads <= threads and blocks and shapes == "dynamic" and allreduce in ("after-backward", "none")
 
 
 def aside_inputs(train: dict, pad_id: int, regression: bool, batch_size: int, hidden_size: int) -> list[dict]:

@@ -193,7 +193,7 @@ def measuring(group) -> None:
     group.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                        help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
     group.add_argument("--compile-aside-from", type=int, default=COMPILE_ASIDE_MIN_THREADS, metavar="THREADS",
-                       help="a cold compile runs beside the training on ranks of this many threads or more")
+                       help="a cold compile runs beside the training on ranks of this many threads or more (0: never)")
     group.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights")
     group.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
     group.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
