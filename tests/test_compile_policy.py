@@ -56,7 +56,7 @@ from runner.node.inductor_files import (
     isa_checks_kept_in,
 )
 from runner.node.protocol import kernels_words
-from runner.node.recipes import COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
+from runner.node.recipes import COMPILE_ASIDE_MIN_STEPS, COMPILE_MIN_STEPS, COMPILE_MIN_THREADS, unmeasured_compile
 from runner.node.stepstats import PHASES, StepStats
 
 CONFIG = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "id2label": {"0": "a", "1": "b"},
@@ -96,6 +96,15 @@ def test_compile_choice_auto_counts_a_warm_kernel_cache_as_cheap():
     assert compile_choice("auto", warm_min, 16, "warm")[0]
     assert not compile_choice("auto", warm_min - 1, 16, "warm")[0]
     assert not compile_choice("auto", warm_min, 16, "cold")[0]
+
+
+def test_compile_choice_auto_compiles_a_cold_cache_from_fewer_steps_where_the_compile_runs_beside_the_training():
+    assert compile_min_steps("cold", aside=True) == COMPILE_ASIDE_MIN_STEPS < compile_min_steps("warm")
+    assert compile_choice("auto", COMPILE_ASIDE_MIN_STEPS, 16, "cold", aside=True) == (
+        True, f"on (planned {COMPILE_ASIDE_MIN_STEPS} steps >= {COMPILE_ASIDE_MIN_STEPS} with a cold kernel cache, "
+              "compiled beside the training: the compile pays back)")
+    assert not compile_choice("auto", COMPILE_ASIDE_MIN_STEPS - 1, 16, "cold", aside=True)[0]
+    assert not compile_choice("auto", COMPILE_ASIDE_MIN_STEPS, 16, "cold")[0]  # in the rank's own process
 
 
 def test_compile_choice_auto_compiles_where_this_nodes_measured_saving_exceeds_its_measured_cost():

@@ -61,7 +61,7 @@ from .protocol import (  # noqa: E402
     read_json,
     write_whole,
 )
-from .recipes import AUTO_SHAPES, COMPILE_MIN_STEPS, unmeasured_compile  # noqa: E402
+from .recipes import AUTO_SHAPES, COMPILE_ASIDE_MIN_STEPS, COMPILE_MIN_STEPS, unmeasured_compile  # noqa: E402
 from .stepstats import StepStats  # noqa: E402
 
 # A second compile of the same model and shapes, from the node's kept kernel cache, as a share of
@@ -179,13 +179,14 @@ def seconds_or_rate(figure) -> float | None:
 
 
 def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold",
-                   measured: Measured | None = None) -> tuple[bool, str]:
+                   measured: Measured | None = None, aside: bool = False) -> tuple[bool, str]:
     """Whether to torch.compile, and why, in words for the log and results.json. Where this node, or an
     earlier cluster whose note came with the kernels, has measured it (`measured`), the compile runs when
     the time it saves over this rank's planned tokens exceeds its measured cost. Else never for a rank of
     fewer than COMPILE_MIN_THREADS `threads`, and otherwise by planned steps: with the kernel cache warm
     (an earlier job compiled the same model and shapes, here or on an earlier cluster), the compile
-    costs WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps."""
+    costs WARM_COMPILE_SHARE of a cold one, and pays back after as many fewer steps; a cold one run `aside`
+    the training costs a core for its time, and pays back from COMPILE_ASIDE_MIN_STEPS."""
     if mode != "auto":
         return mode == "on", f"{mode} (--compile {mode}, planned {total_steps} steps)"
     if measured:
@@ -196,7 +197,7 @@ def compile_choice(mode: str, total_steps: int, threads: int, cache: str = "cold
                       f"a rank's steps {measured.eager_tokens_per_s:.0f} real tokens/s eager, "
                       f"{measured.compiled_tokens_per_s:.0f} compiled: the {total_steps} planned steps save "
                       f"{measured.saving_s:.0f} s)")
-    return unmeasured_compile(total_steps, threads, compile_min_steps(cache), cache)
+    return unmeasured_compile(total_steps, threads, compile_min_steps(cache, aside), cache, aside)
 
 
 def eager_probe_steps(noted: dict, layout: str, steps_left: int, warmup: int) -> int:
@@ -222,8 +223,10 @@ def agreed_probe_steps(mine: int, warmup: int, env) -> int:
     return 0 if every_node(mine == 0, env) else probe_length(warmup)
 
 
-def compile_min_steps(cache: str) -> int:
-    return COMPILE_MIN_STEPS if cache == "cold" else math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE)
+def compile_min_steps(cache: str, aside: bool = False) -> int:
+    if cache != "cold":
+        return math.ceil(COMPILE_MIN_STEPS * WARM_COMPILE_SHARE)
+    return COMPILE_ASIDE_MIN_STEPS if aside else COMPILE_MIN_STEPS
 
 
 def every_node(flag: bool, env) -> bool:
@@ -380,9 +383,11 @@ def maybe_compile(training) -> Compiled:
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     known = merged_note(shipped_note, noted)
+    aside = cache == "cold" and runs_aside(threads, args.compile_aside_from, training.setup.allreduce, shapes,
+                                           bool(blocks))
     compiled, note = compile_choice(args.compile, steps_left, threads, cache,
                                     measured_figures(known, cache, layout, planned_rank_tokens,
-                                                     measured_where(noted, shipped_note)))
+                                                     measured_where(noted, shipped_note)), aside)
     # every rank takes part in every_node (a collective), whatever it decided itself
     if args.compile == "auto" and not every_node(compiled, env) and compiled:
         compiled, note = False, f"off (not every node's own figures say the compile pays back; here: {note})"
@@ -405,10 +410,8 @@ def maybe_compile(training) -> Compiled:
     if blocks:
         training.log.info(f"compile: each of {len(blocks)} {type(blocks[0]).__name__} blocks; the rest runs eager")
     compile_in_place(training.model, blocks, shapes, cache_dir, len(bucket_widths(args.max_length)))
-    aside = None
-    if cache == "cold" and runs_aside(threads, args.compile_aside_from, training.setup.allreduce, shapes, bool(blocks)):
-        aside = aside_started(training, probe, threads, shapes, cache_dir)
-    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout, aside)
+    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout,
+                    aside_started(training, probe, threads, shapes, cache_dir) if aside else None)
 
 
 def aside_started(training, probe: int, threads: int, shapes: str, cache_dir: Path) -> Aside:

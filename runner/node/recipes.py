@@ -24,6 +24,11 @@ COMPILE_MIN_THREADS = 4
 # A cold compile runs beside the training (runner/node/compiling.py) on ranks of this many threads or more: the
 # core it takes from the rank while it runs costs 1/threads of the rank's eager rate.
 COMPILE_ASIDE_MIN_THREADS = 8
+# ... and then --compile auto compiles a cold cache from this many planned steps on: the compile aside costs the
+# rank a core for its time, not its steps. Measured on 16 AMX cores, MRPC's 3 epochs at 1 rank (345 steps): the
+# program aside took 115 s, the steps ran compiled from step 204 and the job took 167 s, against its eager
+# passes' 62-67 s each (docs/bench-log.md); below about 1.2x the steps the compile aside takes, it cannot pay back.
+COMPILE_ASIDE_MIN_STEPS = 300
 
 
 # What a compiled step's shapes may be (--shapes).
@@ -35,15 +40,17 @@ AUTO_SHAPES = "dynamic"
 
 
 def unmeasured_compile(steps: int, threads: int, min_steps: int = COMPILE_MIN_STEPS,
-                       cache: str = "cold") -> tuple[bool, str]:
+                       cache: str = "cold", aside: bool = False) -> tuple[bool, str]:
     """--compile auto where nothing was measured, and why in words: a job of `min_steps` planned steps or
-    more (with a `cache` kernel cache) whose ranks have COMPILE_MIN_THREADS threads or more. Pure."""
+    more (with a `cache` kernel cache, compiled `aside` the training or not) whose ranks have
+    COMPILE_MIN_THREADS threads or more. Pure."""
     if threads < COMPILE_MIN_THREADS:
         return False, (f"off (a rank of {threads} thread{'s' if threads > 1 else ''}: compiled steps ran no faster "
                        f"than eager below {COMPILE_MIN_THREADS} threads a rank)")
+    where = f"a {cache} kernel cache" + (", compiled beside the training" if aside else "")
     if steps >= min_steps:
-        return True, f"on (planned {steps} steps >= {min_steps} with a {cache} kernel cache: the compile pays back)"
-    return False, f"off (planned {steps} steps < {min_steps} with a {cache} kernel cache: the compile would not pay back)"
+        return True, f"on (planned {steps} steps >= {min_steps} with {where}: the compile pays back)"
+    return False, f"off (planned {steps} steps < {min_steps} with {where}: the compile would not pay back)"
 
 
 # When and where a job's gradient is averaged (ALLREDUCE): after backward in ftc's buckets, the cores idle
