@@ -51,7 +51,9 @@ for length in [random.choice(range(24, 96)) for _ in range(steps)]:  # noqa: S31
     optimizer.zero_grad(set_to_none=True)
     seconds.append(time.perf_counter() - started)
 steady = sorted(seconds[4:])[len(seconds[4:]) // 2]
-print(json.dumps({"mode": mode, "threads": torch.get_num_threads(), "rows": rows, "precompiled_header": torch._inductor.config.cpp_cache_precompile_headers,
+print(json.dumps({"mode": mode, "threads": torch.get_num_threads(), "rows": rows,
+                  "precompiled_header": torch._inductor.config.cpp_cache_precompile_headers,
                   "compile_threads": torch._inductor.config.compile_threads,
                   "first3_s": round(sum(seconds[:3]), 1), "steady_step_s": round(steady, 3),
-                  "start_cost_s": round(sum(seconds[:4]) - 4 * steady, 1), "rows_per_s": round(rows / steady, 1), "total_s": round(sum(seconds), 1)}))
+                  "start_cost_s": round(sum(seconds[:4]) - 4 * steady, 1), "rows_per_s": round(rows / steady, 1),
+                  "total_s": round(sum(seconds), 1)}))
