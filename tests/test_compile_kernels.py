@@ -20,7 +20,7 @@ from helpers import toy_csv, wait_for
 from test_train import results_of_run
 
 from runner.node.compile_policy import COMPILED_FILE
-from runner.node.compiling import ASIDE_DIR, ASIDE_INPUTS, ASIDE_OUTCOME
+from runner.node.compiling import ASIDE_DIR, ASIDE_INPUTS, ASIDE_LOG, ASIDE_OUTCOME, Aside, aside_outcome, aside_stopped
 from runner.node.distenv import listen_port
 from runner.node.inductor_files import HEADERS_DIR, WHOLE_MARK
 from runner.node.protocol import HELD_FILE, KERNEL_CACHE_DIR, RELEASE_FILE, RESULTS_FILE
@@ -146,33 +146,53 @@ def test_a_compiled_job_under_ddp_runs_its_first_steps_eager_then_compiled_and_n
 def test_a_cold_compile_runs_beside_the_training_whose_steps_run_compiled_once_its_kernels_are_in_the_cache(
         glue_dir, tiny_bert, tmp_path):
     """A rank of 2 threads, compiled, its cache cold, the compile aside from 2 threads: the node's first rank starts
-    the program aside on its last core and trains eager meanwhile. The job is held before step 25 until the program
-    says it is done; from that step the rank runs compiled, and its own compile takes every graph from the cache."""
+    the program aside on its last core. The job is held before its first step until the program says it is done;
+    from that step the rank runs compiled, its own compile takes every graph from the cache, and the note says a
+    warm compile."""
     env = {name: value for name, value in os.environ.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
     out = tmp_path / "job"
-    # 64 rows, one a step: 23 eager steps measure the eager rate (no note yet), so the switch is at 25 at the soonest
     rank = subprocess.Popen([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", tiny_bert,
-                             "--data-dir", str(glue_dir), "--max-train-samples", "64", "--batch-size", "1",
+                             "--data-dir", str(glue_dir), "--max-train-samples", "64", "--batch-size", "2",
                              "--epochs", "1", "--no-eval", "--no-save", "--compile", "on", "--compile-aside-from", "2",
-                             "--hold-at-step", "25", "--output-dir", str(out)],
+                             "--hold-at-step", "1", "--output-dir", str(out)],
                             env=env | {"OMP_NUM_THREADS": "2"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     aside = out / ASIDE_DIR / "node-0"
     try:
         wait_for(lambda: (out / HELD_FILE).exists() and (aside / ASIDE_OUTCOME).exists(),
-                 "the job held at step 25 and the compile aside done", timeout=600)
+                 "the job held before its first step and the compile aside done", timeout=600)
         (out / RELEASE_FILE).touch()
         log = rank.communicate(timeout=600)[0]
     finally:
         rank.kill()
     assert rank.returncode == 0, log[-3000:]
     assert f"compile: cold: the kernels compile beside the training on core {sorted(os.sched_getaffinity(0))[-1]}" in log
-    assert "steps run compiled from step 25" in log, log[-3000:]
+    assert "steps run compiled from step 1" in log, log[-3000:]
     outcome = json.loads((aside / ASIDE_OUTCOME).read_text())
     assert outcome["ok"] and outcome["seconds"] > 0 and not (aside / ASIDE_INPUTS).exists()
     results = json.loads((out / RESULTS_FILE).read_text())
-    # the rank's own compile found each graph the program aside made: nothing compiled twice
+    # the rank's own compile found each graph the program aside made, whatever the widths met: nothing compiled twice
     assert results["compile_cache"] == "cold" and results["compile_graphs"]["compiled"] == 0
     assert results["compile_graphs"]["cached"] > 0
     (note,) = json.loads((out / KERNEL_CACHE_DIR / COMPILED_FILE).read_text()).values()
-    assert note["cold_s"] >= 0 and note["rates"]["1 ranks on 1 node(s), gradient none"].keys() == {
-        "eager_tokens_per_s", "compiled_tokens_per_s"}
+    assert "warm_s" in note and "cold_s" not in note  # the rank's compile was a warm one
+    # its eager steps ran a core short, beside the program aside: no eager rate of a rank's is noted from them
+    ((layout, rates),) = note["rates"].items()
+    assert layout == "1 ranks on 1 node(s), gradient none" and rates.keys() == {"compiled_tokens_per_s"}
+
+
+@pytest.mark.slow
+def test_a_compile_aside_that_ended_without_a_word_failed_and_one_still_running_at_the_end_is_stopped_whole(tmp_path):
+    """The node's first rank speaks for a program aside that exited without an outcome (its other ranks read the
+    file); one still running when the job ends is stopped with the processes it started."""
+    silent = Aside(tmp_path / "silent", threads=2, process=subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    silent.process.wait()
+    assert aside_outcome(silent) == {"ok": False, "error": f"it exited with 3, see {tmp_path / 'silent' / ASIDE_LOG}"}
+    assert aside_outcome(Aside(tmp_path / "silent", threads=2)) == aside_outcome(silent)  # another local rank's view
+    (tmp_path / "busy").mkdir()
+    busy = Aside(tmp_path / "busy", threads=2, process=subprocess.Popen(
+        ["bash", "-c", f"sleep 600 & echo $! > {tmp_path / 'busy' / 'child'}; wait"], start_new_session=True))
+    wait_for(lambda: (tmp_path / "busy" / "child").exists(), "the program aside's own child started")
+    assert aside_outcome(busy) is None and not aside_stopped(busy)
+    child = int((tmp_path / "busy" / "child").read_text())
+    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2],
+             "the program aside's child stopped with it")

@@ -579,15 +579,13 @@ def test_a_cold_compile_runs_aside_only_on_ranks_of_enough_threads_with_blocks_i
     assert not runs_aside(16, 0, "none", "dynamic", True)  # 0: never (the bench's compile in the rank's process)
 
 
-def test_the_compile_aside_takes_the_jobs_middling_shortest_and_longest_rows_and_a_hidden_size_width_last():
+def test_the_compile_aside_takes_the_jobs_middling_shortest_and_longest_rows_and_the_middling_ones_unpadded():
     lengths = [3, 4, 5, 6, 7, 8, 14, 15, 16, 17, 28, 29]
     train = {"lengths": lengths, "input_ids": [[7] * n for n in lengths], "labels": [i % 2 for i in range(12)],
              "extra": {}}
-    batches = aside_inputs(train, 0, False, 32, 0)
+    batches = aside_inputs(train, 0, False, 32)
     assert [tuple(b["input_ids"].shape) for b in batches] == [(4, 24), (4, 8), (4, 32), (4, 24)]
     assert batches[0]["attention_mask"].sum() == 14 + 15 + 16 + 17 and batches[3]["attention_mask"].all()
     assert batches[0]["labels"].dtype == torch.long and batches[0]["labels"].tolist() == [0, 1, 0, 1]
-    # a first graph 24 wide would be fixed to the hidden size's 24: those batches go last
-    assert [b["input_ids"].shape[1] for b in aside_inputs(train, 0, True, 32, 24)] == [8, 32, 24, 24]
-    one_row = aside_inputs(train, 0, True, 1, 0)  # a batch of one row is a graph of its own: the job's batch
+    one_row = aside_inputs(train, 0, True, 1)  # a batch of one row is a graph of its own: the job's batch
     assert {b["input_ids"].shape[0] for b in one_row} == {1} and one_row[0]["labels"].dtype == torch.float32

@@ -35,6 +35,7 @@ from .compiling import (  # noqa: E402
     ASIDE_DIR,
     ASIDE_LOG,
     TRACED_FLOATS,
+    TRACED_SIZES,
     Aside,
     aside_inputs,
     aside_outcome,
@@ -79,7 +80,7 @@ BUCKET_STEP = 32
 # What a kept cache's key holds besides the digest of the model's architecture: a cache made under
 # other values is not this job's (another torch, CPU, thread count, precision, shapes or way of tracing).
 KEY_FIELDS = ("torch", "isa", "architecture", "threads", "precision", "shapes", "batch_size", "floats", "folder",
-              "compiled")
+              "compiled", "sizes")
 # What compiles (repeated_blocks): a model without repeated blocks compiles whole.
 BLOCKS, WHOLE_MODEL = "repeated blocks", "whole model"
 # What a packed node cache holds: one thread count's kernels (kernel_cache). A cache packed when a node kept
@@ -124,7 +125,8 @@ def compile_key(config: dict, isa: list[str], threads: int, precision: str, shap
     return {"torch": torch.__version__, "isa": ",".join(isa), "architecture": architecture(config),
             "threads": threads, "precision": precision,
             "shapes": f"buckets of {BUCKET_STEP} to {max_length}" if shapes == "buckets" else "dynamic",
-            "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER, "compiled": compiled}
+            "batch_size": batch_size, "floats": TRACED_FLOATS, "folder": CACHE_FOLDER, "compiled": compiled,
+            "sizes": TRACED_SIZES}
 
 
 def key_digest(key: dict) -> str:
@@ -383,8 +385,9 @@ def maybe_compile(training) -> Compiled:
     steps_left, lengths = training.total_steps - training.step, training.data.train["lengths"]
     planned_rank_tokens = steps_left * args.batch_size * sum(lengths) / max(1, len(lengths))
     known = merged_note(shipped_note, noted)
-    aside = cache == "cold" and runs_aside(threads, args.compile_aside_from, training.setup.allreduce, shapes,
-                                           bool(blocks))
+    # every node compiles aside or none does: its ranks' steps wait for every node's program (compiled_from_now)
+    aside = args.compile != "off" and every_node(cache == "cold" and runs_aside(
+        threads, args.compile_aside_from, training.setup.allreduce, shapes, bool(blocks)), env)
     compiled, note = compile_choice(args.compile, steps_left, threads, cache,
                                     measured_figures(known, cache, layout, planned_rank_tokens,
                                                      measured_where(noted, shipped_note)), aside)
@@ -397,34 +400,35 @@ def maybe_compile(training) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     training.log.info(f"kernels: {kernels_words(cache, source)}")
-    # agreed_probe_steps' collective, below, holds the node's other ranks until these are in place
+    # the collectives below (agreed_probe_steps', or the switch's) hold the node's other ranks until these are in place
     if env.local_rank == 0:
         for line in headers_readied(cache_dir, cache == "cold", headers_archives(key, entries)):
             training.log.info(line)
-    probe = agreed_probe_steps(eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed),
-                               args.warmup_steps_untimed, env)
-    training.stats.eager_steps = probe
-    if probe:
-        training.log.info(f"compile: the first {probe} steps run eager, to note a rank's eager rate beside the "
-                          "compiled one")
     if blocks:
         training.log.info(f"compile: each of {len(blocks)} {type(blocks[0]).__name__} blocks; the rest runs eager")
     compile_in_place(training.model, blocks, shapes, cache_dir, len(bucket_widths(args.max_length)))
-    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout,
-                    aside_started(training, probe, threads, shapes, cache_dir) if aside else None)
+    if aside:
+        return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout,
+                        aside_started(training, threads, shapes, cache_dir))
+    training.stats.eager_steps = agreed_probe_steps(
+        eager_probe_steps(known, layout, steps_left, args.warmup_steps_untimed), args.warmup_steps_untimed, env)
+    if training.stats.eager_steps:
+        training.log.info(f"compile: the first {training.stats.eager_steps} steps run eager, to note a rank's eager "
+                          "rate beside the compiled one")
+    return Compiled(note, cache, source, shapes, cache_dir, digest, key, layout)
 
 
-def aside_started(training, probe: int, threads: int, shapes: str, cache_dir: Path) -> Aside:
+def aside_started(training, threads: int, shapes: str, cache_dir: Path) -> Aside:
     """A cold compile started beside the training (runner/node/compiling.py) by the node's first rank, on its
     last core, which that rank leaves to it until the kernels are in the cache; until then every rank's steps
     run eager (compiled_from_now ends them)."""
     env, setup = training.env, training.setup
-    aside = Aside(training.out_dir / ASIDE_DIR / f"node-{env.rank // max(1, env.local_world_size)}", probe, threads)
+    aside = Aside(training.out_dir / ASIDE_DIR / f"node-{env.rank // max(1, env.local_world_size)}", threads)
     training.stats.eager_steps = training.total_steps
     if env.local_rank == 0:
         core = setup.cores[-1]
         inputs = aside_inputs(training.data.train, training.data.pad_id, training.data.task.labels is None,
-                              training.args.batch_size, getattr(training.model.config, "hidden_size", 0))
+                              training.args.batch_size)
         aside.process = start_aside(aside.folder, training.model, inputs, {
             "threads": threads, "precision": setup.precision, "shapes": shapes, "core": core,
             "widths": len(bucket_widths(training.args.max_length)), "cache_dir": str(cache_dir)})
@@ -436,34 +440,39 @@ def aside_started(training, probe: int, threads: int, shapes: str, cache_dir: Pa
 
 
 def compiled_from_now(training) -> None:
-    """Between steps while a compile runs aside: once it is done, and the eager steps a probe of the eager rate
-    needs have run, the steps from the next on run compiled (their compile finds the kernels in the cache), on
-    all the rank's threads. Where it failed, the rank compiles in its own process, cold."""
-    aside, stats = training.compiled.aside, training.stats
-    if stats.steps_run < aside.eager_at_least or (outcome := aside_outcome(aside)) is None:
+    """Between steps while a compile runs aside: once every node's program is done (the ranks agree, so they
+    switch at one step and none waits on another's eager steps), the steps run compiled on all the rank's
+    threads, their compile finding the kernels in the cache. Where a node's program failed, the steps run eager
+    to the end: its cache may hold a header cut short, which a compile would take."""
+    aside, stats, env = training.compiled.aside, training.stats, training.env
+    if aside.settled or not every_node(aside_outcome(aside) is not None, env):
         return
-    stats.eager_steps = stats.steps_run
+    aside.settled, outcome = True, aside_outcome(aside)
+    if aside.process is not None:
+        aside.process.wait()  # it has written its outcome: the program is ending
     torch.set_num_threads(aside.threads)
-    if outcome.get("ok"):
+    if every_node(bool(outcome.get("ok")), env):
+        stats.eager_steps = stats.steps_run
         training.log.info(f"compile: the kernels compiled beside the training in {outcome.get('seconds')} s; "
                           f"steps run compiled from step {stats.steps_run + 1}")
     else:
-        training.log.warning(f"compile: the compile beside the training failed ({outcome.get('error')}); "
-                             f"compiling here from step {stats.steps_run + 1}")
+        why = outcome.get("error") or "on another node"
+        training.log.warning(f"compile: the compile beside the training failed ({why}); the steps run eager to the end")
 
 
 def aside_ended(training) -> Compiled:
-    """At the job's end: a compile aside still running is stopped, and a job whose steps never ran compiled is
-    an eager one (no compile to note, no kernels to keep: the cache may hold a header cut short)."""
+    """At the job's end: the compile aside stopped where it still runs. Where no step ran compiled and the
+    program did not finish well (stopped, failed), its cache may hold a header cut short: nothing of it is
+    kept, and the job is an eager one."""
     compiled, stats = training.compiled, training.stats
     if compiled.aside is None:
         return compiled
     finished = aside_stopped(compiled.aside)
-    if stats.steps_run > stats.eager_steps:
+    if stats.steps_run > stats.eager_steps or finished:
         return compiled
-    training.log.info("compile: the job ended before its steps ran compiled" +
-                      ("" if finished else "; the compile beside it was stopped"))
-    return replace(compiled, note=f"{compiled.note}; the job ended before its steps ran compiled", cache="none")
+    training.log.info("compile: the job's steps ran eager to its end; the compile beside it " +
+                      ("failed" if compiled.aside.settled else "was stopped"))
+    return replace(compiled, note=f"{compiled.note}; its steps ran eager to the end", cache="none", shapes="")
 
 
 # ---- after the job: what it measured, and its kernels for home ------------------------------------
@@ -484,13 +493,15 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
         return {}
     measured: dict = {}
-    if compiled.cache != "none":
-        measured[f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
+    if compiled.cache != "none" and stats.steps_run > stats.eager_steps:
+        # after a compile aside the rank's own compile took every graph from the cache: a warm one
+        measured["warm_s" if compiled.aside else f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
     rates = {}
     if stats.steady_steps >= RATE_MIN_STEPS and stats.steady_seconds > 0:
         which = "eager_tokens_per_s" if compiled.cache == "none" else "compiled_tokens_per_s"
         rates[which] = round(stats.steady_tokens / env.world_size / stats.steady_seconds, 1)
-    if stats.eager_steady_steps >= RATE_MIN_STEPS and stats.eager_steady_seconds > 0:
+    # steps run beside a compile aside ran a core short, beside a second process: not a rank's eager rate
+    if compiled.aside is None and stats.eager_steady_steps >= RATE_MIN_STEPS and stats.eager_steady_seconds > 0:
         rates["eager_tokens_per_s"] = round(stats.eager_steady_tokens / env.world_size / stats.eager_steady_seconds, 1)
     if rates:
         measured["rates"] = {compiled.layout: rates}

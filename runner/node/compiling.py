@@ -13,6 +13,7 @@ compile then finds every graph in torch's caches, a warm start of a few seconds.
     python -m runner.node.compiling FOLDER      # FOLDER: the spec, inputs and config a rank wrote (start_aside)
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -24,14 +25,18 @@ from pathlib import Path
 
 from .protocol import read_json, write_whole
 
-# How dynamo traces the floats a model reads (compile_in_place): graphs traced the other way miss torch's caches.
+# How dynamo traces the floats a model reads, and input sizes (compile_in_place): graphs traced another way miss
+# torch's caches.
 TRACED_FLOATS = "constant"
+TRACED_SIZES = "a symbol each"
 # Where in the job's directory a compile aside keeps its folder, one a node.
 ASIDE_DIR = "compile-aside"
 # What the compile aside's folder holds: what the rank asked, the rows to compile on, and what came of it.
 ASIDE_SPEC, ASIDE_INPUTS, ASIDE_OUTCOME, ASIDE_LOG = "spec.json", "inputs.pt", "outcome.json", "compile.log"
 # Rows a batch in the compile aside: dynamic shapes make the batch a symbol, so few rows make the same kernels.
 ASIDE_ROWS = 4
+# The program aside holds a second copy of the model: where memory runs out, the kernel kills it, not a rank.
+OOM_SCORE_FIRST = "1000"
 
 
 def repeated_blocks(module) -> list:
@@ -49,6 +54,7 @@ def compile_in_place(model, blocks: list, shapes: str, cache_dir: Path, widths: 
     with inductor's ISA answers and precompiled headers. `widths`: how many static widths length buckets
     have (shapes == "buckets")."""
     import torch
+    import torch.fx.experimental._config
 
     from .inductor_files import check_isa_without_importing_torch, headers_kept_in, isa_checks_kept_in
     if shapes == "buckets":
@@ -61,6 +67,9 @@ def compile_in_place(model, blocks: list, shapes: str, cache_dir: Path, widths: 
     # dynamo would trace it a second time: taken as a constant from the start, a cold
     # compile is about a quarter shorter and a warm one a quarter of what it was (docs/bench-log.md).
     torch._dynamo.config.specialize_float = TRACED_FLOATS == "constant"
+    # Input sizes that happen to be equal (32 rows 32 tokens wide) would share one symbol ("duck sizing"): a graph
+    # that holds only while they are equal, traced again at the next step and unlike the graph the program aside made.
+    torch.fx.experimental._config.use_duck_shape = TRACED_SIZES != "a symbol each"
     check_isa_without_importing_torch()
     isa_checks_kept_in(cache_dir)
     headers_kept_in(cache_dir)
@@ -74,9 +83,9 @@ def compile_in_place(model, blocks: list, shapes: str, cache_dir: Path, widths: 
 class Aside:
     """A compile running beside a rank's training: where it reports, and what the rank gives back at the switch."""
     folder: Path  # its spec, inputs, log and outcome: one a node
-    eager_at_least: int  # steps that run eager whatever (a probe of the eager rate)
-    threads: int  # the rank's own, given back when its steps run compiled
+    threads: int  # the rank's own, given back once every node's program is done
     process: subprocess.Popen | None = None  # the node's first rank's
+    settled: bool = False  # every node's program is done: the steps run compiled, or eager where one failed
 
 
 def runs_aside(threads: int, min_threads: int, allreduce: str, shapes: str, blocks: bool) -> bool:
@@ -87,12 +96,11 @@ def runs_aside(threads: int, min_threads: int, allreduce: str, shapes: str, bloc
     return 0 < min_threads <= threads and blocks and shapes == "dynamic" and allreduce in ("after-backward", "none")
 
 
-def aside_inputs(train: dict, pad_id: int, regression: bool, batch_size: int, hidden_size: int) -> list[dict]:
+def aside_inputs(train: dict, pad_id: int, regression: bool, batch_size: int) -> list[dict]:
     """A few batches of the job's own rows for the compile aside: its middling, shortest and longest rows (the
     widths training meets), and the middling ones unpadded (a batch without padding may take another path
     through the model's attention). ASIDE_ROWS a batch, or the job's batch where it is smaller: dynamo makes a
-    graph of its own for a batch of one row. A batch as wide as the model's hidden size goes last: dynamo gives
-    input sizes that are equal one symbol, so a first graph of that width would be fixed to it."""
+    graph of its own for a batch of one row."""
     import torch
 
     from .ddp import collate
@@ -103,8 +111,7 @@ def aside_inputs(train: dict, pad_id: int, regression: bool, batch_size: int, hi
     for indices in (order[middle:middle + rows], order[:rows], order[-rows:]):
         labels = torch.tensor([train["labels"][j] for j in indices], dtype=torch.float32 if regression else torch.long)
         batches.append({**collate(train, indices, pad_id, 0), "labels": labels})
-    batches.append(dict(batches[0], attention_mask=torch.ones_like(batches[0]["attention_mask"])))
-    return sorted(batches, key=lambda batch: batch["input_ids"].shape[1] == hidden_size)
+    return batches + [dict(batches[0], attention_mask=torch.ones_like(batches[0]["attention_mask"]))]
 
 
 def start_aside(folder: Path, model, inputs: list[dict], spec: dict) -> subprocess.Popen:
@@ -115,11 +122,11 @@ def start_aside(folder: Path, model, inputs: list[dict], spec: dict) -> subproce
     (folder / ASIDE_OUTCOME).unlink(missing_ok=True)
     model.config.save_pretrained(folder)
     torch.save(inputs, folder / ASIDE_INPUTS)
-    write_whole(folder / ASIDE_SPEC, spec)
+    write_whole(folder / ASIDE_SPEC, spec | {"rank_pid": os.getpid()})
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TORCHINDUCTOR_CACHE_DIR=str(spec["cache_dir"]))
-    with open(folder / ASIDE_LOG, "w") as log:
+    with open(folder / ASIDE_LOG, "w") as log:  # a session of its own: stopped with the compilers it started
         return subprocess.Popen([sys.executable, "-m", "runner.node.compiling", str(folder)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def aside_outcome(aside: Aside) -> dict | None:
@@ -134,9 +141,12 @@ def aside_outcome(aside: Aside) -> dict | None:
 
 
 def aside_stopped(aside: Aside) -> bool:
-    """At the job's end: the compile aside stopped where it still runs. Whether it had finished."""
-    if aside.process is not None and aside.process.poll() is None:
-        aside.process.terminate()
+    """At the job's end: the compile aside stopped where it still runs, with the compilers it started. Whether it
+    had finished well."""
+    if aside.process is not None:
+        if aside.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(aside.process.pid, signal.SIGTERM)
         aside.process.wait()
     return bool(read_json(aside.folder / ASIDE_OUTCOME).get("ok"))
 
@@ -148,6 +158,10 @@ def main(folder: Path) -> int:
     # before torch starts OpenMP, which binds its threads within the affinity it finds (OMP_PROC_BIND)
     os.sched_setaffinity(0, {spec["core"]})
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: end with the rank that started it
+    if os.getppid() != spec["rank_pid"]:  # the rank ended before the signal was asked for
+        return 1
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text(OOM_SCORE_FIRST)
     try:
         import torch
         from transformers import AutoConfig, AutoModelForSequenceClassification

@@ -31,7 +31,7 @@ class Setup:
     gloo_threads: str  # where gloo's threads run: rank-cores | inherit | kept-core | none (one rank)
     gloo_thread_cores: list[int]  # the cores gloo's threads may run on, read back from them
     exchange: "dist.ProcessGroup | None" = None  # overlapped: DDP's group, a thread per flow (exchange_group)
-    cores: list[int] = field(default_factory=list)  # the rank's
+    cores: list[int] = field(default_factory=list)  # the cores this rank is pinned to
 
 
 def start(args, env, log, cores: list[int]) -> Setup:

@@ -18,7 +18,8 @@ class StepStats:
     """The steps this process ran: what the log and results.json report of speed and loss."""
     warmup_steps: int  # the first steps of this process (kernel setup, compile), left out of the steady rate
     # A compiled job's first steps run eager where no note holds a rank's eager rate (compile_policy's
-    # eager_probe_steps): measured apart, their own warm-up first; the compiled steps' warm-up follows them.
+    # eager_probe_steps), or while a cold compile runs beside the training (to the step every node's is done):
+    # measured apart, their own warm-up first; the compiled steps' warm-up follows them.
     eager_steps: int = 0
     eager_seconds: float = 0.0
     eager_steady_tokens: int = 0

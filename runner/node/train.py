@@ -134,6 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", choices=("auto", "on", "off"), default=None,
                    help=f"torch.compile each of the model's layers (auto: when the job plans {COMPILE_MIN_STEPS} steps or "
                         f"more and a rank has {COMPILE_MIN_THREADS} threads or more, unless this node measured otherwise)")
+    p.add_argument("--compile-aside-from", type=int, default=COMPILE_ASIDE_MIN_THREADS, metavar="THREADS",
+                   help="on ranks of this many threads or more a cold compile runs beside the training, whose steps "
+                        "run eager until it is done, or to the end where it is not (0: never)")
     p.add_argument("--shapes", choices=SHAPES, default="auto",
                    help="a compiled step's shapes: dynamic (one graph for every length) or length buckets (a few static "
                         "widths, each compiled once); auto: dynamic")
@@ -192,8 +195,6 @@ def measuring(group) -> None:
     """The flags that serve only the bench (profiling, whole passes of random weights) and the tests."""
     group.add_argument("--hold-at-step", type=int, default=0, metavar="N",
                        help=f"tests: before step N, write <output-dir>/{HELD_FILE} and wait for <output-dir>/{RELEASE_FILE}")
-    group.add_argument("--compile-aside-from", type=int, default=COMPILE_ASIDE_MIN_THREADS, metavar="THREADS",
-                       help="a cold compile runs beside the training on ranks of this many threads or more (0: never)")
     group.add_argument("--random-init", action="store_true", help="the model's architecture, fresh weights")
     group.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
     group.add_argument("--warmup-steps-untimed", type=int, default=3, help="steps left out of the steady rate")
