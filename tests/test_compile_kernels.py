@@ -191,8 +191,14 @@ def test_a_compile_aside_that_ended_without_a_word_failed_and_one_still_running_
     (tmp_path / "busy").mkdir()
     busy = Aside(tmp_path / "busy", threads=2, process=subprocess.Popen(
         ["bash", "-c", f"sleep 600 & echo $! > {tmp_path / 'busy' / 'child'}; wait"], start_new_session=True))
-    wait_for(lambda: (tmp_path / "busy" / "child").exists(), "the program aside's own child started")
+    pid_file = tmp_path / "busy" / "child"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), "the program aside's own child started")
+    child = int(pid_file.read_text())
     assert aside_outcome(busy) is None and not aside_stopped(busy)
-    child = int((tmp_path / "busy" / "child").read_text())
-    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2],
-             "the program aside's child stopped with it")
+
+    def stopped() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"  # a zombie not reaped yet
+        except FileNotFoundError:
+            return True
+    wait_for(stopped, "the program aside's child stopped with it")

@@ -41,6 +41,7 @@ from .compiling import (  # noqa: E402
     aside_outcome,
     aside_stopped,
     compile_in_place,
+    reaped,
     repeated_blocks,
     runs_aside,
     start_aside,
@@ -445,33 +446,39 @@ def compiled_from_now(training) -> None:
     threads, their compile finding the kernels in the cache. Where a node's program failed, the steps run eager
     to the end: its cache may hold a header cut short, which a compile would take."""
     aside, stats, env = training.compiled.aside, training.stats, training.env
-    if aside.settled or not every_node(aside_outcome(aside) is not None, env):
+    if aside.settled:
         return
-    aside.settled, outcome = True, aside_outcome(aside)
+    outcome = aside_outcome(aside)
+    if not every_node(outcome is not None, env):
+        return
+    aside.settled = True
     if aside.process is not None:
-        aside.process.wait()  # it has written its outcome: the program is ending
+        reaped(aside.process)  # it has written its outcome: the program is ending
     torch.set_num_threads(aside.threads)
-    if every_node(bool(outcome.get("ok")), env):
+    if every_node(bool(outcome and outcome.get("ok")), env):
         stats.eager_steps = stats.steps_run
         training.log.info(f"compile: the kernels compiled beside the training in {outcome.get('seconds')} s; "
                           f"steps run compiled from step {stats.steps_run + 1}")
     else:
-        why = outcome.get("error") or "on another node"
+        why = (outcome or {}).get("error") or "on another node"
         training.log.warning(f"compile: the compile beside the training failed ({why}); the steps run eager to the end")
 
 
 def aside_ended(training) -> Compiled:
-    """At the job's end: the compile aside stopped where it still runs. Where no step ran compiled and the
-    program did not finish well (stopped, failed), its cache may hold a header cut short: nothing of it is
-    kept, and the job is an eager one."""
+    """At the job's end: the compile aside stopped where it still runs. A job none of whose steps ran compiled
+    is an eager one; where the program finished well its kernels stay in the node's cache, its headers marked
+    whole for the next job, and where it did not (stopped, failed) they may hold a header cut short."""
     compiled, stats = training.compiled, training.stats
     if compiled.aside is None:
         return compiled
     finished = aside_stopped(compiled.aside)
-    if stats.steps_run > stats.eager_steps or finished:
+    if stats.steps_run > stats.eager_steps:
         return compiled
-    training.log.info("compile: the job's steps ran eager to its end; the compile beside it " +
-                      ("failed" if compiled.aside.settled else "was stopped"))
+    if finished and training.env.local_rank == 0:
+        mark_headers_whole(compiled.cache_dir)
+    training.log.info("compile: the job's steps ran eager to its end; " + (
+        "the kernels compiled beside it stay in the node's cache" if finished else
+        f"the compile beside it {'failed' if compiled.aside.settled else 'was stopped'}"))
     return replace(compiled, note=f"{compiled.note}; its steps ran eager to the end", cache="none", shapes="")
 
 
@@ -506,10 +513,7 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     if rates:
         measured["rates"] = {compiled.layout: rates}
     if compiled.cache != "none":
-        try:
-            headers_marked_whole(compiled.cache_dir)
-        except OSError as exc:  # a full disk or a read-only cache: the next job builds its headers again
-            print(f"compile: inductor's precompiled headers were not marked whole ({exc})", file=sys.stderr)
+        mark_headers_whole(compiled.cache_dir)
     notes = compiled_before(compiled.cache_dir)
     mine = notes[compiled.digest] = merged_note(notes.get(compiled.digest), measured)
     if not mine:
@@ -517,6 +521,14 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     written_whole(compiled.cache_dir / COMPILED_FILE, notes, "the kernel cache's note was not written; the next job "
                                                              "counts it cold")
     return mine
+
+
+def mark_headers_whole(cache_dir: Path) -> None:
+    """After a compile that ended: its precompiled headers marked whole, for the next job here to take."""
+    try:
+        headers_marked_whole(cache_dir)
+    except OSError as exc:  # a full disk or a read-only cache: the next job builds its headers again
+        print(f"compile: inductor's precompiled headers were not marked whole ({exc})", file=sys.stderr)
 
 
 def graphs_compiled() -> dict[str, int]:

@@ -35,6 +35,8 @@ ASIDE_DIR = "compile-aside"
 ASIDE_SPEC, ASIDE_INPUTS, ASIDE_OUTCOME, ASIDE_LOG = "spec.json", "inputs.pt", "outcome.json", "compile.log"
 # Rows a batch in the compile aside: dynamic shapes make the batch a symbol, so few rows make the same kernels.
 ASIDE_ROWS = 4
+# Seconds the program aside may take to end once it has written its outcome, or been asked to stop.
+ASIDE_EXIT_S = 30
 # The program aside holds a second copy of the model: where memory runs out, the kernel kills it, not a rank.
 OOM_SCORE_FIRST = "1000"
 
@@ -147,8 +149,19 @@ def aside_stopped(aside: Aside) -> bool:
         if aside.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(aside.process.pid, signal.SIGTERM)
-        aside.process.wait()
+        reaped(aside.process)
     return bool(read_json(aside.folder / ASIDE_OUTCOME).get("ok"))
+
+
+def reaped(process: subprocess.Popen) -> None:
+    """The program aside waited for, as it ends; killed with its session where it does not (a hang on its way
+    out would hold the rank, and every other rank at its next collective)."""
+    try:
+        process.wait(timeout=ASIDE_EXIT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 # ---- a cold compile aside: the program ----------------------------------------------------------------------
