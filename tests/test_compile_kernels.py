@@ -116,13 +116,18 @@ def a_job_of_another_key_takes_the_shipped_headers_in_place_of_ones_cut_short(ft
         assert ftc("down", "--name", "k3").returncode == 0
 
 
+def without_kernel_places(env) -> dict:
+    """A rank's environment run by hand: its kernel cache in its output directory, no node's."""
+    return {name: value for name, value in env.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
+
+
 @pytest.mark.slow
 def test_a_compiled_job_under_ddp_runs_its_first_steps_eager_then_compiled_and_notes_both_rates(
         glue_dir, tiny_bert, tmp_path):
     """Two ranks whose gradients cross through DDP (`--allreduce overlap`), compiled, no note yet: the first
     steps run under the compiler's force_eager stance, which DDP's module lets through, then compiled, and
     the note holds a rank's rate both ways."""
-    env = {name: value for name, value in os.environ.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
+    env = without_kernel_places(os.environ)
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(listen_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
             "OMP_NUM_THREADS": "1"}
     # 100 rows, one a rank a step: 50 steps, 23 of them eager, then 3 to warm up and 24 timed compiled
@@ -149,7 +154,7 @@ def test_a_cold_compile_runs_beside_the_training_whose_steps_run_compiled_once_i
     the program aside on its last core. The job is held before its first step until the program says it is done;
     from that step the rank runs compiled, its own compile takes every graph from the cache, and the note says a
     warm compile."""
-    env = {name: value for name, value in os.environ.items() if name not in ("TORCHINDUCTOR_CACHE_DIR", "FTC_NODE_DIR")}
+    env = without_kernel_places(os.environ)
     out = tmp_path / "job"
     rank = subprocess.Popen([sys.executable, "-m", "runner.node.train", "--task", "mrpc", "--model", tiny_bert,
                              "--data-dir", str(glue_dir), "--max-train-samples", "64", "--batch-size", "2",

@@ -455,12 +455,12 @@ def compiled_from_now(training) -> None:
     if aside.process is not None:
         reaped(aside.process)  # it has written its outcome: the program is ending
     torch.set_num_threads(aside.threads)
-    if every_node(bool(outcome and outcome.get("ok")), env):
+    if every_node(bool(outcome.get("ok")), env):
         stats.eager_steps = stats.steps_run
         training.log.info(f"compile: the kernels compiled beside the training in {outcome.get('seconds')} s; "
                           f"steps run compiled from step {stats.steps_run + 1}")
     else:
-        why = (outcome or {}).get("error") or "on another node"
+        why = outcome.get("error") or "on another node"
         training.log.warning(f"compile: the compile beside the training failed ({why}); the steps run eager to the end")
 
 
@@ -472,7 +472,7 @@ def aside_ended(training) -> Compiled:
     if compiled.aside is None:
         return compiled
     finished = aside_stopped(compiled.aside)
-    if stats.steps_run > stats.eager_steps:
+    if stats.ran_compiled:
         return compiled
     if finished and training.env.local_rank == 0:
         mark_headers_whole(compiled.cache_dir)
@@ -500,7 +500,7 @@ def remember_compile(compiled: Compiled, stats, env) -> dict:
     if env.local_rank != 0 or (compiled.cache == "none" and not kept_by_node):
         return {}
     measured: dict = {}
-    if compiled.cache != "none" and stats.steps_run > stats.eager_steps:
+    if compiled.cache != "none" and stats.ran_compiled:
         # after a compile aside the rank's own compile took every graph from the cache: a warm one
         measured["warm_s" if compiled.aside else f"{compiled.cache}_s"] = round(compile_seconds(stats), 1)
     rates = {}

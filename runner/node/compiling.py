@@ -136,6 +136,7 @@ def aside_outcome(aside: Aside) -> dict | None:
     ended without a word, so the node's other ranks read it too."""
     outcome = read_json(aside.folder / ASIDE_OUTCOME)
     if not outcome and aside.process is not None and (code := aside.process.poll()) is not None:
+        # read again: it may have written its outcome between the first read and its exit
         outcome = read_json(aside.folder / ASIDE_OUTCOME) or {"ok": False, "error": f"it exited with {code}, "
                                                                                     f"see {aside.folder / ASIDE_LOG}"}
         write_whole(aside.folder / ASIDE_OUTCOME, outcome)

@@ -51,6 +51,11 @@ class StepStats:
         return self.steps_run < self.eager_steps
 
     @property
+    def ran_compiled(self) -> bool:
+        """Whether any step ran past the eager ones: a compiled job's compile happened."""
+        return self.steps_run > self.eager_steps
+
+    @property
     def steady_steps(self) -> int:
         return max(0, self.steps_run - self.eager_steps - self.warmup_steps)
 
