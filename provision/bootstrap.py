@@ -46,6 +46,7 @@ from .ssh import (
     StepFailed,
     connect_attempts,
     fetch_host_key,
+    handed_or_own,
     put_text,
     run,
     tar_bundle,
@@ -421,7 +422,9 @@ def hold_for_tests() -> None:
         time.sleep(0.05)
 
 
-def bootstrap(name: str) -> dict:
+def bootstrap(name: str, connections: NodeConnections | None = None) -> dict:
+    """Every node's steps at once, then the verification from the head. `connections`: the command's, kept
+    open for its next phase (`ftc run`'s job); else a set of its own."""
     check_settings()
     with st.locked(name, "bootstrap"):
         state = st.load(name)
@@ -432,7 +435,7 @@ def bootstrap(name: str) -> dict:
         started, busy = time.monotonic(), machine_cpu_seconds()
         timings: dict[str, dict[str, float]] = {}
         with (NodeBoard(f"bootstrap {name}", [n.name for n in state.nodes] + ["verification"]) as board,
-              NodeConnections() as connections):
+              handed_or_own(connections) as connections):
             with ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
                 futures = {node.name: pool.submit(bootstrap_node, state, node, board, timings, connections)
                            for node in state.nodes}

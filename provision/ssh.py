@@ -8,6 +8,7 @@ contact, or by the local provider that generated it) and refuses any other after
 """
 
 import base64
+import contextlib
 import hashlib
 import io
 import logging
@@ -229,6 +230,12 @@ class NodeConnections:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+def handed_or_own(connections: NodeConnections | None) -> contextlib.AbstractContextManager[NodeConnections]:
+    """A phase's connections: those its command handed it, left open for the command's next phase (`ftc run`
+    hands its bootstrap's to its job), or a set of its own, closed at its end."""
+    return contextlib.nullcontext(connections) if connections is not None else NodeConnections()
 
 
 # Printed before every command's own output: whatever a server's shell start-up files print first

@@ -24,7 +24,17 @@ from provision import state as st
 from provision.bootstrap import load_facts
 from provision.errors import EXIT_INTERRUPTED, ClusterBusy, FtcError, UsageError
 from provision.launch import RankLaunch, cluster_launch, render_launch
-from provision.ssh import NodeConnections, NodeSilent, connect, follow_silence_s, interruptible, put_text, run, stream
+from provision.ssh import (
+    NodeConnections,
+    NodeSilent,
+    connect,
+    follow_silence_s,
+    handed_or_own,
+    interruptible,
+    put_text,
+    run,
+    stream,
+)
 from provision.ui import answer, console
 from provision.values import label, writable_dir
 
@@ -87,21 +97,23 @@ KINDS: dict[str, type[JobKind]] = {FinetuneJob.kind: FinetuneJob, ScriptJob.kind
 
 
 def finetune(name: str, job: JobSpec, render_only: bool = False, resume: bool = False, detach: bool = False,
-             resume_from: Path | None = None, one_shot: bool = False) -> int:
+             resume_from: Path | None = None, one_shot: bool = False, connections: NodeConnections | None = None) -> int:
     """`resume`: continue the cluster's last job in place. `resume_from`: a checkpoint kept on the
     controller (a cluster that is gone): a new job on this cluster starts from it. `one_shot`: the
     caller tears the cluster down at once on Ctrl-C (`ftc run`), so Ctrl-C is raised to it rather than
-    stopping the job here first."""
-    return run_job(name, FinetuneJob(job, resume, resume_from), render_only, detach, one_shot)
+    stopping the job here first; it hands its `connections` too."""
+    return run_job(name, FinetuneJob(job, resume, resume_from), render_only, detach, one_shot, connections)
 
 
-def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot: bool = False) -> int:
+def run_job(name: str, kind: JobKind, render_only: bool, detach: bool, one_shot: bool = False,
+            connections: NodeConnections | None = None) -> int:
     """A job of any kind, from the checks to its end: the nodes answer, the launch is planned and
     checked (or only printed), the nodes are prepared and the job starts under the cluster's lock, and
-    it is recorded; then followed unless detached."""
+    it is recorded; then followed unless detached. `connections`: the command's, where an earlier phase
+    of it opened them (`ftc run`'s bootstrap); else a set of its own."""
     state = st.load(name)
     facts = load_facts(state)
-    with NodeConnections() as connections:
+    with handed_or_own(connections) as connections:
         if not render_only:
             refuse_dead_nodes(state, connections)
         follow_silence_s()  # a bad FTC_FOLLOW_SILENCE_S is refused before the job starts, not when it is followed

@@ -33,8 +33,9 @@ from .jobflags import JOB_FLAG_ALIASES, JOB_FLAGS
 from .model_files import check_model_dir, head_outputs, packaged_model
 from .node import datafiles, glue
 from .node.facts import NodeFacts, cpu_topology
+from .node.protocol import SPOT_NOTICE_ENV
 from .node.recipes import ALLREDUCE, GRAD_COMPRESS, POWERSGD_RANK, RECIPES, SMALL_DATA, batch_line, small_data, small_data_line
-from .node.spot import IMDS_V2, SpotReader
+from .node.spot import SpotReader
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_GLUE = REPO.parent / "shared" / "data" / "glue"
@@ -403,11 +404,15 @@ def train_args(job: JobSpec, output_dir: str, stack: str, resume: bool) -> list[
 def spot_watch(provider: str, spot: bool, env: Mapping[str, str] = os.environ) -> str:
     """What a node's notice watcher is given (SpotReader.watch): on a spot cluster, or where the provider's
     notices come without spot (Slurm's), the provider's reader (aws: IMDSv2 at EC2's metadata service), or
-    IMDSv2 at FTC_IMDS_ENDPOINT (a local cluster with SPOT=1 watches a simulated one: that is how the tests
-    reclaim a node); '' where there is none: nothing to watch. Pure, given `env`."""
+    the one SPOT_NOTICE_ENV names in ftc's own environment (a local cluster with SPOT=1 watches a simulated
+    IMDSv2 that way: that is how the tests reclaim a node); '' where there is none: nothing to watch. Pure,
+    given `env`."""
     provider_world = world(provider)
     if not (spot or provider_world.notice_without_spot):
         return ""
-    simulated = env.get("FTC_IMDS_ENDPOINT")
-    reader = SpotReader(IMDS_V2, simulated) if simulated else provider_world.spot_reader
+    given = env.get(SPOT_NOTICE_ENV)
+    try:
+        reader = SpotReader.parse(given) if given else provider_world.spot_reader
+    except ValueError as exc:
+        raise UsageError(f"{SPOT_NOTICE_ENV}: {exc}") from None
     return reader.watch if reader else ""

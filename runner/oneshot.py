@@ -16,6 +16,7 @@ from provision.errors import UsageError
 from provision.estimate import DISTILBERT_PARAMS, GLUE_TRAIN_SIZES, cpu_class, local_train_seconds
 from provision.providers import traits
 from provision.spec import ClusterSpec
+from provision.ssh import NodeConnections
 from provision.ui import console
 
 from . import runs
@@ -43,16 +44,18 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
     cluster.up(spec, bootstrap=False, yes=yes)  # refused when NAME is taken: then nothing here is ours to release
     code, interrupted = 1, ""
     try:
-        bootstrap(spec.name)  # inside: a failed or interrupted bootstrap releases the nodes too
-        code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
-        for reclaim in range(1, MAX_RECLAIMS + 1):
-            if code != EXIT_PREEMPTED:
-                break
-            checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
-            console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster {escape(spec.name)} "
-                          f"and resuming from {escape(str(checkpoint))}[/]")
-            cluster.recreate(spec, yes=True)  # the same spec the user already accepted
-            code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True)
+        with NodeConnections() as connections:  # the bootstrap's logins serve the job: each node's, once
+            bootstrap(spec.name, connections)  # inside: a failed or interrupted bootstrap releases the nodes too
+            code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True, connections=connections)
+            for reclaim in range(1, MAX_RECLAIMS + 1):
+                if code != EXIT_PREEMPTED:
+                    break
+                checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
+                console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster "
+                              f"{escape(spec.name)} and resuming from {escape(str(checkpoint))}[/]")
+                connections.close()  # to nodes that are going: the recreated ones are logged in to anew
+                cluster.recreate(spec, yes=True)  # the same spec the user already accepted
+                code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True, connections=connections)
     except KeyboardInterrupt:
         interrupted = what_is_released(spec.name, keep)
         raise

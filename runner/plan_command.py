@@ -149,9 +149,9 @@ def _searched(job, given: dict, fixed, only: str | None = None) -> tuple:
     """Every planned instance type of the catalog (or `only` that one) x node count x lever (less those
     `fixed`): the rows, the pick, the catalog and its offers."""
     from provision import estimate
-    from provision.providers import catalog, default_world
+    from provision.providers import catalog, default_provider, default_world
     world = default_world()
-    found = catalog("aws", world.default_region)
+    found = catalog(default_provider(), world.default_region)
     offers = plan.offers(found, given["bench"], job.params, given["compress"], only)
     rows = estimate.search(offers, given["nodes"], job, world.hop_latency_s, world.flow_gbps, world.express_flow_gbps,
                            fixed)

@@ -61,7 +61,6 @@ TINYCLOUD = Provider(
         regions=("tiny-north-1", "tiny-south-1"),
         default_region="tiny-north-1",
         zone_form=NameForm(r"tiny-[a-z]+-\d[a-z]", "a tinycloud zone name", "e.g. tiny-north-1a"),
-        image_form=IMAGE_FORM,
         settings={"tiny_image": Setting(IMAGE_FORM.parse, "", f"TinyCloud: the image its nodes boot (default "
                                                               f"{DEFAULT_IMAGE})")},
         spot_reader=SpotReader("tinycloud_node:read_notice", f"file://{METADATA}"),

@@ -239,7 +239,7 @@ def test_node_reads_the_metadata_service_named_by_the_standard_variable(monkeypa
     assert spot.node_endpoint(ec2s) == "http://169.254.169.254"
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.1.9:80")
     assert spot.node_endpoint(ec2s) == "http://127.0.1.9:80"
-    assert spot.node_endpoint("http://127.0.0.1:4242") == "http://127.0.0.1:4242"  # FTC_IMDS_ENDPOINT's, as given
+    assert spot.node_endpoint("http://127.0.0.1:4242") == "http://127.0.0.1:4242"  # a simulated one, as given
 
 
 @pytest.mark.slow

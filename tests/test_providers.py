@@ -19,7 +19,9 @@ from provision.providers.records import registered
 from provision.spec import ClusterSpec, every_parser
 from provision.state import ClusterState
 from runner.cli import unwatched_spot
-from runner.node.spot import SpotReader
+from runner.jobspec import spot_watch
+from runner.node.protocol import SPOT_NOTICE_ENV
+from runner.node.spot import IMDS_V2, SpotReader
 from runner.runs import cost
 
 TESTS = Path(__file__).resolve().parent
@@ -49,7 +51,7 @@ def test_every_providers_world_holds_together_with_its_traits(provider: Provider
     assert hasattr(import_module(provider.module), "store_checkpoint") == bool(world.checkpoint_store)
     if world.instance_types:  # what a spec of it is checked against and defaults to (spec.py)
         assert world.title and world.default_instance_type in world.instance_types
-        assert world.default_region in world.regions and world.zone_form and world.image_form
+        assert world.default_region in world.regions and world.zone_form
         assert world.zone_form.matches(world.zone_form.allowed.removeprefix("e.g. "))
         assert world.flow_gbps > 0 and world.hop_latency_s > 0
     if traits.billed:
@@ -144,7 +146,13 @@ def test_spot_is_noted_where_its_provider_watches_no_spot_notices():
     assert noted == ("note: --spot=1 on --provider=local: no spot notices are watched there (its provider has no "
                      "spot-notice reader); jobs run as on any other node")
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="ssh", hosts=["h"]), {}).startswith("note: ")
-    assert unwatched_spot(ClusterSpec(name="s", spot=True), {"FTC_IMDS_ENDPOINT": "http://127.0.0.1:1"}) == ""
+    simulated = SpotReader(IMDS_V2, "http://127.0.0.1:1").watch
+    assert unwatched_spot(ClusterSpec(name="s", spot=True), {SPOT_NOTICE_ENV: simulated}) == ""
+    assert spot_watch("local", True, {SPOT_NOTICE_ENV: simulated}) == simulated
+    assert spot_watch("local", False, {SPOT_NOTICE_ENV: simulated}) == ""  # a cluster not spot watches nothing
+    with pytest.raises(UsageError, match=r"^FTC_SPOT_WATCH: 'http://x' is not a spot reader; allowed: "
+                                         r"module:function@endpoint$"):
+        spot_watch("local", True, {SPOT_NOTICE_ENV: "http://x"})
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="aws"), {}) == ""
     assert unwatched_spot(ClusterSpec(name="s"), {}) == ""
 

@@ -15,6 +15,8 @@ from conftest import FTC, ftc
 from helpers import RESULT_FIELDS, following, held_job
 
 from provision import procs
+from runner.node.protocol import SPOT_NOTICE_ENV
+from runner.node.spot import IMDS_V2, SpotReader
 
 
 def job_flags(model: str, glue_dir: Path, samples: int = 256, epochs: int = 2, lr: str = "5e-5") -> list[str]:
@@ -317,7 +319,8 @@ def test_spot_interruption_checkpoints_then_run_recreates_the_cluster_and_resume
     imds = FakeIMDS()
     try:
         spot_run = subprocess.Popen([*FTC, "run", "--name", "spot", "--nodes", "2", "--spot", "1", *flags],
-                                    env={**os.environ, "FTC_IMDS_ENDPOINT": imds.url, "FTC_HOLD_AT_STEP": "2"},
+                                    env={**os.environ, SPOT_NOTICE_ENV: SpotReader(IMDS_V2, imds.url).watch,
+                                         "FTC_HOLD_AT_STEP": "2"},
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         job_dir = held_job(ftc_home, "spot", spot_run)  # training is under way: the notice comes now
         imds.armed = True

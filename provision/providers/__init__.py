@@ -29,6 +29,7 @@ from .records import (
     SshResources,
     Traits,
     World,
+    default_provider,
     default_world,
     names,
     register,
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
     from ..spec import ClusterSpec
     from ..state import ClusterState, NodeInfo
 
-__all__ = ["TRAITS", "Catalog", "NodeStatus", "catalog", "Provider", "Record", "Traits", "World", "default_world", "get", "names",
-           "providers_with", "register", "spec_world", "supports", "traits", "world"]
+__all__ = ["TRAITS", "Catalog", "NodeStatus", "catalog", "Provider", "Record", "Traits", "World", "default_provider",
+           "default_world", "get", "names", "providers_with", "register", "spec_world", "supports", "traits",
+           "world"]
 
 
 @runtime_checkable
@@ -206,7 +208,7 @@ def catalog(provider: str, region: str, refresh: bool = False) -> Catalog:
     without one plans in the default world's: aws's) reads it: aws with `refresh` asks EC2 and the Price
     List API when it can (once a day per region, cached under FTC_HOME), else its cache, else the
     snapshot bundled with ftc. A provider without this verb: its World's own table."""
-    owner = provider if world(provider).instance_types else next(n for n in names() if world(n).instance_types)
+    owner = provider if world(provider).instance_types else default_provider()
     if supports(owner, "catalog"):
         return get(owner).catalog(region, refresh)
     own = world(owner)

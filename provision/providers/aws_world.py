@@ -96,7 +96,6 @@ AWS = Provider(
         regions=REGIONS,
         default_region="us-east-1",
         zone_form=NameForm(r"[a-z]{2}-[a-z]+-\d[a-z]", "an availability zone name", "e.g. us-east-1a"),
-        image_form=AMI_FORM,
         label_form=NameForm(r"[\w.@+=:/ -]{0,128}", "an ftc:owner tag value",
                             "up to 128 letters, digits, spaces and _.:/=+-@"),
         settings=SETTINGS,

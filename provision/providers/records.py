@@ -202,7 +202,6 @@ class World:
     regions: tuple[str, ...] = ()
     default_region: str = ""
     zone_form: NameForm | None = None  # a zone's name; a zone is named after its region (us-east-1a)
-    image_form: NameForm | None = None  # an image id (AMI), as its image setting takes it
     label_form: NameForm | None = None  # a label's value on what a cluster creates (OWNER: AWS's ftc:owner tag)
     settings: Mapping[str, Setting] = field(default_factory=dict)  # its own, by key (aws: ami; slurm: partition)
     # The rules its settings keep among themselves and with the spec's (aws: SSH_CIDR past a site needs
@@ -305,11 +304,17 @@ def world(name: str) -> World:
     return provider(name).world
 
 
+def default_provider() -> str:
+    """The first registered provider whose world has a catalog (of the built-ins, aws): the one whose catalog
+    `ftc plan` and `ftc bench` pick from. Asks only the built-ins, which are registered before any module
+    reads it at import."""
+    return next(p.name for p in _REGISTERED.values() if p.world.instance_types)
+
+
 def default_world() -> World:
-    """The first registered provider's world that has a catalog (of the built-ins, aws's): the defaults of
-    INSTANCE_TYPE and REGION, and what `ftc plan` and `ftc bench` pick from. Asks only the built-ins, which
-    are registered before any module reads it at import."""
-    return next(p.world for p in _REGISTERED.values() if p.world.instance_types)
+    """The default provider's world: the defaults of INSTANCE_TYPE and REGION, and the catalog `ftc plan`
+    and `ftc bench` pick from."""
+    return _REGISTERED[default_provider()].world
 
 
 def spec_world(name: str) -> World:

@@ -79,7 +79,7 @@ IMDS_V2 = f"{__name__}:{imds_v2.__name__}"  # SpotReader.read of EC2's metadata 
 def node_endpoint(endpoint: str) -> str:
     """The metadata service this node asks: the standard AWS_EC2_METADATA_SERVICE_ENDPOINT (as the
     AWS SDKs honour it) in place of a cloud's own, which is at a link-local address (as EC2's is);
-    any other endpoint (a simulated one, FTC_IMDS_ENDPOINT's) as given."""
+    any other endpoint (a simulated one, as the tests give) as given."""
     try:
         cloud_own = ipaddress.ip_address(urllib.parse.urlsplit(endpoint).hostname or "").is_link_local
     except ValueError:  # a host name: not a link-local address
