@@ -13,7 +13,7 @@ import re
 import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
@@ -70,6 +70,11 @@ RESERVED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
                 "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV",  # would change the Python or shell ftc's launch runs in
                 "PATH", "LD_LIBRARY_PATH")  # the stack's mpirun and Python are found through these
 RESERVED_PREFIXES = ("I_MPI_", "OMPI_", "PMI_", "HYDRA_")  # mpirun's own settings: the launch's pinning and ranks
+
+
+# ScriptJob's fields run.json does not keep as they are: the script and its arguments (kept as the command), the
+# ranks (kept apart, as every job's), what the ranks are given (variables may hold secrets), the copy and its limit.
+RECORDED_APART = ("script", "args", "ppn", "env", "copy", "max_workdir_mb")
 
 
 @dataclass
@@ -133,8 +138,12 @@ class ScriptJob:
         """Nothing more: every setting was checked by validate, the workdir by place."""
 
     def settings(self, launch: RankLaunch) -> dict:
-        return {"kind": "script", "task": "script", "model": "", "command": self.command, "workdir": str(self.workdir),
-                "data": [str(path) for path in self.data], "output": self.output, "exit_code": None,
+        """What run.json records of the job: each field but those RECORDED_APART, paths as text, and the command;
+        its exit code and output's size once it ends."""
+        recorded = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RECORDED_APART}
+        as_text = {key: [str(v) for v in value] if isinstance(value, list) else str(value) if isinstance(value, Path)
+                   else value for key, value in recorded.items()}
+        return {**as_text, "kind": self.kind, "task": "script", "model": "", "command": self.command, "exit_code": None,
                 "output_bytes": None}
 
     def prepare(self, state: st.ClusterState, record: st.JobInfo, connections: NodeConnections,

@@ -56,7 +56,7 @@ LONGEST = {
     "test_a_plain_ddp_loop_gives_plain_torchruns_result_to_the_bit": 30,
     "test_a_bench_cut_short_by_ctrl_c_keeps_the_rank_counts_it_finished_and_exits_130": 30,
     "test_compile_auto_weighs_what_this_node_measured_and_an_eager_job_notes_its_rate": 29,
-    "test_an_attached_finetune_and_launch_log_in_to_each_node_once": 29,
+    "test_a_run_a_bootstrap_and_an_attached_finetune_and_launch_log_in_to_each_node_once": 38,
     "test_requirements_go_into_a_layer_of_the_clusters_own_once_never_into_the_stack": 28,
     "test_resume_after_a_killed_run_continues_from_the_checkpoint": 27,
     "test_bootstrap_bench_times_one_and_eight_local_nodes_and_leaves_nothing_running": 26,

@@ -1,4 +1,4 @@
-"""Builds runner/netem.py's network for 2 nodes of 3 flows in a process of its own, measures TCP over
+"""Builds runner/bench/netem.py's network for 2 nodes of 3 flows in a process of its own, measures TCP over
 1, 2 and 3 flows, removes it, and prints one JSON object: {"missing": why} where this machine cannot
 build it, else the namespaces it saw while up and left after, and the three rates.
 
@@ -9,8 +9,8 @@ worker. `ftc bench network` runs it in its own single-purpose process the same w
 import json
 import os
 
-from runner import netem
-from runner.netem import Layout, LinkRates
+from runner.bench import netem
+from runner.bench.netem import Layout, LinkRates
 
 
 def namespaces() -> list[str]:

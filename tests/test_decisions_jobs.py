@@ -2,6 +2,8 @@
 layout, the sweep's table, what run.json records, and a busy cluster."""
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +162,14 @@ def test_each_kind_says_which_of_the_heads_files_come_home_and_every_nodes_rank_
     assert walked == {"workdir": True, "workdir/out": True, "workdir/out/run": True, "workdir/out/run/a": True,
                       "workdir/src": False, "workdir/out/runs": False}
     assert results_dir_of(home_checkpoint(tmp_path / "mrpc-1")) == tmp_path / "mrpc-1"
+
+
+def test_a_scripts_run_record_holds_its_fields_as_text_and_its_command_never_its_variables():
+    from runner.script_job import ScriptJob
+    job = ScriptJob(Path("/w"), "train.py", ["--lr", "1e-3"], requirements=Path("/w/req.txt"), data=[Path("/d/rows.csv")],
+                    env={"HF_TOKEN": "secret"})
+    settings = job.settings(None)
+    assert settings == {"workdir": "/w", "output": "output", "requirements": "/w/req.txt", "data": ["/d/rows.csv"],
+                        "kind": "script", "task": "script", "model": "", "command": "python train.py --lr 1e-3",
+                        "exit_code": None, "output_bytes": None}
+    assert "secret" not in json.dumps(settings)

@@ -1,4 +1,4 @@
-"""runner/netem.py: the emulated AWS network of `ftc bench network`: its pure parts (rates, names,
+"""runner/bench/netem.py: the emulated AWS network of `ftc bench network`: its pure parts (rates, names,
 addresses, steps), and one real build of it for 2 nodes whose TCP flows keep their caps."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import netem
-from runner.netem import Layout, LinkRates
+from runner.bench import netem
+from runner.bench.netem import Layout, LinkRates
 
 
 def test_the_links_scale_with_the_simulated_nodes_compute_and_gradient_against_the_real_ones():

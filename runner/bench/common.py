@@ -24,11 +24,11 @@ from provision.errors import FtcError, UsageError, option
 from provision.launch import MPI_FLAVOURS, RankLaunch, RankPlan, pick_allocator, render_launch
 from provision.values import boolean, local_path, whole, whole_list, writable_dir
 
-from .. import netem
 from ..jobspec import glue_dir
 from ..model_files import check_model_dir, packaged_model
 from ..node import facts as node_facts
 from ..node.protocol import LAUNCH_SCRIPT, OUTPUT_LOG, RESULTS_FILE, SCRIPT_WORKDIR, TrainResults, parse_allreduce
+from . import netem
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

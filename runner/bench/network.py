@@ -1,6 +1,6 @@
 """`ftc bench network INSTANCE`: ftc's simulated nodes, each in its own network namespace, linked as
 INSTANCE's nodes are on AWS (a per-flow cap and a per-node rate, scaled by a simulated node's rate
-against the plan's; runner/netem.py). One node alone first (its rate sets the links' scale), then at
+against the plan's; runner/bench/netem.py). One node alone first (its rate sets the links' scale), then at
 each node count above 1 the raw all-reduce of the gradient on one flow and on several (against the
 plan's ring model), and whole training passes with each lever, `repeats` rounds alternating. Into
 OUT/bench.json's `network`, rewritten after each node count; needs root.
@@ -17,9 +17,9 @@ from provision.errors import UsageError, option
 from provision.providers import default_world
 from provision.values import boolean, name_list
 
-from .. import netem
 from ..node import facts as node_facts
 from ..node.recipes import POWERSGD_RANK, wire_compress
+from . import netem
 from .common import (
     Bench,
     add_grad_compress,
