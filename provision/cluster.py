@@ -13,7 +13,7 @@ import signal
 import time
 from contextlib import contextmanager
 from functools import partial
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rich.markup import escape
 
@@ -24,6 +24,9 @@ from .providers import names, spec_world, traits, world
 from .spec import ClusterSpec
 from .ui import console
 from .values import label
+
+if TYPE_CHECKING:
+    from .ssh import NodeConnections
 
 
 @contextmanager
@@ -205,20 +208,20 @@ def ensure(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
     return recreate(spec, yes)
 
 
-def recreate(spec: ClusterSpec, yes: bool = False) -> st.ClusterState:
+def recreate(spec: ClusterSpec, yes: bool = False, connections: "NodeConnections | None" = None) -> st.ClusterState:
     """Tear down whatever is under spec.name (shielded: a Ctrl-C cannot stop it half-way), then
-    bring up and bootstrap spec."""
+    bring up and bootstrap spec; the bootstrap's logins kept in `connections` where given (`ftc run`'s)."""
     with shielded():
         down(spec.name)
-    return _bootstrapped(spec, yes)
+    return _bootstrapped(spec, yes, connections)
 
 
-def _bootstrapped(spec: ClusterSpec, yes: bool) -> st.ClusterState:
+def _bootstrapped(spec: ClusterSpec, yes: bool, connections: "NodeConnections | None" = None) -> st.ClusterState:
     """Up and bootstrapped, for `ftc run` and `ftc sweep`: they release the cluster whatever stops
     them, so an interrupted bootstrap here has nothing to say of its own."""
     from .bootstrap import bootstrap as run_bootstrap
     _create(spec, yes)
-    run_bootstrap(spec.name)
+    run_bootstrap(spec.name, connections)
     return st.load(spec.name)
 
 

@@ -67,7 +67,8 @@ def unwatched_spot(spec: ClusterSpec, env: Mapping[str, str]) -> str:
     """The note for SPOT=1 where its jobs would watch no notice (jobspec.spot_watch: the provider's World
     has no spot-notice reader); '' otherwise. Pure, given `env`."""
     from runner.jobspec import spot_watch
-    if not spec.spot or spot_watch(spec.provider, True, env):
+    watched = spot_watch(spec.provider, spec.spot, env)  # a bad reader given is refused here, before anything starts
+    if not spec.spot or watched:
         return ""
     return (f"note: {label('spot')}=1 on {label('provider')}={spec.provider}: no spot notices are watched there "
             "(its provider has no spot-notice reader); jobs run as on any other node")

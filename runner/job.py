@@ -157,7 +157,9 @@ def planned_launch(state: st.ClusterState, facts: list[NodeFacts], kind: JobKind
 
 def refuse_dead_nodes(state: st.ClusterState, connections: NodeConnections) -> None:
     """One connect attempt per node before a job launches: a node that does not answer is one line
-    now, not a launch followed by minutes of retries. The connections serve the rest of the command."""
+    now, not a launch followed by minutes of retries. The connections serve the rest of the command. A
+    connection handed from the command's bootstrap (`ftc run`) is the answer: its verification has just
+    reached every node."""
     advice = f"`ftc down --name {state.name}`, then `ftc up` makes the cluster anew"
     for node in state.nodes:
         connections.to(state, node, attempts=1, next_step=advice)

@@ -53,8 +53,8 @@ def run_one_shot(spec: ClusterSpec, job: JobSpec, yes: bool, keep: bool, resume:
                 checkpoint = home_checkpoint(st.load(spec.name).jobs[-1].results_dir)
                 console.print(f"[yellow]spot interruption ({reclaim}/{MAX_RECLAIMS}): recreating cluster "
                               f"{escape(spec.name)} and resuming from {escape(str(checkpoint))}[/]")
-                connections.close()  # to nodes that are going: the recreated ones are logged in to anew
-                cluster.recreate(spec, yes=True)  # the same spec the user already accepted
+                connections.close()  # to nodes that are going: the recreated ones are logged in to anew, once
+                cluster.recreate(spec, yes=True, connections=connections)  # the same spec the user already accepted
                 code = finetune(spec.name, job, resume_from=checkpoint, one_shot=True, connections=connections)
     except KeyboardInterrupt:
         interrupted = what_is_released(spec.name, keep)

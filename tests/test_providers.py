@@ -71,11 +71,17 @@ def test_the_aws_world_keeps_ftcs_defaults_and_checkpoint_store():
     assert aws.checkpoint_store.matches("s3://ftc-checkpoints/runs") and not aws.checkpoint_store.matches("http://x")
 
 
-def test_a_bad_ftc_providers_entry_is_refused_in_one_line(ftc_home):
+def test_a_bad_ftc_providers_entry_is_refused_in_one_line(ftc_home, tmp_path):
     proc = ftc("up", "--name", "tc", env={"FTC_PROVIDERS": "fourth_provider:NOPE", "PYTHONPATH": str(TESTS)})
     assert proc.returncode == 2
     assert one_error(proc).startswith("error: FTC_PROVIDERS='fourth_provider:NOPE': 'fourth_provider:NOPE' is "
                                       "not a provider")
+    # a module that fails as it loads (a World field it names that is not there) is one line too, not a traceback
+    (tmp_path / "stale_provider.py").write_text("from provision.providers import World\nWORLD = World(image_form=None)\n")
+    stale = ftc("up", "--name", "tc", env={"FTC_PROVIDERS": "stale_provider:P", "PYTHONPATH": str(tmp_path)})
+    assert stale.returncode == 2 and "Traceback" not in stale.stderr
+    assert one_error(stale).startswith("error: FTC_PROVIDERS='stale_provider:P': 'stale_provider:P' is not a provider "
+                                       "(World.__init__() got an unexpected keyword argument 'image_form')")
 
 
 def test_a_provider_in_ftc_providers_whose_name_another_has_is_refused_and_the_same_one_twice_is_not(monkeypatch):
@@ -153,6 +159,8 @@ def test_spot_is_noted_where_its_provider_watches_no_spot_notices():
     with pytest.raises(UsageError, match=r"^FTC_SPOT_WATCH: 'http://x' is not a spot reader; allowed: "
                                          r"module:function@endpoint$"):
         spot_watch("local", True, {SPOT_NOTICE_ENV: "http://x"})
+    with pytest.raises(UsageError, match="^FTC_SPOT_WATCH: "):  # Slurm's jobs watch without spot: refused at the spec
+        unwatched_spot(ClusterSpec(name="s", provider="slurm"), {SPOT_NOTICE_ENV: "http://x"})
     assert unwatched_spot(ClusterSpec(name="s", spot=True, provider="aws"), {}) == ""
     assert unwatched_spot(ClusterSpec(name="s"), {}) == ""
 

@@ -262,7 +262,7 @@ def _load_named_in_env() -> None:
         module, _, attribute = entry.partition(":")
         try:
             found = getattr(import_module(module), attribute) if attribute else None
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a user's module raises as it loads is said in one line
             found = exc
         if not isinstance(found, Provider):
             why = f" ({found})" if isinstance(found, Exception) else ""
